@@ -1,0 +1,21 @@
+"""diet: where and how position enters a Transformer.
+
+DIET (Chen et al. 2021), TUPE (Ke et al. 2021), Shaw et al. (2018), Transformer-XL/XLNet, T5, rotary and ALiBi
+behind one attention equation, as Hugging Face models. See `diet.positions.base` for the four entry points.
+"""
+
+from diet.config import PRESETS, DietConfig
+from diet.errors import ConfigError, DataError, DietError, InputError
+from diet.models import (
+    DietForMaskedLM,
+    DietForQuestionAnswering,
+    DietForSequenceClassification,
+    DietModel,
+    DietPreTrainedModel,
+)
+
+__version__ = "0.1.0"
+
+__all__ = ["DietConfig", "PRESETS", "DietModel", "DietPreTrainedModel", "DietForMaskedLM",
+           "DietForSequenceClassification", "DietForQuestionAnswering", "DietError", "ConfigError",
+           "InputError", "DataError"]

@@ -1,0 +1,130 @@
+"""The one attention equation and the backends that compute it.
+
+    scores = (q'·k'ᵀ) · scale · score_scale + Σ logit terms + mask         (q', k' = qk terms applied to q, k)
+    out    = dropout(softmax(scores)) · v + Σ value terms(dropout(softmax(scores)))
+
+`eager` is the reference, written straight from the equation. `sdpa` (torch's scaled_dot_product_attention)
+and `flex` (FlexAttention) compute the same thing; the tests hold them to the reference, gradients included.
+Low-rank logit terms (fq·fkᵀ) are folded into extra query/key channels for the fused kernels:
+[q', fq / s]·[k', fk]ᵀ · s = q'·k'ᵀ · s + fq·fkᵀ, so no (B, H, Lq, Lk) bias is built for them.
+Shapes: q (B, H, Lq, Dh), k and v (B, H, Lk, Dh), mask (B|1, 1, Lq|1, Lk) additive or None.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from diet.config import DietConfig
+from diet.errors import ConfigError
+from diet.positions.base import LayerTerms
+
+
+class Backend(Protocol):
+    def __call__(self, q: Tensor, k: Tensor, v: Tensor, terms: LayerTerms, mask: Tensor | None, scale: float,
+                 dropout_p: float, need_probs: bool) -> tuple[Tensor, Tensor | None]: ...
+
+
+def apply_qk(q: Tensor, k: Tensor, terms: LayerTerms) -> tuple[Tensor, Tensor]:
+    for transform in terms.qk:
+        q, k = transform(q, k)
+    return q, k
+
+
+def eager(q, k, v, terms: LayerTerms, mask, scale, dropout_p, need_probs=True):
+    """The reference: every term built densely and added to the logits."""
+    q_raw = q
+    q, k = apply_qk(q, k, terms)
+    scores = (q @ k.transpose(-1, -2)) * (scale * terms.score_scale)  # (B, H, Lq, Lk)
+    for term in terms.logits:
+        scores = scores + term.dense(q_raw).to(scores.dtype)
+    if mask is not None:
+        scores = scores + mask
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    dropped = F.dropout(probs, p=dropout_p) if dropout_p > 0 else probs
+    out = dropped @ v
+    for term in terms.values:
+        out = out + term(dropped)
+    return out, probs
+
+
+def fold_terms(q: Tensor, k: Tensor, terms: LayerTerms, mask: Tensor | None, scale: float):
+    """Apply qk terms, fold low-rank logit terms into extra channels, sum the rest with the mask.
+
+    Returns (q, k, bias) where bias is (B|1, H|1, Lq|1, Lk) or None.
+    """
+    q_raw = q
+    q, k = apply_qk(q, k, terms)
+    b, h, lq, _ = q.shape
+    lk = k.shape[2]
+    extra_q, extra_k = [], []
+    bias = mask
+    for term in terms.logits:
+        factors = term.factors()
+        if factors is not None:
+            fq, fk = factors
+            extra_q.append((fq / scale).to(q.dtype).expand(b, h, lq, -1))
+            extra_k.append(fk.to(k.dtype).expand(b, h, lk, -1))
+        else:
+            dense = term.dense(q_raw).to(q.dtype)
+            bias = dense if bias is None else bias + dense
+    if extra_q:
+        q, k = torch.cat([q, *extra_q], dim=-1), torch.cat([k, *extra_k], dim=-1)
+    return q, k, bias
+
+
+def sdpa(q, k, v, terms: LayerTerms, mask, scale, dropout_p, need_probs=False):
+    if terms.values:
+        raise ConfigError("the sdpa backend cannot add value terms (Shaw); use attn_backend='eager'")
+    s = scale * terms.score_scale
+    q, k, bias = fold_terms(q, k, terms, mask, s)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p, scale=s)
+    return out, None
+
+
+_compiled_flex: Callable | None = None
+
+
+def flex(q, k, v, terms: LayerTerms, mask, scale, dropout_p, need_probs=False):
+    """FlexAttention: low-rank terms folded as in sdpa, the remaining bias read by a score_mod."""
+    global _compiled_flex
+    from torch.nn.attention.flex_attention import flex_attention
+
+    if terms.values:
+        raise ConfigError("the flex backend cannot add value terms (Shaw); use attn_backend='eager'")
+    if dropout_p > 0:
+        raise ConfigError("FlexAttention has no attention dropout; set attention_probs_dropout_prob=0 or use "
+                          "attn_backend='sdpa'")
+    s = scale * terms.score_scale
+    q, k, bias = fold_terms(q, k, terms, mask, s)
+    if q.shape[-1] != v.shape[-1]:  # flex wants one head size for q, k and v: pad v, cut the output
+        v_pad = F.pad(v, (0, q.shape[-1] - v.shape[-1]))
+    else:
+        v_pad = v
+    score_mod = None
+    if bias is not None:
+        bias = bias.expand(q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+
+        def score_mod(score, b, h, q_idx, kv_idx):
+            return score + bias[b, h, q_idx, kv_idx]
+
+    fn = flex_attention
+    if q.is_cuda:
+        if _compiled_flex is None:
+            _compiled_flex = torch.compile(flex_attention, dynamic=False)
+        fn = _compiled_flex
+    out = fn(q, k, v_pad, score_mod=score_mod, scale=s)
+    return out[..., : v.shape[-1]], None
+
+
+BACKENDS: dict[str, Backend] = {"eager": eager, "sdpa": sdpa, "flex": flex}
+
+
+def resolve_backend(config: DietConfig) -> str:
+    """`auto` picks sdpa unless a value term needs the probabilities (Shaw), then the eager reference."""
+    if config.attn_backend != "auto":
+        return config.attn_backend
+    return "eager" if config.position == "shaw" else "sdpa"

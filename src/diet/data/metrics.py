@@ -1,0 +1,108 @@
+"""Official task metrics: GLUE's (Matthews correlation, Pearson/Spearman, F1, accuracy) and SQuAD v1.1's
+F1 / exact match with the official `evaluate-v1.1.py` answer normalisation (lower-case, drop punctuation,
+drop the articles a/an/the, squeeze white space; the maximum over the gold answers).
+
+All scores are returned in percent, as the papers' tables print them.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from collections import Counter
+from collections.abc import Sequence
+
+import numpy as np
+
+
+def accuracy(pred: Sequence[int], gold: Sequence[int]) -> float:
+    pred, gold = np.asarray(pred), np.asarray(gold)
+    return float((pred == gold).mean() * 100)
+
+
+def f1_binary(pred: Sequence[int], gold: Sequence[int]) -> float:
+    """F1 of the positive class 1 (GLUE's MRPC and QQP)."""
+    pred, gold = np.asarray(pred), np.asarray(gold)
+    tp = float(((pred == 1) & (gold == 1)).sum())
+    fp = float(((pred == 1) & (gold == 0)).sum())
+    fn = float(((pred == 0) & (gold == 1)).sum())
+    return 0.0 if tp == 0 else 100 * 2 * tp / (2 * tp + fp + fn)
+
+
+def matthews(pred: Sequence[int], gold: Sequence[int]) -> float:
+    """Matthews correlation of binary predictions (CoLA); 0 when a row or column of the table is empty."""
+    pred, gold = np.asarray(pred), np.asarray(gold)
+    tp = float(((pred == 1) & (gold == 1)).sum())
+    tn = float(((pred == 0) & (gold == 0)).sum())
+    fp = float(((pred == 1) & (gold == 0)).sum())
+    fn = float(((pred == 0) & (gold == 1)).sum())
+    denom = np.sqrt((tp + fp) * (tp + fn) * (tn + fp) * (tn + fn))
+    return 0.0 if denom == 0 else float(100 * (tp * tn - fp * fn) / denom)
+
+
+def pearson(x: Sequence[float], y: Sequence[float]) -> float:
+    x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    if x.std() == 0 or y.std() == 0:
+        return 0.0
+    return float(100 * np.corrcoef(x, y)[0, 1])
+
+
+def _ranks(x: np.ndarray) -> np.ndarray:
+    """Ranks with ties averaged (as scipy.stats.rankdata)."""
+    order = np.argsort(x, kind="mergesort")
+    ranks = np.empty(len(x))
+    ranks[order] = np.arange(len(x), dtype=np.float64)
+    _, inverse, counts = np.unique(x, return_inverse=True, return_counts=True)
+    sums = np.bincount(inverse, weights=ranks)
+    return sums[inverse] / counts[inverse]
+
+
+def spearman(x: Sequence[float], y: Sequence[float]) -> float:
+    return pearson(_ranks(np.asarray(x, dtype=np.float64)), _ranks(np.asarray(y, dtype=np.float64)))
+
+
+CLASSIFICATION = {"accuracy": accuracy, "f1": f1_binary, "mcc": matthews}
+REGRESSION = {"pearson": pearson, "spearman": spearman}
+
+
+def task_metrics(names: Sequence[str], pred, gold) -> dict[str, float]:
+    """The named metrics of predictions against gold labels."""
+    table = {**CLASSIFICATION, **REGRESSION}
+    return {name: table[name](pred, gold) for name in names}
+
+
+# -- SQuAD v1.1 ---------------------------------------------------------------------------------------------
+
+def normalize_answer(s: str) -> str:
+    """The official SQuAD v1.1 normalisation."""
+    s = s.lower()
+    s = "".join(ch for ch in s if ch not in set(string.punctuation))
+    s = re.sub(r"\b(a|an|the)\b", " ", s)
+    return " ".join(s.split())
+
+
+def squad_f1(prediction: str, truth: str) -> float:
+    pred_tokens = normalize_answer(prediction).split()
+    gold_tokens = normalize_answer(truth).split()
+    common = Counter(pred_tokens) & Counter(gold_tokens)
+    same = sum(common.values())
+    if same == 0:
+        return 0.0
+    precision, recall = same / len(pred_tokens), same / len(gold_tokens)
+    return 2 * precision * recall / (precision + recall)
+
+
+def squad_em(prediction: str, truth: str) -> float:
+    return float(normalize_answer(prediction) == normalize_answer(truth))
+
+
+def squad_scores(predictions: dict[str, str], answers: dict[str, list[str]]) -> dict[str, float]:
+    """F1 and exact match (percent), each the max over gold answers, averaged over all questions in `answers`
+    (a question without a prediction scores 0, as in the official script)."""
+    f1 = em = 0.0
+    for qid, golds in answers.items():
+        pred = predictions.get(qid, "")
+        f1 += max(squad_f1(pred, g) for g in golds)
+        em += max(squad_em(pred, g) for g in golds)
+    n = max(len(answers), 1)
+    return {"f1": 100 * f1 / n, "exact_match": 100 * em / n}

@@ -1,0 +1,62 @@
+"""WordPiece tokenizer (Wu et al. 2016, as in BERT and the DIET paper's English models), trained with `tokenizers`.
+
+The special tokens come first so that `[PAD]` is id 0, the models' `pad_token_id`. Sentence pairs are
+encoded BERT's way, `[CLS] A [SEP] B [SEP]` with token types 0 and 1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+from transformers import PreTrainedTokenizerFast
+
+from diet.errors import DataError
+
+SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+
+
+def train_wordpiece(texts: Iterable[str], vocab_size: int = 30000, lowercase: bool = True,
+                    min_frequency: int = 2) -> PreTrainedTokenizerFast:
+    """Train a BERT-style WordPiece tokenizer on `texts` (an iterable of strings)."""
+    if vocab_size <= len(SPECIAL_TOKENS):
+        raise DataError(f"vocab_size={vocab_size} must exceed the {len(SPECIAL_TOKENS)} special tokens")
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]", max_input_chars_per_word=100))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=lowercase, strip_accents=None if lowercase else False,
+                                                clean_text=True, handle_chinese_chars=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece(prefix="##")
+    trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, min_frequency=min_frequency,
+                                        special_tokens=list(SPECIAL_TOKENS), show_progress=False)
+    tok.train_from_iterator(texts, trainer=trainer)
+    if tok.get_vocab_size() <= len(SPECIAL_TOKENS):
+        raise DataError("the tokenizer learned no words: the training text is empty")
+    cls_id, sep_id = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS]:0 $A:0 [SEP]:0", pair="[CLS]:0 $A:0 [SEP]:0 $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)])
+    return wrap(tok)
+
+
+def wrap(tok: Tokenizer) -> PreTrainedTokenizerFast:
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]", sep_token="[SEP]",
+        mask_token="[MASK]", model_input_names=["input_ids", "token_type_ids", "attention_mask"])
+
+
+def load_tokenizer(path: str | Path) -> PreTrainedTokenizerFast:
+    """A tokenizer saved by `save_pretrained` (a directory) or a `tokenizer.json` file."""
+    path = Path(path)
+    file = path / "tokenizer.json" if path.is_dir() else path
+    if not file.is_file():
+        raise DataError(f"{file}: no such tokenizer file (expected a tokenizer.json or a directory holding one)")
+    try:
+        tok = Tokenizer.from_file(str(file))
+    except Exception as e:  # tokenizers raises a bare Exception on malformed JSON
+        raise DataError(f"{file}: not a tokenizers JSON file ({e})") from None
+    missing = [t for t in SPECIAL_TOKENS if tok.token_to_id(t) is None]
+    if missing:
+        raise DataError(f"{file}: the vocabulary lacks the special tokens {missing}, needed for BERT-style "
+                        f"masking and pairs")
+    return wrap(tok)

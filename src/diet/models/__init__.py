@@ -1,0 +1,27 @@
+"""Hugging Face model classes, registered with the Auto classes under model_type "diet"."""
+
+from transformers import (
+    AutoConfig,
+    AutoModel,
+    AutoModelForMaskedLM,
+    AutoModelForQuestionAnswering,
+    AutoModelForSequenceClassification,
+)
+
+from diet.config import DietConfig
+from diet.models.modeling import (
+    DietForMaskedLM,
+    DietForQuestionAnswering,
+    DietForSequenceClassification,
+    DietModel,
+    DietPreTrainedModel,
+)
+
+AutoConfig.register("diet", DietConfig, exist_ok=True)
+AutoModel.register(DietConfig, DietModel, exist_ok=True)
+AutoModelForMaskedLM.register(DietConfig, DietForMaskedLM, exist_ok=True)
+AutoModelForSequenceClassification.register(DietConfig, DietForSequenceClassification, exist_ok=True)
+AutoModelForQuestionAnswering.register(DietConfig, DietForQuestionAnswering, exist_ok=True)
+
+__all__ = ["DietModel", "DietPreTrainedModel", "DietForMaskedLM", "DietForSequenceClassification",
+           "DietForQuestionAnswering"]

@@ -1,0 +1,39 @@
+"""Input-additive positions: BERT's learned table (Devlin et al. 2019, §3: E = token + segment + position)
+and fixed sinusoids (Vaswani et al. 2017, §3.5: P[k,2i] = sin(k/10000^(2i/d)), P[k,2i+1] = cos(...)).
+
+Entry point: input. Theorem 1 of DIET bounds the rank of every head's logits by d_h for these.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+from diet.positions.functional import sinusoids
+from diet.positions.method import PositionMethod, normal_parameter
+
+
+class NoPosition(PositionMethod):
+    """`none`: the model is permutation-equivariant (a baseline for how much position matters)."""
+
+
+class LearnedAbsolute(PositionMethod):
+    """`absolute`: a learned (max_length, D) table added to the token embeddings."""
+
+    def __init__(self, max_length: int, hidden_size: int):
+        super().__init__()
+        self.max_length = max_length
+        self.weight = normal_parameter(max_length, hidden_size)
+
+    def embed(self, position_ids: Tensor) -> Tensor:
+        return nn.functional.embedding(position_ids, self.weight)  # (1|B, L, D)
+
+
+class Sinusoidal(PositionMethod):
+    """`sinusoidal`: fixed, parameter-free, defined for any length."""
+
+    def __init__(self, hidden_size: int):
+        super().__init__()
+        self.hidden_size = hidden_size
+
+    def embed(self, position_ids: Tensor) -> Tensor:
+        return sinusoids(position_ids, self.hidden_size)  # (1|B, L, D), float32

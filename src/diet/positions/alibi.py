@@ -1,0 +1,24 @@
+"""ALiBi (Press et al. 2022, §3), beyond the papers: A_ij = q_i·k_j / √d_h - m_h · |i - j| (bidirectional form
+for encoders; a decoder's causal mask hides j > i, leaving the paper's -m_h (i - j)). Fixed slopes m_h.
+Entry point: logit bias, computed once per forward, shared by layers.
+"""
+
+from __future__ import annotations
+
+from diet.positions.base import Context, DenseBias, LayerTerms
+from diet.positions.functional import alibi_slopes, relative_offsets
+from diet.positions.method import PositionMethod
+
+
+class ALiBi(PositionMethod):
+    def __init__(self, num_heads: int):
+        super().__init__()
+        self.num_heads = num_heads
+
+    def layer_terms(self, ctx: Context, layer: int) -> LayerTerms:
+        def build():
+            slopes = alibi_slopes(self.num_heads).to(ctx.q_pos.device)  # (H,)
+            dist = relative_offsets(ctx.q_pos, ctx.k_pos).abs().float()  # (Lq, Lk)
+            return DenseBias(-(slopes[:, None, None] * dist).unsqueeze(0))  # (1, H, Lq, Lk)
+
+        return LayerTerms(logits=[ctx.cached("alibi_term", build)])

@@ -1,0 +1,53 @@
+"""DIET: decoupled positional attention (Chen et al. 2021, "A Simple and Effective Positional Encoding for
+Transformers", §3).
+
+    DIET-ABS   (eq. 1)  A_ij = (x_i W_Q)(x_j W_K)ᵀ / √d + (P_Q P_Kᵀ)_ij            P_Q, P_K ∈ R^{n×d_p} per head
+    DIET-REL   (eq. 3)  A_ij = (x_i W_Q)(x_j W_K)ᵀ / √d + R_{i-j}                 one scalar per offset per head
+    DIET-ABS-LIN (eq. 4) A_ij = (x_i W_Q)((E X)_j W_K)ᵀ / √d + (P_Q P_Kᵀ)_ij      P_K ∈ R^{k×d_p} (Linformer)
+
+Both are per layer by default; `sharing` gives the ablations of Tables 5, 8, 9 (`head`: heads of a layer
+share one table, `layer`: all layers share). DIET-REL is unclipped and unbucketed: the table covers every
+offset up to the configured maximum length; longer inputs reuse the edge offsets' values.
+Entry point: logit bias (DIET-ABS is low rank and may be folded into queries and keys by a backend).
+"""
+
+from __future__ import annotations
+
+from diet.positions.base import Context, LayerTerms, LowRankBias, TableBias
+from diet.positions.functional import relative_offsets
+from diet.positions.method import PositionMethod, normal_parameter, shared_layer, sharing_shape
+
+
+class DietAbs(PositionMethod):
+    def __init__(self, num_layers: int, num_heads: int, max_length: int, rank: int, sharing: str,
+                 projected_keys: int | None = None):
+        super().__init__()
+        self.max_length, self.sharing = max_length, sharing
+        n_layers, n_heads = sharing_shape(sharing, num_layers, num_heads)
+        self.p_q = normal_parameter(n_layers, n_heads, max_length, rank)
+        # with Linformer (eq. 4) keys are the k projected slots, so P_K has k rows
+        self.p_k = normal_parameter(n_layers, n_heads, projected_keys or max_length, rank)
+
+    def layer_terms(self, ctx: Context, layer: int) -> LayerTerms:
+        table = shared_layer(self.sharing, layer)
+
+        def build():
+            fq = self.p_q[table][:, ctx.q_pos].unsqueeze(0)  # (1, H|1, Lq, r)
+            fk = (self.p_k[table] if ctx.projected_keys else self.p_k[table][:, ctx.k_pos]).unsqueeze(0)
+            return LowRankBias(fq, fk)
+
+        return LayerTerms(logits=[ctx.cached(f"diet_abs_{table}", build)])
+
+
+class DietRel(PositionMethod):
+    def __init__(self, num_layers: int, num_heads: int, max_length: int, sharing: str):
+        super().__init__()
+        self.span, self.sharing = max_length - 1, sharing
+        n_layers, n_heads = sharing_shape(sharing, num_layers, num_heads)
+        self.r = normal_parameter(n_layers, n_heads, 2 * max_length - 1)  # R_{i-j}, i-j in [-(n-1), n-1]
+
+    def layer_terms(self, ctx: Context, layer: int) -> LayerTerms:
+        table = shared_layer(self.sharing, layer)
+        index = ctx.cached("diet_rel_index", lambda: relative_offsets(ctx.q_pos, ctx.k_pos).clamp(
+            -self.span, self.span) + self.span)  # (Lq, Lk), shared by layers
+        return LayerTerms(logits=[ctx.cached(f"diet_rel_{table}", lambda: TableBias(self.r[table], index))])

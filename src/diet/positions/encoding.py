@@ -1,0 +1,103 @@
+"""Builds a config's position and segment methods and merges their contributions per layer.
+
+`PositionEncoding` is the one place a model asks "what does position add here?": `embed` for the input
+entry point, `layer_terms` for attention. Which class serves which name is the table `POSITION_METHODS`;
+nothing downstream branches on the name.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from torch import Tensor, nn
+
+from diet.config import DietConfig
+from diet.errors import InputError
+from diet.positions.absolute import LearnedAbsolute, NoPosition, Sinusoidal
+from diet.positions.alibi import ALiBi
+from diet.positions.base import Context, LayerTerms
+from diet.positions.diet import DietAbs, DietRel
+from diet.positions.method import PositionMethod
+from diet.positions.rotary import Rotary
+from diet.positions.segments import InputSegments, PerHeadSegments
+from diet.positions.shaw import Shaw
+from diet.positions.t5 import T5
+from diet.positions.tupe import TUPE
+from diet.positions.xlnet import XLNet
+
+
+def _tupe(c: DietConfig, relative: bool) -> TUPE:
+    return TUPE(c.hidden_size, c.num_attention_heads, c.max_position_embeddings, c.layer_norm_eps,
+                c.tupe_reset, relative, c.t5_num_buckets, c.t5_max_distance)
+
+
+POSITION_METHODS: dict[str, Callable[[DietConfig], PositionMethod]] = {
+    "none": lambda c: NoPosition(),
+    "absolute": lambda c: LearnedAbsolute(c.max_position_embeddings, c.hidden_size),
+    "sinusoidal": lambda c: Sinusoidal(c.hidden_size),
+    "shaw": lambda c: Shaw(c.num_hidden_layers, c.head_size, c.shaw_max_distance),
+    "xlnet": lambda c: XLNet(c.num_hidden_layers, c.hidden_size, c.num_attention_heads),
+    "t5": lambda c: T5(c.num_attention_heads, c.t5_num_buckets, c.t5_max_distance),
+    "tupe-a": lambda c: _tupe(c, relative=False),
+    "tupe-r": lambda c: _tupe(c, relative=True),
+    "diet-abs": lambda c: DietAbs(c.num_hidden_layers, c.num_attention_heads, c.max_position_embeddings, c.rank,
+                                  c.sharing, c.linformer_k if c.attention == "linformer" else None),
+    "diet-rel": lambda c: DietRel(c.num_hidden_layers, c.num_attention_heads, c.max_position_embeddings, c.sharing),
+    "rotary": lambda c: Rotary(c.head_size, c.rotary_base),
+    "alibi": lambda c: ALiBi(c.num_attention_heads),
+}
+
+
+class PositionEncoding(nn.Module):
+    """The position method and the segment method of one stack of attention layers."""
+
+    def __init__(self, config: DietConfig):
+        super().__init__()
+        self.method = POSITION_METHODS[config.position](config)
+        self.num_segments = config.type_vocab_size if config.segment != "none" else 0
+        self.input_segments = (InputSegments(config.type_vocab_size, config.hidden_size)
+                               if config.segment == "input" else None)
+        self.head_segments = (PerHeadSegments(config.num_hidden_layers, config.num_attention_heads,
+                                              config.type_vocab_size, config.sharing)
+                              if config.segment == "per-head" else None)
+        self.projected_keys = config.attention == "linformer"
+        self.position_name = config.position
+
+    @property
+    def max_length(self) -> int | None:
+        return self.method.max_length
+
+    def check(self, length: int, segment_ids: Tensor | None) -> None:
+        """Refuse inputs the learned tables cannot serve, naming the value and the limit."""
+        if self.max_length is not None and length > self.max_length:
+            raise InputError(
+                f"sequence length {length} exceeds max_position_embeddings={self.max_length}, the size of "
+                f"the learned position table of position={self.position_name!r}; use shorter inputs or a "
+                f"relative method")
+        if segment_ids is not None and segment_ids.numel():
+            lo, hi = int(segment_ids.min()), int(segment_ids.max())
+            limit = max(self.num_segments, 1)
+            if lo < 0 or hi >= limit:
+                raise InputError(f"token_type_ids must lie in [0, {limit - 1}] (type_vocab_size="
+                                 f"{self.num_segments or 'none: segment=none'}), got a value of "
+                                 f"{lo if lo < 0 else hi}")
+
+    def embed(self, position_ids: Tensor, segment_ids: Tensor | None) -> Tensor | None:
+        """Input entry point: the sum of what position and segments add to the token embeddings."""
+        out = self.method.embed(position_ids)
+        if self.input_segments is not None and segment_ids is not None:
+            seg = self.input_segments.embed(segment_ids)
+            out = seg if out is None else out + seg.to(out.dtype)
+        return out
+
+    def context(self, q_pos: Tensor, k_pos: Tensor, segments: Tensor | None,
+                k_segments: Tensor | None = None) -> Context:
+        head_segments = segments if self.head_segments is not None else None
+        k_seg = (k_segments if k_segments is not None else segments) if self.head_segments is not None else None
+        return Context(q_pos, k_pos, head_segments, k_seg, self.projected_keys)
+
+    def layer_terms(self, ctx: Context, layer: int) -> LayerTerms:
+        terms = self.method.layer_terms(ctx, layer)
+        if self.head_segments is not None:
+            terms = terms.merge(self.head_segments.layer_terms(ctx, layer))
+        return terms

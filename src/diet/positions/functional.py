@@ -1,0 +1,100 @@
+"""Pure functions for the position math: sinusoids, relative offsets, T5 buckets, ALiBi slopes, rotary.
+
+No parameters live here; the method modules own parameters and call these.
+Notation: L positions, D width, H heads.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+
+def sinusoids(positions: Tensor, dim: int, base: float = 10000.0) -> Tensor:
+    """Vaswani et al. (2017) §3.5: P[k, 2i] = sin(k / base^(2i/d)), P[k, 2i+1] = cos(k / base^(2i/d)).
+
+    positions: (...) integer or float positions (may be negative, for relative offsets).
+    Returns (..., dim) float32, sines and cosines interleaved as in the paper's formula.
+    """
+    half = (dim + 1) // 2
+    inv_freq = base ** (-torch.arange(half, dtype=torch.float32, device=positions.device) * 2 / dim)
+    angles = positions.to(torch.float32)[..., None] * inv_freq  # (..., half)
+    out = torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2)  # (..., 2*half)
+    return out[..., :dim]
+
+
+def relative_offsets(q_pos: Tensor, k_pos: Tensor) -> Tensor:
+    """(Lq, Lk) matrix of i - j, the query position minus the key position."""
+    return q_pos[:, None] - k_pos[None, :]
+
+
+def clipped_offset_index(offsets: Tensor, max_distance: int) -> Tensor:
+    """Shaw et al. (2018) eq. 3-4: clip(i - j, k) = max(-k, min(k, i - j)), shifted to [0, 2k] for table lookup."""
+    return offsets.clamp(-max_distance, max_distance) + max_distance
+
+
+def t5_bucket(offsets: Tensor, num_buckets: int = 32, max_distance: int = 128) -> Tensor:
+    """T5's bidirectional log-bucketing of relative positions (Raffel et al. 2020, §2.1; HF/mesh-tf code).
+
+    offsets: (...) of j - i (key minus query), as T5 defines relative_position = memory - query.
+    Half the buckets for each sign; within a sign, exact buckets for |d| < num_buckets/4 and
+    logarithmically spaced ones up to max_distance, beyond which all distances share the last bucket.
+    """
+    num_buckets //= 2
+    bucket = (offsets > 0).long() * num_buckets
+    n = offsets.abs()
+    max_exact = num_buckets // 2
+    is_small = n < max_exact
+    # log-spaced buckets; the clamp avoids log(0) for the small distances that `is_small` discards anyway
+    large = max_exact + (
+        torch.log(n.float().clamp(min=1) / max_exact) / math.log(max_distance / max_exact) * (num_buckets - max_exact)
+    ).long()
+    large = large.clamp(max=num_buckets - 1)
+    return bucket + torch.where(is_small, n, large)
+
+
+def alibi_slopes(num_heads: int) -> Tensor:
+    """Press et al. (2022) §3: geometric slopes 2^(-8/n), 2^(-16/n), ...; for a head count that is not a power
+    of two, the slopes of the next lower power of two then every other slope of the next higher one."""
+
+    def power_of_two(n: int) -> list[float]:
+        start = 2 ** (-(2 ** -(math.log2(n) - 3)))
+        return [start * start**i for i in range(n)]
+
+    if math.log2(num_heads).is_integer():
+        slopes = power_of_two(num_heads)
+    else:
+        low = 2 ** math.floor(math.log2(num_heads))
+        slopes = power_of_two(low) + power_of_two(2 * low)[0::2][: num_heads - low]
+    return torch.tensor(slopes, dtype=torch.float32)
+
+
+def rotary_angles(positions: Tensor, dim: int, base: float = 10000.0) -> tuple[Tensor, Tensor]:
+    """RoFormer (Su et al. 2021) eq. 34: θ_i = base^(-2i/d); returns cos, sin of shape (L, dim), each
+    frequency repeated for the two halves (the rotate-half layout of GPT-NeoX and HF Llama)."""
+    inv_freq = base ** (-torch.arange(0, dim, 2, dtype=torch.float32, device=positions.device) / dim)
+    angles = positions.to(torch.float32)[:, None] * inv_freq  # (L, dim/2)
+    angles = torch.cat((angles, angles), dim=-1)  # (L, dim)
+    return angles.cos(), angles.sin()
+
+
+def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate pairs (x_i, x_{i+d/2}) by the position's angle: x*cos + rotate_half(x)*sin. x: (B, H, L, Dh)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    rotated = torch.cat((-x2, x1), dim=-1)
+    return x * cos.to(x.dtype) + rotated * sin.to(x.dtype)
+
+
+def relative_gather(scores_by_offset: Tensor, index: Tensor) -> Tensor:
+    """Turn per-offset scores (B, H, Lq, M) into per-pair scores (B, H, Lq, Lk) with index (Lq, Lk) into M."""
+    b, h, lq, _ = scores_by_offset.shape
+    return scores_by_offset.gather(-1, index.expand(b, h, lq, index.shape[-1]))
+
+
+def relative_scatter(probs: Tensor, index: Tensor, num_offsets: int) -> Tensor:
+    """Sum probabilities (B, H, Lq, Lk) per offset bucket: (B, H, Lq, M). The adjoint of `relative_gather`."""
+    b, h, lq, lk = probs.shape
+    out = probs.new_zeros(b, h, lq, num_offsets)
+    return out.scatter_add_(-1, index.expand(b, h, lq, lk), probs)

@@ -1,0 +1,50 @@
+"""The base class of a position (or segment) method and the layout of parameters shared by heads or layers.
+
+A method owns its parameters and, once per forward, turns a `Context` into contributions to the four entry
+points of `diet.positions.base`: `embed` for the input, `layer_terms` for qk, logit and value terms.
+Sharing (DIET Tables 5, 8, 9): `none` keeps a (layer, head) table each, `head` one per layer broadcast over
+heads, `layer` one per head used by every layer.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+from transformers import initialization as hf_init
+
+from diet.positions.base import EMPTY, Context, LayerTerms
+
+
+class PositionMethod(nn.Module):
+    """Base: contributes nothing. Subclasses override `embed` and/or `layer_terms`."""
+
+    #: longest sequence the method's learned tables allow; None when any length works
+    max_length: int | None = None
+
+    def embed(self, position_ids: Tensor) -> Tensor | None:
+        """Input entry point: (1|B, L, D) added to the token embeddings, or None."""
+        return None
+
+    def layer_terms(self, ctx: Context, layer: int) -> LayerTerms:
+        """qk, logit and value contributions to attention layer `layer`."""
+        return EMPTY
+
+    def reset_parameters(self, std: float) -> None:
+        # HF's init helpers skip tensors already loaded from a checkpoint
+        for p in self.parameters(recurse=False):
+            hf_init.normal_(p, std=std)
+
+
+def sharing_shape(sharing: str, num_layers: int, num_heads: int) -> tuple[int, int]:
+    """How many distinct (layers, heads) parameter tables a sharing mode keeps."""
+    return (1 if sharing == "layer" else num_layers, 1 if sharing == "head" else num_heads)
+
+
+def shared_layer(sharing: str, layer: int) -> int:
+    """Which table a layer reads: its own, or table 0 when all layers share one."""
+    return 0 if sharing == "layer" else layer
+
+
+def normal_parameter(*shape: int) -> nn.Parameter:
+    # real values are set by reset_parameters via the model's _init_weights; empty() keeps meta-device loading cheap
+    return nn.Parameter(torch.empty(*shape))

@@ -1,0 +1,33 @@
+"""T5 relative attention bias (Raffel et al. 2020, §2.1; DIET companion eq. 4):
+
+    A_ij = q_i·k_j / √d_h + b_h[bucket(j - i)]
+
+one scalar per bucket per head, shared by all layers, bidirectional log buckets (32 buckets, max distance
+128 by default). Entry point: logit bias, computed once per forward for the whole model.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from diet.positions.base import Context, LayerTerms, TableBias
+from diet.positions.functional import relative_offsets, t5_bucket
+from diet.positions.method import PositionMethod, normal_parameter
+
+
+def t5_index(ctx: Context, num_buckets: int, max_distance: int) -> Tensor:
+    """(Lq, Lk) bucket of each query-key pair; T5 buckets memory - query = j - i."""
+    return ctx.cached(f"t5_index_{num_buckets}_{max_distance}", lambda: t5_bucket(
+        -relative_offsets(ctx.q_pos, ctx.k_pos), num_buckets, max_distance))
+
+
+class T5(PositionMethod):
+    def __init__(self, num_heads: int, num_buckets: int, max_distance: int):
+        super().__init__()
+        self.num_buckets, self.max_distance = num_buckets, max_distance
+        self.bias = normal_parameter(num_heads, num_buckets)  # b_h, shared by layers
+
+    def layer_terms(self, ctx: Context, layer: int) -> LayerTerms:
+        # one TableBias object for all layers, so its dense form is built once per forward
+        term = ctx.cached("t5_term", lambda: TableBias(self.bias, t5_index(ctx, self.num_buckets, self.max_distance)))
+        return LayerTerms(logits=[term])

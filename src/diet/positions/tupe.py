@@ -1,0 +1,72 @@
+"""TUPE: untied positional encoding (Ke et al. 2021, eq. 10 and 11, appendix B).
+
+    TUPE-A  A_ij = (x_i W_Q)(x_j W_K)ᵀ / √(2d) + reset_θ( (p_i U_Q)(p_j U_K)ᵀ / √(2d), i, j )
+    TUPE-R  A_ij = (x_i W_Q)(x_j W_K)ᵀ / √(2d) + reset_θ( (p_i U_Q)(p_j U_K)ᵀ / √(2d) + b_{j-i}, i, j )
+
+p_i is a learned absolute embedding with layer norm applied whenever it is used; U_Q, U_K (D×D, split into
+heads) are shared by all layers, so the positional correlation is computed once per forward. reset_θ
+(eq. 9) replaces row 0 (from [CLS]) by θ_1 and column 0 (to [CLS]) by θ_2, per head, with
+θ_k = (p_θk U_Q)(p_θk U_K)ᵀ / √(2d) (appendix B). b is T5's bucketed bias, per head, shared by layers.
+In the multi-head form d is the head size. `tupe_reset=False` gives TUPE-A^tie-cls.
+Entry points: logit bias (the absolute part is low rank, with the reset as two extra rank-1 columns, so it
+can be folded into queries and keys), and score scale (1/√2 on the content term).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from diet.positions.base import Context, LayerTerms, LowRankBias, TableBias
+from diet.positions.method import PositionMethod, normal_parameter
+from diet.positions.t5 import t5_index
+
+
+class TUPE(PositionMethod):
+    def __init__(self, hidden_size: int, num_heads: int, max_length: int, eps: float, reset: bool,
+                 relative: bool, num_buckets: int, max_distance: int):
+        super().__init__()
+        self.max_length, self.num_heads, self.reset, self.relative = max_length, num_heads, reset, relative
+        self.num_buckets, self.max_distance = num_buckets, max_distance
+        self.head_size = hidden_size // num_heads
+        self.p = normal_parameter(max_length, hidden_size)  # p_i
+        self.p_theta = normal_parameter(2, hidden_size)  # p_θ1, p_θ2
+        self.norm = nn.LayerNorm(hidden_size, eps=eps)
+        self.u_q = nn.Linear(hidden_size, hidden_size)
+        self.u_k = nn.Linear(hidden_size, hidden_size)
+        if relative:
+            self.bias = normal_parameter(num_heads, num_buckets)
+
+    def _heads(self, x: Tensor, proj: nn.Linear) -> Tensor:
+        return proj(self.norm(x)).view(len(x), self.num_heads, self.head_size).transpose(0, 1)  # (H, n, Dh)
+
+    def correlation_factors(self, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
+        """(fq, fk), (1, H, Lq, r), (1, H, Lk, r): fq fkᵀ = reset_θ((p_i U_Q)(p_j U_K)ᵀ / √(2d))."""
+        scale = 1.0 / math.sqrt(2 * self.head_size)
+        fq = self._heads(self.p[q_pos], self.u_q) * scale  # (H, Lq, Dh)
+        fk = self._heads(self.p[k_pos], self.u_k)  # (H, Lk, Dh)
+        if self.reset:
+            tq, tk = self._heads(self.p_theta, self.u_q), self._heads(self.p_theta, self.u_k)  # (H, 2, Dh)
+            theta = (tq * tk).sum(-1) * scale  # (H, 2): θ_1, θ_2
+            q_cls = (q_pos == 0).to(fq.dtype)[:, None]  # (Lq, 1)
+            k_cls = (k_pos == 0).to(fk.dtype)[:, None]  # (Lk, 1)
+            fq, fk = fq * (1 - q_cls), fk * (1 - k_cls)  # the correlation no longer touches [CLS]
+            # row i = 0 gets θ_1 against every key; rows i != 0 get θ_2 against key 0
+            col_q = torch.stack((theta[:, :1] * q_cls.T, theta[:, 1:] * (1 - q_cls.T)), dim=-1)  # (H, Lq, 2)
+            col_k = torch.cat((torch.ones_like(k_cls), k_cls), dim=-1).expand(self.num_heads, -1, -1)  # (H, Lk, 2)
+            fq, fk = torch.cat((fq, col_q), -1), torch.cat((fk, col_k), -1)
+        return fq.unsqueeze(0), fk.unsqueeze(0)
+
+    def layer_terms(self, ctx: Context, layer: int) -> LayerTerms:
+        def build():
+            terms = [LowRankBias(*self.correlation_factors(ctx.q_pos, ctx.k_pos))]
+            if self.relative:
+                keep = None
+                if self.reset:  # the reset replaces b_{j-i} too on [CLS]'s row and column
+                    keep = ((ctx.q_pos != 0)[:, None] & (ctx.k_pos != 0)[None, :]).to(self.bias.dtype)
+                terms.append(TableBias(self.bias, t5_index(ctx, self.num_buckets, self.max_distance), keep))
+            return LayerTerms(logits=terms, score_scale=1.0 / math.sqrt(2))
+
+        return ctx.cached("tupe_terms", build)  # shared by all layers: computed once per forward

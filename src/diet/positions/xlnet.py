@@ -1,0 +1,55 @@
+"""Transformer-XL / XLNet relative attention (Dai et al. 2019, §3.3; Yang et al. 2019), DIET companion eq. 3-4:
+
+    A_ij = [ q_i·k_j + q_i·(W_R R_{i-j}) + u·k_j + v·(W_R R_{i-j}) ] / √d_h
+
+R_{i-j} is the sinusoid of the offset (width D), W_R a per-layer projection to the heads, u and v learned
+per head and per layer (XLNet's untied biases). We keep Transformer-XL's separate W_R for positions; the
+companion paper writes W_K there. No value term.
+Entry points: qk (u is added to the query of the content term) and logit bias (the position terms).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from diet.positions.base import Context, LayerTerms, QueryRelativeBias
+from diet.positions.functional import relative_offsets, sinusoids
+from diet.positions.method import PositionMethod, normal_parameter
+
+
+class AddToQuery:
+    """qk term: q + u for the content logits (Transformer-XL's global content bias)."""
+
+    def __init__(self, u: Tensor):
+        self.u = u  # (H, Dh)
+
+    def __call__(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+        return q + self.u[:, None, :].to(q.dtype), k
+
+
+class XLNet(PositionMethod):
+    def __init__(self, num_layers: int, hidden_size: int, num_heads: int):
+        super().__init__()
+        self.hidden_size, self.num_heads = hidden_size, num_heads
+        head_size = hidden_size // num_heads
+        self.w_r = normal_parameter(num_layers, hidden_size, hidden_size)  # W_R per layer, D -> H·Dh
+        self.u = normal_parameter(num_layers, num_heads, head_size)
+        self.v = normal_parameter(num_layers, num_heads, head_size)
+        self.scale = 1.0 / math.sqrt(head_size)
+
+    def layer_terms(self, ctx: Context, layer: int) -> LayerTerms:
+        def offsets():
+            rel = relative_offsets(ctx.q_pos, ctx.k_pos)  # (Lq, Lk)
+            lo = rel.min()
+            values = torch.arange(int(lo), int(rel.max()) + 1, device=rel.device)  # the M distinct offsets
+            return values, rel - lo  # (M,), index (Lq, Lk)
+
+        values, index = ctx.cached("xlnet_offsets", offsets)
+        table = ctx.cached("xlnet_sinusoids", lambda: sinusoids(values, self.hidden_size))  # (M, D)
+        w_r = self.w_r[layer]
+        r = (table.to(w_r.dtype) @ w_r).view(len(values), self.num_heads, -1)  # (M, H, Dh), once per layer
+        pos = QueryRelativeBias(r, index, self.scale, u=self.v[layer])
+        return LayerTerms(qk=[AddToQuery(self.u[layer])], logits=[pos])
