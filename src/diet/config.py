@@ -92,6 +92,7 @@ class DietConfig(PretrainedConfig):
         rotary_base: float = 10000.0,
         attn_backend: str = "auto",
         classifier_dropout: float | None = None,
+        tie_word_embeddings: bool = True,
         **kwargs,
     ):
         self.vocab_size = vocab_size
@@ -119,6 +120,7 @@ class DietConfig(PretrainedConfig):
         self.rotary_base = rotary_base
         self.attn_backend = attn_backend
         self.classifier_dropout = classifier_dropout
+        self.tie_word_embeddings = tie_word_embeddings  # BERT ties the MLM decoder to the word embeddings
         super().__init__(pad_token_id=pad_token_id, **kwargs)
         self.validate()
 

@@ -98,6 +98,9 @@ def flex(q, k, v, terms: LayerTerms, mask, scale, dropout_p, need_probs=False):
     if dropout_p > 0:
         raise ConfigError("FlexAttention has no attention dropout; set attention_probs_dropout_prob=0 or use "
                           "attn_backend='sdpa'")
+    if torch.is_grad_enabled() and q.requires_grad and not q.is_cuda:
+        raise ConfigError("FlexAttention's backward needs CUDA; on CPU use attn_backend='sdpa' for training "
+                          "(flex runs forward-only there)")
     s = scale * terms.score_scale
     q, k, bias = fold_terms(q, k, terms, mask, s)
     if q.shape[-1] != v.shape[-1]:  # flex wants one head size for q, k and v: pad v, cut the output

@@ -38,15 +38,21 @@ class MultiHeadAttention(nn.Module):
         b, n, _ = x.shape
         return x.view(b, n, self.num_heads, self.head_size).transpose(1, 2)  # (B, H, L, Dh)
 
+    def keys_values(self, source: Tensor) -> tuple[Tensor, Tensor]:
+        """Project (B, Lk, D) to keys and values (B, H, Lk, Dh), e.g. for a decoder's cache."""
+        return self._heads(self.key(source)), self._heads(self.value(source))
+
     def forward(self, hidden: Tensor, terms: LayerTerms = EMPTY, mask: Tensor | None = None,
                 keys_from: Tensor | None = None, key_padding: Tensor | None = None,
-                past: tuple[Tensor, Tensor] | None = None, need_probs: bool = False):
+                past: tuple[Tensor, Tensor] | None = None, need_probs: bool = False,
+                kv: tuple[Tensor, Tensor] | None = None):
         """hidden (B, Lq, D); keys_from (B, Lk, D) for cross-attention; key_padding (B, Lk) 1 = keep, used by
-        Linformer, which cannot mask after projecting; past: cached (k, v) to extend when decoding.
+        Linformer, which cannot mask after projecting; past: cached (k, v) to extend when decoding;
+        kv: keys and values already projected by `keys_values` (a decoder cache), used instead of projecting.
         Returns out (B, Lq, D), probs (B, H, Lq, Lk) or None, and the (k, v) to cache."""
         source = hidden if keys_from is None else keys_from
         q = self._heads(self.query(hidden))
-        k, v = self._heads(self.key(source)), self._heads(self.value(source))
+        k, v = kv if kv is not None else self.keys_values(source)
         if past is not None:
             k, v = torch.cat((past[0], k), dim=2), torch.cat((past[1], v), dim=2)
         present = (k, v)

@@ -74,13 +74,12 @@ class PositionEncoding(nn.Module):
                 f"sequence length {length} exceeds max_position_embeddings={self.max_length}, the size of "
                 f"the learned position table of position={self.position_name!r}; use shorter inputs or a "
                 f"relative method")
-        if segment_ids is not None and segment_ids.numel():
+        # with segment='none' segment ids carry nothing and are ignored
+        if self.num_segments and segment_ids is not None and segment_ids.numel():
             lo, hi = int(segment_ids.min()), int(segment_ids.max())
-            limit = max(self.num_segments, 1)
-            if lo < 0 or hi >= limit:
-                raise InputError(f"token_type_ids must lie in [0, {limit - 1}] (type_vocab_size="
-                                 f"{self.num_segments or 'none: segment=none'}), got a value of "
-                                 f"{lo if lo < 0 else hi}")
+            if lo < 0 or hi >= self.num_segments:
+                raise InputError(f"token_type_ids must lie in [0, {self.num_segments - 1}] (type_vocab_size="
+                                 f"{self.num_segments}), got {lo if lo < 0 else hi}")
 
     def embed(self, position_ids: Tensor, segment_ids: Tensor | None) -> Tensor | None:
         """Input entry point: the sum of what position and segments add to the token embeddings."""

@@ -1,0 +1,208 @@
+"""The cost of each position method: DIET Table 1 (training and inference time against the baseline) and
+Table 6 (parameters), measured the same way for every method.
+
+    ratio(method) = median over cycles c of  t_c(method) / t_c(none)
+
+Each cycle runs one step of every candidate (in a rotated order), so load from other processes on the
+machine hits all candidates of a cycle alike and cancels in the per-cycle ratio; the median discards
+cycles that a burst of load hit unevenly. Warm-up steps run first and are not timed.
+
+A training step is forward, loss, backward and an AdamW step on the encoder (`DietModel`: embeddings,
+position encoding, the layers, BERT's pooler); the loss is the mean square of the last hidden states, so no
+task head dilutes the encoder's cost. Inference is a forward pass under `torch.inference_mode`. Inputs are
+sentence pairs: token type 0 for the first half of each sequence, 1 for the second, no padding.
+Peak memory is measured in a fresh process per configuration (`diet.bench.memory`).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import Tensor, nn
+
+from diet.config import POSITIONS, PRESETS, DietConfig
+from diet.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One row of the table: a position method and where segments enter. `+seg` in a label: per-head segments
+    (DIET eq. 2) instead of BERT's input segment embedding."""
+
+    position: str
+    segment: str = "input"
+
+    @property
+    def label(self) -> str:
+        return self.position + ("+seg" if self.segment == "per-head" else "")
+
+    @classmethod
+    def parse(cls, label: str) -> "Variant":
+        position, plus, rest = label.partition("+")
+        if position not in POSITIONS or (plus and rest != "seg"):
+            raise ConfigError(f"method {label!r} is not a position method, optionally with '+seg' (per-head "
+                              f"segments); allowed: {', '.join(POSITIONS)}")
+        return cls(position, "per-head" if plus else "input")
+
+
+BASELINE = Variant("none")
+DEFAULT_METHODS = ("none", "absolute", "sinusoidal", "shaw", "xlnet", "t5", "tupe-a", "tupe-r", "diet-abs",
+                   "diet-abs+seg", "diet-rel", "diet-rel+seg", "rotary", "alibi")
+# methods without a table indexed by absolute position: the only ones that run past max_position_embeddings
+LENGTH_FREE = ("none", "sinusoidal", "t5", "diet-rel", "diet-rel+seg", "rotary", "alibi")
+
+
+def model_config(shape: str, variant: Variant, max_length: int = 512, **overrides) -> DietConfig:
+    if shape not in PRESETS:
+        raise ConfigError(f"shape {shape!r} is not one of {', '.join(map(repr, PRESETS))}")
+    return DietConfig.from_preset(shape, position=variant.position, segment=variant.segment,
+                                  max_position_embeddings=max_length, **overrides)
+
+
+def build_model(config: DietConfig, seed: int = 0) -> nn.Module:
+    from diet.models.modeling import DietModel
+
+    torch.manual_seed(seed)
+    return DietModel(config)
+
+
+def make_inputs(batch: int, length: int, vocab_size: int, seed: int = 0) -> dict[str, Tensor]:
+    """Sentence pairs without padding: ids (B, L), token types 0 then 1."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1, vocab_size, (batch, length), generator=g)
+    types = torch.zeros(batch, length, dtype=torch.long)
+    types[:, length // 2:] = 1
+    return {"input_ids": ids, "token_type_ids": types}
+
+
+def parameter_count(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def first_output(out) -> Tensor:
+    """The last hidden states of a diet or Hugging Face encoder output."""
+    return out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+
+
+def training_step(model: nn.Module, inputs: dict[str, Tensor]) -> Callable[[], None]:
+    """forward, loss, backward, AdamW step: one closure per model, holding its optimizer."""
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def step() -> None:
+        model.train()
+        loss = first_output(model(**inputs)).float().square().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return step
+
+
+def inference_step(model: nn.Module, inputs: dict[str, Tensor]) -> Callable[[], None]:
+    def step() -> None:
+        model.eval()
+        with torch.inference_mode():
+            model(**inputs)
+
+    return step
+
+
+def interleaved_times(steps: dict[str, Callable[[], None]], repeats: int, warmup: int) -> dict[str, list[float]]:
+    """Seconds per step of every candidate, `repeats` cycles of one step each, after `warmup` untimed cycles.
+
+    The order within a cycle rotates, so no candidate always runs right after a particular other one."""
+    names = list(steps)
+    for _ in range(warmup):
+        for name in names:
+            steps[name]()
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for cycle in range(repeats):
+        shift = cycle % len(names)
+        for name in names[shift:] + names[:shift]:
+            start = time.perf_counter()
+            steps[name]()
+            times[name].append(time.perf_counter() - start)
+    return times
+
+
+def median_ratio(times: list[float], baseline: list[float]) -> float:
+    """The median over cycles of the per-cycle ratio t_c / baseline_c."""
+    if len(times) != len(baseline) or not times:
+        raise ValueError(f"need equally many cycles, got {len(times)} and {len(baseline)}")
+    return statistics.median(t / b for t, b in zip(times, baseline))
+
+
+def ratio_spread(times: list[float], baseline: list[float]) -> tuple[float, float]:
+    """The interquartile range of the per-cycle ratios, to show how far a median can be trusted."""
+    ratios = sorted(t / b for t, b in zip(times, baseline))
+    if len(ratios) < 4:
+        return ratios[0], ratios[-1]
+    q = statistics.quantiles(ratios, n=4)
+    return q[0], q[2]
+
+
+@dataclass
+class Row:
+    """One method at one shape and length."""
+
+    shape: str
+    method: str
+    length: int
+    batch: int
+    params: int
+    params_increase: float  # over `none`, as a fraction
+    train_ms: float | None = None
+    infer_ms: float | None = None
+    train_ratio: float | None = None
+    infer_ratio: float | None = None
+    train_iqr: tuple[float, float] | None = None
+    infer_iqr: tuple[float, float] | None = None
+    train_peak_mib: float | None = None  # peak RSS of the step above the idle process (model, inputs loaded)
+    infer_peak_mib: float | None = None
+
+
+def measure(shape: str, length: int, batch: int, methods: list[Variant], repeats: int, warmup: int,
+            modes: tuple[str, ...] = ("train", "infer"), peers: list[str] | None = None,
+            max_length: int = 512, log: Callable[[str], None] | None = None) -> list[Row]:
+    """Time every method (and peer) at one shape and length, interleaved; ratios to `none`."""
+    if BASELINE not in methods:
+        methods = [BASELINE, *methods]
+    variants = {v.label: v for v in methods}
+    models, counts = {}, {}
+    for label, variant in variants.items():
+        models[label] = build_model(model_config(shape, variant, max_length))
+        counts[label] = parameter_count(models[label])
+    for peer in peers or []:
+        from diet.bench.peers import build_peer
+
+        models[peer] = build_peer(peer, shape, max_length)
+        counts[peer] = parameter_count(models[peer])
+    vocab = DietConfig.from_preset(shape).vocab_size
+    inputs = make_inputs(batch, length, vocab)
+    rows = {label: Row(shape, label, length, batch, counts[label], counts[label] / counts["none"] - 1)
+            for label in models}
+    for mode in modes:
+        make = training_step if mode == "train" else inference_step
+        steps = {label: make(model, peer_inputs(label, inputs)) for label, model in models.items()}
+        if log:
+            log(f"{shape} L={length} B={batch} {mode}: {len(steps)} candidates x {repeats} cycles")
+        times = interleaved_times(steps, repeats, warmup)
+        base = times["none"]
+        for label, t in times.items():
+            row = rows[label]
+            setattr(row, f"{mode}_ms", statistics.median(t) * 1e3)
+            setattr(row, f"{mode}_ratio", median_ratio(t, base))
+            setattr(row, f"{mode}_iqr", ratio_spread(t, base))
+        del steps  # drop optimizer states before the next mode
+    return list(rows.values())
+
+
+def peer_inputs(label: str, inputs: dict[str, Tensor]) -> dict[str, Tensor]:
+    """T5's encoder has no token types."""
+    if label == "hf-t5-encoder":
+        return {"input_ids": inputs["input_ids"]}
+    return inputs

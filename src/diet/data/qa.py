@@ -1,0 +1,77 @@
+"""Span question answering (SQuAD v1.1 style, as BERT fine-tunes it): question and context go in as two
+segments, long contexts are cut into overlapping windows (`doc_stride`), the model predicts start and end
+logits, and the answer is the best-scoring valid span of the context (start <= end, at most
+`max_answer_length` tokens), mapped back to the original text through the tokenizer's offsets.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+
+from diet.data.tasks import QAExample
+
+
+def encode_train(examples: list[QAExample], tokenizer, max_length: int, doc_stride: int) -> list[dict]:
+    """Training features: windows with the first answer's token span (or [CLS] when the window lacks it)."""
+    enc = tokenizer([e.question for e in examples], [e.context for e in examples], truncation="only_second",
+                    max_length=max_length, stride=doc_stride, return_overflowing_tokens=True,
+                    return_offsets_mapping=True)
+    features = []
+    for i, offsets in enumerate(enc["offset_mapping"]):
+        ex = examples[enc["overflow_to_sample_mapping"][i]]
+        answer = ex.answers[0]
+        start_char, end_char = answer["answer_start"], answer["answer_start"] + len(answer["text"])
+        types = enc.sequence_ids(i)
+        ctx = [k for k, t in enumerate(types) if t == 1]
+        start = end = 0
+        if ctx and offsets[ctx[0]][0] <= start_char and offsets[ctx[-1]][1] >= end_char:
+            start = next(k for k in ctx if offsets[k][1] > start_char)
+            end = next(k for k in reversed(ctx) if offsets[k][0] < end_char)
+        features.append({"input_ids": enc["input_ids"][i], "token_type_ids": enc["token_type_ids"][i],
+                         "attention_mask": enc["attention_mask"][i], "start_positions": start,
+                         "end_positions": end})
+    return features
+
+
+def encode_eval(examples: list[QAExample], tokenizer, max_length: int, doc_stride: int):
+    """Evaluation features and, per feature, (example index, offsets with None outside the context)."""
+    enc = tokenizer([e.question for e in examples], [e.context for e in examples], truncation="only_second",
+                    max_length=max_length, stride=doc_stride, return_overflowing_tokens=True,
+                    return_offsets_mapping=True)
+    features, meta = [], []
+    for i, offsets in enumerate(enc["offset_mapping"]):
+        types = enc.sequence_ids(i)
+        meta.append((enc["overflow_to_sample_mapping"][i],
+                     [o if t == 1 else None for o, t in zip(offsets, types)]))
+        features.append({"input_ids": enc["input_ids"][i], "token_type_ids": enc["token_type_ids"][i],
+                         "attention_mask": enc["attention_mask"][i]})
+    return features, meta
+
+
+def best_answers(examples: list[QAExample], meta, start_logits, end_logits, n_best: int = 20,
+                 max_answer_length: int = 30) -> dict[str, str]:
+    """The highest-scoring valid span per question, over all its windows."""
+    by_example = defaultdict(list)
+    for f, (ex_index, _) in enumerate(meta):
+        by_example[ex_index].append(f)
+    predictions = {}
+    for ex_index, feats in by_example.items():
+        ex = examples[ex_index]
+        best_score, best_text = -np.inf, ""
+        for f in feats:
+            offsets = meta[f][1]
+            s_log, e_log = np.asarray(start_logits[f]), np.asarray(end_logits[f])
+            n = len(offsets)
+            for s in np.argsort(s_log[:n])[::-1][:n_best]:
+                if offsets[s] is None:
+                    continue
+                for e in np.argsort(e_log[:n])[::-1][:n_best]:
+                    if offsets[e] is None or e < s or e - s + 1 > max_answer_length:
+                        continue
+                    score = s_log[s] + e_log[e]
+                    if score > best_score:
+                        best_score, best_text = score, ex.context[offsets[s][0]:offsets[e][1]]
+        predictions[ex.id] = best_text
+    return predictions

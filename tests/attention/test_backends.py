@@ -1,0 +1,90 @@
+"""Every backend computes the reference equation: outputs and gradients, over the tiny-config matrix."""
+
+import itertools
+import warnings
+
+import pytest
+import torch
+
+from diet import DietConfig, DietForMaskedLM
+from diet.config import POSITIONS, SEGMENTS
+from diet.errors import ConfigError
+from tests.conftest import batch, tiny
+
+MATRIX = [
+    (p, s, sh)
+    for p, s, sh in itertools.product(POSITIONS, SEGMENTS, ("none", "head", "layer"))
+    if p != "shaw"  # Shaw's value term needs the probabilities: eager only (tested below)
+    and (sh == "none" or p in ("diet-abs", "diet-rel") or s == "per-head")
+]
+
+
+def _pair(cfg_kwargs, backend):
+    ref = DietForMaskedLM(tiny(**cfg_kwargs, attn_backend="eager"))
+    other = DietForMaskedLM(tiny(**cfg_kwargs, attn_backend=backend))
+    other.load_state_dict(ref.state_dict())
+    return ref, other
+
+
+def _run(model, ids, mask, seg):
+    out = model(ids, attention_mask=mask, token_type_ids=seg, labels=ids)
+    out.loss.backward()
+    return out.logits, {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("position,segment,sharing", MATRIX)
+def test_sdpa_matches_eager_with_gradients(position, segment, sharing):
+    ref, fast = _pair(dict(position=position, segment=segment, sharing=sharing), "sdpa")
+    ids, mask, seg = batch(9)
+    (lr, gr), (lf, gf) = _run(ref, ids, mask, seg), _run(fast, ids, mask, seg)
+    torch.testing.assert_close(lf, lr, atol=2e-5, rtol=1e-4)
+    assert gr.keys() == gf.keys()
+    for name in gr:
+        torch.testing.assert_close(gf[name], gr[name], atol=2e-5, rtol=1e-3, msg=name)
+
+
+@pytest.mark.parametrize("position", ["diet-abs", "diet-rel", "t5", "tupe-r", "alibi", "rotary", "xlnet"])
+def test_flex_forward_matches_eager(position):
+    ref, flex = _pair(dict(position=position, segment="per-head" if position.startswith("diet") else "input"),
+                      "flex")
+    ids, mask, seg = batch(9)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # flex warns that it runs unfused outside torch.compile on CPU
+        torch.testing.assert_close(flex.eval()(ids, mask, seg).logits, ref.eval()(ids, mask, seg).logits,
+                                   atol=2e-5, rtol=1e-4)
+
+
+def test_linformer_sdpa_matches_eager():
+    ref, fast = _pair(dict(position="diet-abs", attention="linformer"), "sdpa")
+    ids, mask, seg = batch(9)
+    (lr, gr), (lf, gf) = _run(ref, ids, mask, seg), _run(fast, ids, mask, seg)
+    torch.testing.assert_close(lf, lr, atol=2e-5, rtol=1e-4)
+    for name in gr:
+        torch.testing.assert_close(gf[name], gr[name], atol=2e-5, rtol=1e-3, msg=name)
+
+
+def test_shaw_trains_on_eager_and_is_refused_by_fused_backends():
+    model = DietForMaskedLM(tiny(position="shaw"))  # auto -> eager
+    ids, mask, seg = batch(9)
+    _, grads = _run(model, ids, mask, seg)
+    assert grads["diet.positions.method.value"].abs().sum() > 0
+    for backend in ("sdpa", "flex"):
+        with pytest.raises(ConfigError, match="Shaw"):
+            tiny(position="shaw", attn_backend=backend)
+
+
+def test_flex_refuses_attention_dropout_at_build_time():
+    with pytest.raises(ConfigError, match="dropout"):
+        DietConfig(attn_backend="flex", attention_probs_dropout_prob=0.1)
+
+
+def test_padding_does_not_change_real_tokens():
+    model = DietForMaskedLM(tiny(position="diet-rel", segment="per-head")).eval()
+    ids, _, seg = batch(8, batch_size=1, pad_last=0)
+    padded = torch.cat([ids, torch.ones(1, 3, dtype=ids.dtype)], 1)
+    mask = torch.cat([torch.ones_like(ids), torch.zeros(1, 3, dtype=ids.dtype)], 1)
+    seg_p = torch.cat([seg, torch.ones(1, 3, dtype=seg.dtype)], 1)
+    with torch.no_grad():
+        a = model(ids, token_type_ids=seg).logits
+        b = model(padded, attention_mask=mask, token_type_ids=seg_p).logits[:, :8]
+    torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)

@@ -1,0 +1,138 @@
+import os
+
+import pytest
+import torch
+from transformers import (
+    AutoConfig,
+    AutoModel,
+    AutoModelForMaskedLM,
+    AutoModelForQuestionAnswering,
+    AutoModelForSequenceClassification,
+)
+
+from diet import (
+    DietConfig,
+    DietForMaskedLM,
+    DietForQuestionAnswering,
+    DietForSequenceClassification,
+    DietModel,
+    InputError,
+)
+from diet.config import POSITIONS
+from tests.conftest import batch, tiny
+
+
+@pytest.mark.parametrize("position", POSITIONS)
+def test_save_and_reload_round_trip_exactly(tmp_path, position):
+    model = DietForMaskedLM(tiny(position=position, segment="per-head")).eval()
+    ids, mask, seg = batch(8)
+    model.save_pretrained(tmp_path)
+    assert (tmp_path / "model.safetensors").exists() and not list(tmp_path.glob("*.bin"))
+    again = AutoModelForMaskedLM.from_pretrained(tmp_path).eval()
+    assert type(again) is DietForMaskedLM and again.config.position == position
+    for (n, p), (n2, p2) in zip(model.state_dict().items(), again.state_dict().items()):
+        assert n == n2 and torch.equal(p, p2), n
+    with torch.no_grad():
+        assert torch.equal(model(ids, mask, seg).logits, again(ids, mask, seg).logits)
+
+
+def test_mlm_decoder_is_tied_to_word_embeddings(tmp_path):
+    model = DietForMaskedLM(tiny())
+    assert model.lm_head.decoder.weight.data_ptr() == model.diet.embeddings.word_embeddings.weight.data_ptr()
+    model.save_pretrained(tmp_path)
+    again = DietForMaskedLM.from_pretrained(tmp_path)
+    assert again.lm_head.decoder.weight.data_ptr() == again.diet.embeddings.word_embeddings.weight.data_ptr()
+
+
+def test_auto_classes_resolve_every_head(tmp_path):
+    cfg = tiny(position="diet-abs")
+    cfg.save_pretrained(tmp_path)
+    assert isinstance(AutoConfig.from_pretrained(tmp_path), DietConfig)
+    assert type(AutoModel.from_config(cfg)) is DietModel
+    assert type(AutoModelForSequenceClassification.from_config(cfg)) is DietForSequenceClassification
+    assert type(AutoModelForQuestionAnswering.from_config(cfg)) is DietForQuestionAnswering
+
+
+def test_readme_example(tmp_path):
+    model = DietForMaskedLM(DietConfig(position="diet-rel", segment="per-head", num_hidden_layers=1))
+    model.save_pretrained(tmp_path)
+    again = DietForMaskedLM.from_pretrained(tmp_path)
+    ids = torch.tensor([[101, 7592, 2088, 102, 2129, 102]])
+    seg = torch.tensor([[0, 0, 0, 0, 1, 1]])
+    model.eval(), again.eval()
+    with torch.no_grad():
+        assert torch.equal(model(ids, token_type_ids=seg).logits, again(ids, token_type_ids=seg).logits)
+
+
+def test_classification_regression_and_qa_heads_train():
+    ids, mask, seg = batch(8)
+    cls = DietForSequenceClassification(tiny(num_labels=3, position="diet-rel", segment="per-head"))
+    out = cls(ids, mask, seg, labels=torch.tensor([0, 2]))
+    assert out.logits.shape == (2, 3) and out.loss > 0
+    out.loss.backward()
+    reg = DietForSequenceClassification(tiny(num_labels=1, position="t5"))
+    out = reg(ids, mask, seg, labels=torch.tensor([0.5, 3.0]))
+    assert out.logits.shape == (2, 1)
+    torch.testing.assert_close(out.loss, torch.nn.functional.mse_loss(out.logits.squeeze(-1), torch.tensor([.5, 3.])))
+    qa = DietForQuestionAnswering(tiny(position="tupe-a"))
+    out = qa(ids, mask, seg, start_positions=torch.tensor([1, 2]), end_positions=torch.tensor([3, 4]))
+    assert out.start_logits.shape == (2, 8) and out.loss > 0
+    with pytest.raises(InputError, match=r"\[0, 2\]"):
+        cls(ids, mask, seg, labels=torch.tensor([0, 3]))
+
+
+def test_output_attentions_returns_each_layer_probabilities():
+    model = DietModel(tiny(position="diet-rel")).eval()
+    ids, mask, seg = batch(7)
+    out = model(ids, mask, seg, output_attentions=True)
+    assert len(out.attentions) == 2 and out.attentions[0].shape == (2, 2, 7, 7)
+    torch.testing.assert_close(out.attentions[1].sum(-1), torch.ones(2, 2, 7))
+    assert float(out.attentions[0][1, :, :, -3:].abs().max()) == 0.0  # padded keys get no weight
+
+
+def test_presets_and_sizes():
+    small = DietConfig.from_preset("bert-small", position="diet-abs")
+    assert (small.hidden_size, small.num_hidden_layers, small.num_attention_heads) == (512, 4, 8)
+    assert small.rank == small.head_size == 64
+    base = DietConfig.from_preset("bert-base")
+    assert (base.hidden_size, base.num_hidden_layers, base.num_attention_heads) == (768, 12, 12)
+
+
+def test_bad_inputs_are_named():
+    model = DietModel(tiny(position="absolute", segment="input")).eval()
+    with pytest.raises(InputError, match=r"token id 50 is outside the vocabulary \[0, 49\]"):
+        model(torch.tensor([[1, 50]]))
+    with pytest.raises(InputError, match=r"sequence length 25 exceeds max_position_embeddings=24"):
+        model(torch.ones(1, 25, dtype=torch.long))
+    with pytest.raises(InputError, match=r"token_type_ids must lie in \[0, 1\].*got 2"):
+        model(torch.ones(1, 4, dtype=torch.long), token_type_ids=torch.tensor([[0, 1, 2, 0]]))
+    for position in ("diet-abs", "tupe-a", "tupe-r"):
+        with pytest.raises(InputError, match="max_position_embeddings=24"):
+            DietModel(tiny(position=position))(torch.ones(1, 30, dtype=torch.long))
+
+
+def test_parameter_increase_of_diet_abs_is_per_layer_per_head_tables():
+    base = sum(p.numel() for p in DietModel(tiny(position="none")).parameters())
+    cfg = tiny(position="diet-abs", position_rank=3)
+    extra = sum(p.numel() for p in DietModel(cfg).parameters()) - base
+    assert extra == 2 * cfg.num_hidden_layers * cfg.num_attention_heads * cfg.max_position_embeddings * 3
+    shared = tiny(position="diet-abs", position_rank=3, sharing="layer")
+    assert sum(p.numel() for p in DietModel(shared).parameters()) - base == extra // cfg.num_hidden_layers
+
+
+def test_position_terms_are_built_once_per_forward(monkeypatch):
+    """Shared terms (T5: one table for every layer) are multiplied out once, not per layer or example."""
+    from diet.positions import base as base_mod
+
+    calls = []
+    original = base_mod.TableBias.dense
+
+    def counting(self, q=None):
+        calls.append(self._dense is None)
+        return original(self, q)
+
+    monkeypatch.setattr(base_mod.TableBias, "dense", counting)
+    model = DietModel(tiny(position="t5", num_hidden_layers=4, attn_backend="eager")).eval()
+    ids, mask, seg = batch(6, batch_size=3)
+    model(ids, mask, seg)
+    assert len(calls) == 4 and sum(calls) == 1  # four layers read it, one built it

@@ -1,0 +1,64 @@
+import math
+
+import torch
+from transformers.models.t5.modeling_t5 import T5Attention
+
+from diet.positions.functional import (
+    alibi_slopes,
+    apply_rotary,
+    clipped_offset_index,
+    relative_gather,
+    relative_offsets,
+    relative_scatter,
+    rotary_angles,
+    sinusoids,
+    t5_bucket,
+)
+
+
+def test_sinusoids_follow_vaswani_formula():
+    p = sinusoids(torch.arange(7), 6)
+    for k in range(7):
+        for i in range(3):
+            assert math.isclose(p[k, 2 * i], math.sin(k / 10000 ** (2 * i / 6)), abs_tol=1e-6)
+            assert math.isclose(p[k, 2 * i + 1], math.cos(k / 10000 ** (2 * i / 6)), abs_tol=1e-6)
+
+
+def test_sinusoids_odd_width():
+    assert sinusoids(torch.arange(3), 5).shape == (3, 5)
+
+
+def test_t5_bucket_equals_t5_reference():
+    rel = torch.arange(-300, 301)
+    for buckets, dist in ((32, 128), (8, 16), (64, 256)):
+        ours = t5_bucket(rel, buckets, dist)
+        theirs = T5Attention._relative_position_bucket(rel, True, buckets, dist)
+        assert torch.equal(ours, theirs)
+        assert int(ours.max()) == buckets - 1
+
+
+def test_alibi_slopes_power_of_two_and_not():
+    assert torch.allclose(alibi_slopes(8), torch.tensor([2.0 ** -(i + 1) for i in range(8)]))
+    s = alibi_slopes(12)  # 8 slopes of base 8, then every other of base 16
+    assert torch.allclose(s[:8], alibi_slopes(8)) and torch.allclose(s[8:], alibi_slopes(16)[0::2][:4])
+
+
+def test_rotary_logit_depends_only_on_offset():
+    q, k = torch.randn(1, 1, 1, 8), torch.randn(1, 1, 1, 8)
+
+    def logit(i, j):
+        cq, sq = rotary_angles(torch.tensor([i]), 8)
+        ck, sk = rotary_angles(torch.tensor([j]), 8)
+        return float((apply_rotary(q, cq, sq) * apply_rotary(k, ck, sk)).sum())
+
+    assert math.isclose(logit(3, 1), logit(12, 10), rel_tol=1e-4)
+    assert not math.isclose(logit(3, 1), logit(1, 3), rel_tol=1e-3)
+
+
+def test_clipped_offsets_and_gather_scatter_adjoint():
+    rel = relative_offsets(torch.arange(5), torch.arange(5))
+    idx = clipped_offset_index(rel, 2)
+    assert idx.min() == 0 and idx.max() == 4 and idx[4, 0] == 4 and idx[0, 4] == 0
+    x, y = torch.randn(2, 3, 5, 5), torch.randn(2, 3, 5, 5)
+    # <gather(x), y> == <x, scatter(y)>: the value term is the adjoint of the key term
+    assert torch.allclose((relative_gather(x, idx) * y).sum(), (x * relative_scatter(y, idx, 5)).sum(), atol=1e-5)
