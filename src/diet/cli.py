@@ -14,7 +14,6 @@ from diet.errors import DietError
 
 # sub-command -> module that registers it; imported lazily so `diet --help` stays fast.
 COMMANDS = {
-    "demo": "diet.tasks.demo",
     "pretrain": "diet.tasks.pretrain",
     "finetune": "diet.tasks.finetune",
     "compare": "diet.tasks.compare",

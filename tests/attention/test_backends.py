@@ -11,11 +11,17 @@ from diet.config import POSITIONS, SEGMENTS
 from diet.errors import ConfigError
 from tests.conftest import batch, tiny
 
+def _valid(position, segment, sharing, attention):
+    try:
+        tiny(position=position, segment=segment, sharing=sharing, attention=attention)
+        return True
+    except ConfigError:  # the combinations test_config.py shows are refused
+        return False
+
+
 MATRIX = [
-    (p, s, sh)
-    for p, s, sh in itertools.product(POSITIONS, SEGMENTS, ("none", "head", "layer"))
-    if p != "shaw"  # Shaw's value term needs the probabilities: eager only (tested below)
-    and (sh == "none" or p in ("diet-abs", "diet-rel") or s == "per-head")
+    combo for combo in itertools.product(POSITIONS, SEGMENTS, ("none", "head", "layer"), ("full", "linformer"))
+    if combo[0] != "shaw" and _valid(*combo)  # Shaw's value term needs the probabilities: eager (below)
 ]
 
 
@@ -32,13 +38,15 @@ def _run(model, ids, mask, seg):
     return out.logits, {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
 
 
-@pytest.mark.parametrize("position,segment,sharing", MATRIX)
-def test_sdpa_matches_eager_with_gradients(position, segment, sharing):
-    ref, fast = _pair(dict(position=position, segment=segment, sharing=sharing), "sdpa")
+@pytest.mark.parametrize("position,segment,sharing,attention", MATRIX)
+def test_sdpa_matches_eager_with_gradients(position, segment, sharing, attention):
+    ref, fast = _pair(dict(position=position, segment=segment, sharing=sharing, attention=attention), "sdpa")
     ids, mask, seg = batch(9)
     (lr, gr), (lf, gf) = _run(ref, ids, mask, seg), _run(fast, ids, mask, seg)
     torch.testing.assert_close(lf, lr, atol=2e-5, rtol=1e-4)
     assert gr.keys() == gf.keys()
+    learned = [n for n, _ in ref.named_parameters() if n.startswith("diet.positions")]
+    assert all(n in gr for n in learned), "every position parameter gets a gradient"
     for name in gr:
         torch.testing.assert_close(gf[name], gr[name], atol=2e-5, rtol=1e-3, msg=name)
 
@@ -52,15 +60,6 @@ def test_flex_forward_matches_eager(position):
         warnings.simplefilter("ignore")  # flex warns that it runs unfused outside torch.compile on CPU
         torch.testing.assert_close(flex.eval()(ids, mask, seg).logits, ref.eval()(ids, mask, seg).logits,
                                    atol=2e-5, rtol=1e-4)
-
-
-def test_linformer_sdpa_matches_eager():
-    ref, fast = _pair(dict(position="diet-abs", attention="linformer"), "sdpa")
-    ids, mask, seg = batch(9)
-    (lr, gr), (lf, gf) = _run(ref, ids, mask, seg), _run(fast, ids, mask, seg)
-    torch.testing.assert_close(lf, lr, atol=2e-5, rtol=1e-4)
-    for name in gr:
-        torch.testing.assert_close(gf[name], gr[name], atol=2e-5, rtol=1e-3, msg=name)
 
 
 def test_shaw_trains_on_eager_and_is_refused_by_fused_backends():

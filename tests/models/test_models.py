@@ -84,7 +84,8 @@ def test_classification_regression_and_qa_heads_train():
 def test_output_attentions_returns_each_layer_probabilities():
     model = DietModel(tiny(position="diet-rel")).eval()
     ids, mask, seg = batch(7)
-    out = model(ids, mask, seg, output_attentions=True)
+    with torch.no_grad():
+        out = model(ids, mask, seg, output_attentions=True)
     assert len(out.attentions) == 2 and out.attentions[0].shape == (2, 2, 7, 7)
     torch.testing.assert_close(out.attentions[1].sum(-1), torch.ones(2, 2, 7))
     assert float(out.attentions[0][1, :, :, -3:].abs().max()) == 0.0  # padded keys get no weight
