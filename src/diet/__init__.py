@@ -7,15 +7,17 @@ behind one attention equation, as Hugging Face models. See `diet.positions.base`
 from diet.config import PRESETS, DietConfig
 from diet.errors import ConfigError, DataError, DietError, InputError
 from diet.models import (
+    DietForConditionalGeneration,
     DietForMaskedLM,
     DietForQuestionAnswering,
     DietForSequenceClassification,
     DietModel,
     DietPreTrainedModel,
+    DietSeq2SeqConfig,
 )
 
 __version__ = "0.1.0"
 
 __all__ = ["DietConfig", "PRESETS", "DietModel", "DietPreTrainedModel", "DietForMaskedLM",
-           "DietForSequenceClassification", "DietForQuestionAnswering", "DietError", "ConfigError",
-           "InputError", "DataError"]
+           "DietForSequenceClassification", "DietForQuestionAnswering", "DietForConditionalGeneration",
+           "DietSeq2SeqConfig", "DietError", "ConfigError", "InputError", "DataError"]

@@ -49,7 +49,10 @@ def position_pattern(model: nn.Module, length: int) -> list[Tensor | None]:
             lk = pe.method.p_k.shape[-2] if ctx.projected_keys else length  # DIET-ABS-LIN: k key slots
             q0 = torch.zeros(1, num_heads, length, layer.attention.head_size, device=pos.device)
             dense = [t.dense(q0).expand(1, -1, length, lk) for t in terms.logits]
-            out.append(_expand_heads(sum(dense[1:], dense[0]).float(), num_heads))
+            pattern = _expand_heads(sum(dense[1:], dense[0]).float(), num_heads)
+            # Shaw's key term is q·a_{i-j}: nothing of it is left without a query, so there is no pattern to draw
+            only_query = all(t.query_dependent for t in terms.logits)
+            out.append(None if only_query and not pattern.any() else pattern)
         else:
             out.append(None)
     if all(p is None for p in out):

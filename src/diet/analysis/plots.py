@@ -37,7 +37,7 @@ def plot_ranks(ranks: dict[str, np.ndarray], path: str | Path, title: str, limit
     top = limit or max(float(np.nanmax(r)) for r in ranks.values())
     layers, heads = next(iter(ranks.values())).shape
     fig, axes = plt.subplots(1, len(names), figsize=(1.0 + 0.55 * heads * len(names) + 1.2 * len(names),
-                                                     1.2 + 0.45 * layers), squeeze=False)
+                                                     1.6 + 0.45 * layers), squeeze=False, layout="constrained")
     for ax, name in zip(axes[0], names):
         r = ranks[name]
         im = ax.imshow(r, vmin=0, vmax=top, cmap="viridis", aspect="auto")
@@ -62,12 +62,15 @@ def plot_patterns(patterns: list[Tensor | None], path: str | Path, title: str, l
     boundaries drawn as dotted lines on both axes."""
     rows = [(i, p) for i, p in enumerate(patterns) if p is not None]
     heads = rows[0][1].shape[0]
-    fig, axes = plt.subplots(len(rows), heads, figsize=(1.6 * heads + 0.6, 1.6 * len(rows) + 0.6), squeeze=False)
+    fig, axes = plt.subplots(len(rows), heads, figsize=(1.6 * heads + 0.6, 1.6 * len(rows) + 0.9), squeeze=False,
+                             layout="constrained")
     for r, (layer, p) in enumerate(rows):
         for h in range(heads):
             ax = axes[r, h]
             m = p[h].detach().cpu().numpy()
-            v = float(np.abs(m).max()) or 1.0
+            # the 99th percentile of |logit|, not the max: a few extreme entries (the [CLS] row) would wash out
+            # the bands that carry the pattern
+            v = float(np.quantile(np.abs(m), 0.99)) or float(np.abs(m).max()) or 1.0
             ax.imshow(m, cmap="RdBu_r", vmin=-v, vmax=v, interpolation="nearest")
             for b in marks or []:
                 ax.axhline(b - 0.5, color="k", lw=0.6, ls=":")
@@ -80,7 +83,7 @@ def plot_patterns(patterns: list[Tensor | None], path: str | Path, title: str, l
                 ax.set_ylabel(f"layer {layer}\nquery i", fontsize=8)
             if r == len(rows) - 1:
                 ax.set_xlabel("key j", fontsize=8)
-    fig.suptitle(f"{title}\n(red > 0 > blue; each panel scaled to its own max |{label}|)", fontsize=9)
+    fig.suptitle(f"{title}\n(red > 0 > blue; each panel scaled to its own 99th percentile of |{label}|)", fontsize=9)
     return _save(fig, path)
 
 
@@ -89,7 +92,8 @@ def plot_offset_profiles(offsets: Tensor, values: Tensor, path: str | Path, titl
     layers, heads, _ = values.shape
     cols = min(layers, 4)
     rows = -(-layers // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.4 * rows), squeeze=False, sharex=True)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.4 * rows), squeeze=False, sharex=True,
+                             layout="constrained")
     x = offsets.cpu().numpy()
     for layer in range(rows * cols):
         ax = axes[layer // cols, layer % cols]
@@ -106,13 +110,12 @@ def plot_offset_profiles(offsets: Tensor, values: Tensor, path: str | Path, titl
     if heads <= 12:
         axes[0, 0].legend(fontsize=6, ncol=2)
     fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
     return _save(fig, path)
 
 
 def plot_cosine(similarity: Tensor, pairs: Tensor, path: str | Path, title: str) -> Path:
     """DIET Fig. 5: the histogram of cos(p_i, p_j) over pairs i < j, next to the (n, n) similarity matrix."""
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 3.6))
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 3.6), layout="constrained")
     ax1.hist(pairs.cpu().numpy(), bins=50, range=(-1, 1), color="tab:blue")
     ax1.set_xlabel("cosine similarity of position pairs (i < j)")
     ax1.set_ylabel("pairs")
@@ -122,7 +125,6 @@ def plot_cosine(similarity: Tensor, pairs: Tensor, path: str | Path, title: str)
     ax2.set_ylabel("position i")
     fig.colorbar(im, ax=ax2, shrink=0.8)
     fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
     return _save(fig, path)
 
 

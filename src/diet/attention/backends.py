@@ -20,7 +20,7 @@ from torch import Tensor
 
 from diet.config import DietConfig
 from diet.errors import ConfigError
-from diet.positions.base import LayerTerms
+from diet.positions.base import LayerTerms, LogitTerm
 
 
 class Backend(Protocol):
@@ -76,13 +76,90 @@ def fold_terms(q: Tensor, k: Tensor, terms: LayerTerms, mask: Tensor | None, sca
     return q, k, bias
 
 
+# Low-rank terms up to this rank are folded into extra q/k channels; wider ones (DIET-ABS's d_p = Dh, TUPE's
+# Dh + 2) are multiplied out once per forward into the dense bias on CPU: shared by the batch, the (1, H, Lq, Lk)
+# product costs less than widening every q·k dot product (and, when inference runs the fused CPU kernel,
+# than padding v to the widened head size), measured by `diet bench`.
+FOLD_MAX_RANK = 8
+# A dense bias of more elements than this is built one block of queries at a time, each block attended on its
+# own, so long inputs never hold an (B|1, H, Lq, Lk) bias (2 GiB per layer at 8,192 tokens and 8 heads).
+BLOCK_ELEMENTS = 1 << 21
+
+
+def _bias_batch(term: LogitTerm, b: int) -> int:
+    """The batch size of a term's dense form: 1 for position-only terms."""
+    if term.query_dependent:
+        return b
+    factors = term.factors()
+    if factors is not None:
+        return max(factors[0].shape[0], factors[1].shape[0])
+    bias = getattr(term, "bias", None)
+    return bias.shape[0] if isinstance(bias, Tensor) else 1
+
+
+def _fused_cpu_kernel_possible(q: Tensor, dropout_p: float, bias: Tensor | None) -> bool:
+    """CPU SDPA runs its flash kernel only without dropout and with no gradient for the mask."""
+    grad_for_bias = bias is not None and bias.requires_grad and torch.is_grad_enabled()
+    return q.device.type == "cpu" and dropout_p == 0 and not grad_for_bias
+
+
 def sdpa(q, k, v, terms: LayerTerms, mask, scale, dropout_p, need_probs=False):
+    """torch's scaled_dot_product_attention, with the bias built the cheapest way the shapes allow."""
     if terms.values:
         raise ConfigError("the sdpa backend cannot add value terms (Shaw); use attn_backend='eager'")
     s = scale * terms.score_scale
-    q, k, bias = fold_terms(q, k, terms, mask, s)
+    q_raw = q
+    q, k = apply_qk(q, k, terms)
+    b, h, lq, _ = q.shape
+    lk = k.shape[2]
+    bias_batch = max([_bias_batch(t, b) for t in terms.logits] + [b if mask is not None else 1])
+    if terms.logits and lq > 1 and bias_batch * h * lq * lk > BLOCK_ELEMENTS:
+        return _sdpa_blocks(q, k, v, terms, mask, s, dropout_p, q_raw, bias_batch), None
+    extra_q, extra_k, bias = [], [], None
+    for term in terms.logits:
+        factors = term.factors()
+        if factors is not None and (factors[0].shape[-1] <= FOLD_MAX_RANK or q.device.type != "cpu"):
+            fq, fk = factors
+            extra_q.append((fq / s).to(q.dtype).expand(b, h, lq, -1))
+            extra_k.append(fk.to(k.dtype).expand(b, h, lk, -1))
+        else:
+            dense = term.dense(q_raw).to(q.dtype)
+            bias = dense if bias is None else bias + dense
+    if mask is not None:
+        bias = mask if bias is None else bias + mask
+    dv = v.shape[-1]
+    if extra_q:
+        q, k = torch.cat([q, *extra_q], dim=-1), torch.cat([k, *extra_k], dim=-1)
+        if _fused_cpu_kernel_possible(q, dropout_p, bias):  # the CPU kernel wants one head size for q, k, v
+            v = F.pad(v, (0, q.shape[-1] - dv))
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p, scale=s)
-    return out, None
+    return out[..., :dv], None
+
+
+def _sdpa_blocks(q, k, v, terms: LayerTerms, mask, s, dropout_p, q_raw, bias_batch) -> Tensor:
+    """Attention for blocks of queries, each with its own block of every term: rows of softmax are independent,
+    so this is the same equation with at most BLOCK_ELEMENTS bias elements alive at a time."""
+    b, h, lq, _ = q.shape
+    lk = k.shape[2]
+    step = max(1, BLOCK_ELEMENTS // (bias_batch * h * lk))
+    keep_graph = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    outs = [] if keep_graph else None
+    out = None if keep_graph else q.new_empty(b, h, lq, v.shape[-1])
+    for start in range(0, lq, step):
+        rows = slice(start, min(start + step, lq))
+        bias = None
+        for term in terms.logits:
+            block = term.dense_block(q_raw, rows).to(q.dtype)  # (1|B, H|1, rows, Lk)
+            bias = block if bias is None else bias + block
+        if mask is not None:
+            m = mask[..., rows, :] if mask.shape[-2] > 1 else mask
+            bias = m if bias is None else bias + m
+        o = F.scaled_dot_product_attention(q[:, :, rows], k, v, attn_mask=bias, dropout_p=dropout_p, scale=s)
+        if keep_graph:
+            outs.append(o)
+        else:
+            out[:, :, rows] = o
+    return torch.cat(outs, dim=2) if keep_graph else out
 
 
 _compiled_flex: Callable | None = None

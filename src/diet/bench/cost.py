@@ -206,3 +206,52 @@ def peer_inputs(label: str, inputs: dict[str, Tensor]) -> dict[str, Tensor]:
     if label == "hf-t5-encoder":
         return {"input_ids": inputs["input_ids"]}
     return inputs
+
+
+def add_memory(rows: list[Row], modes, threads: int, log: Callable[[str], None] | None = None) -> None:
+    """Fill each row's step peak memory, one fresh process per (method, mode)."""
+    from diet.bench.memory import measure_peak
+
+    for row in rows:
+        for mode in modes:
+            spec = {"shape": row.shape, "method": row.method, "length": row.length, "batch": row.batch,
+                    "mode": mode, "max_length": 512, "threads": threads}
+            if log:
+                log(f"memory {row.shape} {row.method} L={row.length} {mode}")
+            setattr(row, f"{mode}_peak_mib", measure_peak(spec)["step_mib"])
+
+
+@dataclass
+class LongRow:
+    """Inference at a long length (batch 1): time and the step's peak memory against `none`."""
+
+    shape: str
+    method: str
+    length: int
+    infer_ms: float
+    infer_ratio: float
+    peak_mib: float | None = None  # step peak above the idle process
+    peak_ratio: float | None = None
+    rss_mib: float | None = None  # whole-process high-water mark
+    rss_ratio: float | None = None
+
+
+def measure_long(shape: str, length: int, methods: list[Variant], repeats: int, warmup: int, threads: int,
+                 memory: bool = True, log: Callable[[str], None] | None = None) -> list[LongRow]:
+    """Inference at `length` tokens, batch 1, for methods without an absolute-position table."""
+    from diet.bench.memory import measure_peak
+
+    rows = measure(shape, length, 1, methods, repeats, warmup, modes=("infer",), log=log)
+    out = [LongRow(shape, r.method, length, r.infer_ms, r.infer_ratio) for r in rows]
+    if memory:
+        for row in out:
+            if log:
+                log(f"memory {shape} {row.method} L={length} infer")
+            m = measure_peak({"shape": shape, "method": row.method, "length": length, "batch": 1,
+                              "mode": "infer", "max_length": 512, "threads": threads})
+            row.peak_mib, row.rss_mib = m["step_mib"], m["peak_mib"]
+        base = next(r for r in out if r.method == "none")
+        for row in out:
+            row.peak_ratio = row.peak_mib / base.peak_mib
+            row.rss_ratio = row.rss_mib / base.rss_mib
+    return out

@@ -196,7 +196,9 @@ def load_hf_dataset(name: str, split: str):
     except Exception as e:  # datasets raises many kinds; all mean "cannot get it here"
         offline = os.environ.get("HF_DATASETS_OFFLINE") == "1" or os.environ.get("HF_HUB_OFFLINE") == "1"
         text = str(e).splitlines()[0] if str(e) else type(e).__name__
-        if offline or any(w in text.lower() for w in ("connection", "offline", "network", "resolve", "internet")):
+        network = isinstance(e, (ConnectionError, TimeoutError)) or any(
+            w in text.lower() for w in ("connection", "offline", "network", "resolve", "reach", "internet"))
+        if offline or network:
             raise DataError(f"{name}: cannot load this Hugging Face dataset: no network here ({text}). Download "
                             f"it where a network exists, or pass a local file or directory instead") from None
         raise DataError(f"{name}: cannot load this Hugging Face dataset ({text})") from None

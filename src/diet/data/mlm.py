@@ -34,17 +34,17 @@ def pack_sentences(documents: Sequence[Sequence[Sequence[int]]], max_length: int
             blocks.append([cls_id, *body, sep_id])
         body = []
 
-    for d, doc in enumerate(documents):
-        if d and body:
-            if len(body) + 1 > room:
-                flush()
-            else:
-                body.append(sep_id)  # document boundary inside a block
+    for doc in documents:
+        boundary = bool(body)  # a new document inside a block gets a separator before its first sentence
         for sentence in doc:
-            pieces = [list(sentence[i:i + room]) for i in range(0, len(sentence), room)] or []
-            for piece in pieces:
-                if len(body) + len(piece) > room:
+            for i in range(0, len(sentence), room):
+                piece = list(sentence[i:i + room])
+                if len(body) + boundary + len(piece) > room:
                     flush()
+                    boundary = False
+                if boundary:
+                    body.append(sep_id)
+                    boundary = False
                 body.extend(piece)
     flush()
     return blocks

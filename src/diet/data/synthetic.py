@@ -6,8 +6,9 @@ The tasks are written as GLUE-style TSVs and go through the same readers as real
 
 * `order` (one segment): which of two named items, an animal and a fruit hidden among filler words, comes
   first. Both labels have the same bag of words, so a model without position information is at chance.
-* `pair-order` (two segments, NLI-like): segment A holds two items; segment B claims "the X comes before the
-  Y"; entailment or contradiction. Needs order within both segments and knowing which segment is which.
+* `pair-order` (two segments): two `order` sentences of which exactly one puts the animal first; which one,
+  `first` or `second`? Both segments hold the same kinds of words, so it takes the order within each
+  segment and knowing which segment is which (segment information, or positions relative to [SEP]).
 * `topic` (one segment, control): which category (animals, fruits, tools) most words belong to; word order is
   irrelevant, so every method, position-free included, should solve it.
 """
@@ -31,7 +32,7 @@ CATEGORIES = {"animal": ANIMALS, "fruit": FRUITS, "tool": TOOLS}
 
 TASKS: dict[str, TaskSpec] = {
     "order": TaskSpec("order", "classification", ("accuracy",), ("animal-first", "fruit-first")),
-    "pair-order": TaskSpec("pair-order", "classification", ("accuracy",), ("contradiction", "entailment"),
+    "pair-order": TaskSpec("pair-order", "classification", ("accuracy",), ("first", "second"),
                            text_a="sentence1", text_b="sentence2"),
     "topic": TaskSpec("topic", "classification", ("accuracy",), ("animal", "fruit", "tool")),
 }
@@ -55,8 +56,10 @@ def _list(rng: random.Random) -> str:
 
 
 def _before(rng: random.Random) -> str:
-    a, b = rng.sample(ANIMALS + FRUITS + TOOLS, 2)
-    return f"first the {a} then the {b} ."
+    a, b = rng.choice(ANIMALS), rng.choice(FRUITS)
+    a, b = (a, b) if rng.random() < 0.5 else (b, a)
+    kind = "animal" if a in ANIMALS else "fruit"
+    return f"first the {a} then the {b} , the {kind} comes first ."
 
 
 def corpus(seed: int, documents: int) -> list[list[str]]:
@@ -87,11 +90,11 @@ def order_example(rng: random.Random) -> tuple[str, str]:
 
 
 def pair_order_example(rng: random.Random) -> tuple[str, str, str]:
-    x, y = rng.sample(ANIMALS + FRUITS + TOOLS, 2)
-    premise = " ".join(_insert(rng, _filler(rng, 3, 8), [x, y]))
-    true = rng.random() < 0.5
-    p, q = (x, y) if true else (y, x)
-    return premise, f"the {p} comes before the {q}", "entailment" if true else "contradiction"
+    a, a_order = order_example(rng)
+    while True:
+        b, b_order = order_example(rng)
+        if b_order != a_order:
+            return a, b, "first" if a_order == "animal-first" else "second"
 
 
 def topic_example(rng: random.Random) -> tuple[str, str]:

@@ -259,9 +259,12 @@ def generic_spec(train_file: Path, name: str) -> TaskSpec:
     header = train_file.read_text(encoding="utf-8").split("\n", 1)[0].rstrip("\r").split("\t")
     a = "sentence" if "sentence" in header else "sentence1"
     b = "sentence2" if "sentence2" in header else None
-    probe = TaskSpec(name, "regression", ("accuracy",), text_a=a, text_b=b)
-    values = sorted({ex.label for ex in read_tsv(train_file, probe)})
-    labels = tuple(str(int(v)) if float(v).is_integer() else str(v) for v in values)
+    if "label" not in header:
+        raise DataError(f"{train_file}:1: the header needs a 'label' column, found {header}")
+    il = header.index("label")
+    raw = {line.split("\t")[il].strip() for line in train_file.read_text(encoding="utf-8").splitlines()[1:]
+           if line.strip() and len(line.split("\t")) > il}
+    labels = tuple(sorted(raw))
     return TaskSpec(name, "classification", ("accuracy",), labels, text_a=a, text_b=b)
 
 

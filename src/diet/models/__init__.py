@@ -5,6 +5,7 @@ from transformers import (
     AutoModel,
     AutoModelForMaskedLM,
     AutoModelForQuestionAnswering,
+    AutoModelForSeq2SeqLM,
     AutoModelForSequenceClassification,
 )
 
@@ -16,12 +17,15 @@ from diet.models.modeling import (
     DietModel,
     DietPreTrainedModel,
 )
+from diet.models.seq2seq import DietForConditionalGeneration, DietSeq2SeqConfig
 
 AutoConfig.register("diet", DietConfig, exist_ok=True)
 AutoModel.register(DietConfig, DietModel, exist_ok=True)
 AutoModelForMaskedLM.register(DietConfig, DietForMaskedLM, exist_ok=True)
 AutoModelForSequenceClassification.register(DietConfig, DietForSequenceClassification, exist_ok=True)
 AutoModelForQuestionAnswering.register(DietConfig, DietForQuestionAnswering, exist_ok=True)
+AutoConfig.register("diet-seq2seq", DietSeq2SeqConfig, exist_ok=True)
+AutoModelForSeq2SeqLM.register(DietSeq2SeqConfig, DietForConditionalGeneration, exist_ok=True)
 
 __all__ = ["DietModel", "DietPreTrainedModel", "DietForMaskedLM", "DietForSequenceClassification",
-           "DietForQuestionAnswering"]
+           "DietForQuestionAnswering", "DietForConditionalGeneration", "DietSeq2SeqConfig"]

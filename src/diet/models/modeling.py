@@ -43,6 +43,8 @@ class DietPreTrainedModel(PreTrainedModel):
     base_model_prefix = "diet"
     supports_gradient_checkpointing = False
     _no_split_modules = ["DietLayer"]
+    # our losses are means over the batch: Trainer must scale them for accumulation and DDP itself
+    accepts_loss_kwargs = False
 
     @torch.no_grad()
     def _init_weights(self, module):

@@ -8,12 +8,14 @@ WMT en-de/de-en/en-cs/cs-en, 6+6 layers, beam 10, length penalty 0.6).
                  y' = LN(c + Drop(W_2 · act(W_1 c)))
     logits = y_L · Eᵀ                                               (E: the shared source/target embedding)
 
-Post-LN throughout, as in Vaswani et al., which the paper follows. The decoder owns a second
-`PositionEncoding` built from the same config (its parameters are separate from the encoder's): every method
-of `diet.positions` works causally. Cross-attention gets *no* position terms: its queries (target positions)
-and keys (source positions) index different sequences, so an offset i - j means nothing; position reaches
-cross-attention through the states, as in Vaswani et al. and T5. Entry points used: all four, in encoder and
-decoder self-attention; none in cross-attention.
+Post-LN throughout, as in Vaswani et al., which the paper follows. Also theirs (§3.4, and fairseq's init):
+token embeddings N(0, 1/d) multiplied by √d at the input (`scale_embedding`), so an input position term of
+unit scale (sinusoids) does not drown the tokens, while the tied output projection gives unit-scale logits.
+The decoder owns a second `PositionEncoding` built from the same config (its parameters are separate from
+the encoder's): every method of `diet.positions` works causally. Cross-attention gets *no* position terms:
+its queries (target positions) and keys (source positions) index different sequences, so an offset i - j
+means nothing; position reaches cross-attention through the states, as in Vaswani et al. and T5.
+Entry points used: all four, in encoder and decoder self-attention; none in cross-attention.
 
 Incremental decoding (`generate(use_cache=True)`): the cache (transformers' `EncoderDecoderCache`) holds the
 decoder's self-attention keys and values and the cross-attention keys and values, projected once from the
@@ -25,6 +27,7 @@ queries were built at their own steps and are never rebuilt. Shapes as in `diet.
 from __future__ import annotations
 
 import copy
+import math
 
 import torch
 from torch import Tensor, nn
@@ -57,7 +60,9 @@ class DietSeq2SeqConfig(DietConfig):
     `num_decoder_layers`; both use `position` (with separate parameters). Token ids: `pad_token_id`,
     `bos_token_id` (also the decoder start), `eos_token_id`. Segments do not exist in translation
     (`segment='none'`), and Linformer cannot be causal or decoded incrementally (`attention='full'`).
-    Defaults follow Vaswani et al.'s base model: ReLU, dropout 0.1, sinusoidal positions.
+    Defaults follow Vaswani et al.'s base model: ReLU, dropout 0.1, sinusoidal positions, token embeddings
+    scaled by √d (`scale_embedding`), weights drawn with std 1/√d (`initializer_range`; for the d×d attention
+    projections this is Xavier's std).
     """
 
     model_type = "diet-seq2seq"
@@ -66,12 +71,16 @@ class DietSeq2SeqConfig(DietConfig):
                  position: str = "sinusoidal", segment: str = "none", max_position_embeddings: int = 256,
                  layer_norm_eps: float = 1e-6, pad_token_id: int = 0, bos_token_id: int = 1,
                  eos_token_id: int = 2, decoder_start_token_id: int | None = None, is_encoder_decoder: bool = True,
-                 tie_word_embeddings: bool = True, use_cache: bool = True, **kwargs):
+                 tie_word_embeddings: bool = True, use_cache: bool = True, scale_embedding: bool = True,
+                 initializer_range: float | None = None, **kwargs):
         self.num_decoder_layers = num_decoder_layers if num_decoder_layers is not None else \
             kwargs.get("num_hidden_layers", 12)
         self.decoder_start_token_id = bos_token_id if decoder_start_token_id is None else decoder_start_token_id
         self.use_cache = use_cache
-        super().__init__(hidden_act=hidden_act, position=position, segment=segment,
+        self.scale_embedding = scale_embedding
+        if initializer_range is None:
+            initializer_range = kwargs.get("hidden_size", 768) ** -0.5
+        super().__init__(initializer_range=initializer_range, hidden_act=hidden_act, position=position, segment=segment,
                          max_position_embeddings=max_position_embeddings, layer_norm_eps=layer_norm_eps,
                          pad_token_id=pad_token_id, bos_token_id=bos_token_id, eos_token_id=eos_token_id,
                          is_encoder_decoder=is_encoder_decoder, tie_word_embeddings=tie_word_embeddings, **kwargs)
@@ -104,6 +113,17 @@ class DietSeq2SeqConfig(DietConfig):
         view = copy.deepcopy(self)
         view.num_hidden_layers = self.num_decoder_layers
         return view
+
+
+class ScaledEmbedding(nn.Embedding):
+    """Token embedding times a constant (√d: Vaswani et al. §3.4); the weight itself stays tied unscaled."""
+
+    def __init__(self, num_embeddings: int, embedding_dim: int, padding_idx: int | None, scale: float):
+        super().__init__(num_embeddings, embedding_dim, padding_idx=padding_idx)
+        self.scale = scale
+
+    def forward(self, input_ids: Tensor) -> Tensor:
+        return super().forward(input_ids) * self.scale
 
 
 def causal_mask(q_pos: Tensor, k_pos: Tensor, dtype: torch.dtype) -> Tensor:
@@ -228,6 +248,9 @@ class DietForConditionalGeneration(DietPreTrainedModel, GenerationMixin):
     def __init__(self, config: DietSeq2SeqConfig):
         super().__init__(config)
         self.encoder = DietModel(config, add_pooling_layer=False)
+        if config.scale_embedding:  # the one shared table, read by encoder and decoder
+            self.encoder.embeddings.word_embeddings = ScaledEmbedding(
+                config.vocab_size, config.hidden_size, config.pad_token_id, math.sqrt(config.hidden_size))
         self.decoder = DietDecoder(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.post_init()
@@ -268,10 +291,12 @@ class DietForConditionalGeneration(DietPreTrainedModel, GenerationMixin):
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
+        logits_to_keep: int = 0,
         **kwargs,
     ) -> Seq2SeqLMOutput:
         """input_ids (B, S) source; decoder_input_ids (B, T) target so far (or `labels`, shifted right).
-        With `past_key_values`, decoder_input_ids holds only the tokens not yet in the cache."""
+        With `past_key_values`, decoder_input_ids holds only the tokens not yet in the cache.
+        logits_to_keep: if > 0, project only the last that many positions (generate() needs only the last)."""
         if encoder_outputs is None:
             if input_ids is None:
                 raise InputError("give input_ids (the source) or encoder_outputs")
@@ -298,6 +323,8 @@ class DietForConditionalGeneration(DietPreTrainedModel, GenerationMixin):
         hidden, all_hidden, self_probs, cross_probs = self.decoder(
             decoder_input_ids, self.get_input_embeddings(), memory, padding_mask(attention_mask, memory.dtype),
             cache, decoder_attention_mask, bool(output_attentions), bool(output_hidden_states))
+        if logits_to_keep:
+            hidden = hidden[:, -logits_to_keep:]
         logits = self.lm_head(hidden)  # (B, T, V)
         loss = None
         if labels is not None:

@@ -5,8 +5,10 @@ Entry point: logit bias, computed once per forward, shared by layers.
 
 from __future__ import annotations
 
-from diet.positions.base import Context, DenseBias, LayerTerms
-from diet.positions.functional import alibi_slopes, relative_offsets
+import torch
+
+from diet.positions.base import Context, DenseBias, LayerTerms, TableBias
+from diet.positions.functional import alibi_slopes, consecutive_offsets, relative_offsets
 from diet.positions.method import PositionMethod
 
 
@@ -18,6 +20,12 @@ class ALiBi(PositionMethod):
     def layer_terms(self, ctx: Context, layer: int) -> LayerTerms:
         def build():
             slopes = alibi_slopes(self.num_heads).to(ctx.q_pos.device)  # (H,)
+            offsets = consecutive_offsets(ctx.q_pos, ctx.k_pos)  # (Lq + Lk - 1,) or None
+            if offsets is not None:  # a Toeplitz matrix: never built whole unless a backend asks for it
+                values = -(slopes[:, None] * offsets.abs().float())  # (H, Lq + Lk - 1), one per diagonal
+                return TableBias(values, lambda: relative_offsets(ctx.q_pos, ctx.k_pos) - offsets[0],
+                                 diagonals=torch.arange(len(offsets), device=offsets.device),
+                                 size=(len(ctx.q_pos), len(ctx.k_pos)))
             dist = relative_offsets(ctx.q_pos, ctx.k_pos).abs().float()  # (Lq, Lk)
             return DenseBias(-(slopes[:, None, None] * dist).unsqueeze(0))  # (1, H, Lq, Lk)
 

@@ -14,7 +14,7 @@ Entry point: logit bias (DIET-ABS is low rank and may be folded into queries and
 from __future__ import annotations
 
 from diet.positions.base import Context, LayerTerms, LowRankBias, TableBias
-from diet.positions.functional import relative_offsets
+from diet.positions.functional import consecutive_offsets, relative_offsets
 from diet.positions.method import PositionMethod, normal_parameter, shared_layer, sharing_shape
 
 
@@ -48,6 +48,13 @@ class DietRel(PositionMethod):
 
     def layer_terms(self, ctx: Context, layer: int) -> LayerTerms:
         table = shared_layer(self.sharing, layer)
-        index = ctx.cached("diet_rel_index", lambda: relative_offsets(ctx.q_pos, ctx.k_pos).clamp(
-            -self.span, self.span) + self.span)  # (Lq, Lk), shared by layers
-        return LayerTerms(logits=[ctx.cached(f"diet_rel_{table}", lambda: TableBias(self.r[table], index))])
+        def index():  # (Lq, Lk), shared by layers; built only if some term needs more than its diagonals
+            return ctx.cached("diet_rel_index", lambda: self._clip(relative_offsets(ctx.q_pos, ctx.k_pos)))
+
+        diagonals = ctx.cached("diet_rel_diagonals", lambda: self._clip(consecutive_offsets(ctx.q_pos, ctx.k_pos)))
+        size = (len(ctx.q_pos), len(ctx.k_pos))
+        return LayerTerms(logits=[ctx.cached(f"diet_rel_{table}", lambda: TableBias(
+            self.r[table], index, diagonals=diagonals, size=size))])
+
+    def _clip(self, offsets):
+        return None if offsets is None else offsets.clamp(-self.span, self.span) + self.span

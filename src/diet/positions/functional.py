@@ -98,3 +98,52 @@ def relative_scatter(probs: Tensor, index: Tensor, num_offsets: int) -> Tensor:
     b, h, lq, lk = probs.shape
     out = probs.new_zeros(b, h, lq, num_offsets)
     return out.scatter_add_(-1, index.expand(b, h, lq, lk), probs)
+
+
+class _Toeplitz(torch.autograd.Function):
+    """out[..., i, j] = diagonals[..., i - j + Lk - 1]: a strided view and one copy instead of a gather, and
+    diagonal sums (a skewed copy and one reduction) instead of a scatter-add for the gradient."""
+
+    @staticmethod
+    def forward(ctx, diagonals: Tensor, lq: int, lk: int) -> Tensor:
+        ctx.shape = (diagonals.shape, lq, lk)
+        # window s of the flipped diagonals is row lq-1-s of the result: e[s + j] = d[lq-1-s - j + lk-1]
+        windows = diagonals.flip(-1).unfold(-1, lk, 1)  # (..., Lq, Lk) view, rows in reverse order
+        return windows.flip(-2)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        shape, lq, lk = ctx.shape
+        n = lq + lk - 1
+        g = grad.reshape(-1, lq, lk).flip(-1)  # g'[i, j'] = grad[i, lk-1-j'] lies on diagonal c = i + j'
+        out = grad.new_zeros(g.shape[0], n)
+        for a in range(0, lq, _SKEW_ROWS):  # blocks of rows keep the skewed buffer in cache
+            rows = min(_SKEW_ROWS, lq - a)
+            width = rows + lk - 1
+            skew = grad.new_zeros(g.shape[0], rows, width)
+            skew.as_strided((g.shape[0], rows, lk), (rows * width, width + 1, 1)).copy_(g[:, a:a + rows])
+            out[:, a:a + width] += skew.sum(-2)  # row i shifted right by i: columns are diagonals
+        return out.reshape(*grad.shape[:-2], n).sum_to_size(shape), None, None
+
+
+_SKEW_ROWS = 128
+
+
+def toeplitz(diagonals: Tensor, lq: int, lk: int) -> Tensor:
+    """(..., Lq + Lk - 1) values per offset i - j, from -(Lk-1) to Lq-1  ->  (..., Lq, Lk) with
+    out[..., i, j] = diagonals[..., i - j + Lk - 1]. The relative terms' dense form for consecutive positions."""
+    if diagonals.shape[-1] != lq + lk - 1:
+        raise ValueError(f"need Lq + Lk - 1 = {lq + lk - 1} diagonals, got {diagonals.shape[-1]}")
+    return _Toeplitz.apply(diagonals, lq, lk)
+
+
+def consecutive_offsets(q_pos: Tensor, k_pos: Tensor) -> Tensor | None:
+    """The (Lq + Lk - 1,) offsets i - j along the diagonals of `relative_offsets(q_pos, k_pos)` (see `toeplitz`),
+    or None when the positions are not runs of consecutive integers (then the offsets are no Toeplitz matrix)."""
+    lq, lk = len(q_pos), len(k_pos)
+    if lq == 0 or lk == 0:
+        return None
+    for pos in (q_pos, k_pos):
+        if len(pos) > 1 and not bool((pos[1:] - pos[:-1] == 1).all()):
+            return None
+    return torch.arange(lq + lk - 1, device=q_pos.device) + (q_pos[0] - k_pos[-1])

@@ -11,7 +11,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from diet.positions.base import Context, LayerTerms, TableBias
-from diet.positions.functional import relative_offsets, t5_bucket
+from diet.positions.functional import consecutive_offsets, relative_offsets, t5_bucket
 from diet.positions.method import PositionMethod, normal_parameter
 
 
@@ -19,6 +19,16 @@ def t5_index(ctx: Context, num_buckets: int, max_distance: int) -> Tensor:
     """(Lq, Lk) bucket of each query-key pair; T5 buckets memory - query = j - i."""
     return ctx.cached(f"t5_index_{num_buckets}_{max_distance}", lambda: t5_bucket(
         -relative_offsets(ctx.q_pos, ctx.k_pos), num_buckets, max_distance))
+
+
+def t5_diagonals(ctx: Context, num_buckets: int, max_distance: int) -> Tensor | None:
+    """(Lq + Lk - 1,) bucket of each offset i - j along the diagonals (see TableBias), or None."""
+
+    def build():
+        offsets = consecutive_offsets(ctx.q_pos, ctx.k_pos)
+        return None if offsets is None else t5_bucket(-offsets, num_buckets, max_distance)
+
+    return ctx.cached(f"t5_diagonals_{num_buckets}_{max_distance}", build)
 
 
 class T5(PositionMethod):
@@ -29,5 +39,7 @@ class T5(PositionMethod):
 
     def layer_terms(self, ctx: Context, layer: int) -> LayerTerms:
         # one TableBias object for all layers, so its dense form is built once per forward
-        term = ctx.cached("t5_term", lambda: TableBias(self.bias, t5_index(ctx, self.num_buckets, self.max_distance)))
+        term = ctx.cached("t5_term", lambda: TableBias(
+            self.bias, lambda: t5_index(ctx, self.num_buckets, self.max_distance),
+            diagonals=t5_diagonals(ctx, self.num_buckets, self.max_distance), size=(len(ctx.q_pos), len(ctx.k_pos))))
         return LayerTerms(logits=[term])

@@ -21,7 +21,7 @@ from torch import Tensor, nn
 
 from diet.positions.base import Context, LayerTerms, LowRankBias, TableBias
 from diet.positions.method import PositionMethod, normal_parameter
-from diet.positions.t5 import t5_index
+from diet.positions.t5 import t5_diagonals, t5_index
 
 
 class TUPE(PositionMethod):
@@ -66,7 +66,8 @@ class TUPE(PositionMethod):
                 keep = None
                 if self.reset:  # the reset replaces b_{j-i} too on [CLS]'s row and column
                     keep = ((ctx.q_pos != 0)[:, None] & (ctx.k_pos != 0)[None, :]).to(self.bias.dtype)
-                terms.append(TableBias(self.bias, t5_index(ctx, self.num_buckets, self.max_distance), keep))
+                terms.append(TableBias(self.bias, t5_index(ctx, self.num_buckets, self.max_distance), keep,
+                                       t5_diagonals(ctx, self.num_buckets, self.max_distance)))
             return LayerTerms(logits=terms, score_scale=1.0 / math.sqrt(2))
 
         return ctx.cached("tupe_terms", build)  # shared by all layers: computed once per forward

@@ -27,8 +27,8 @@ from diet.data.tasks import TaskData, load_task
 from diet.data.tokenizer import load_tokenizer
 from diet.errors import ConfigError, DataError
 from diet.tasks.training import (
-    FINETUNE_RECIPES, ListDataset, ProgressBar, batch_layout, check_length, is_main_process, read_json,
-    replace_progress, write_json_atomic,
+    FINETUNE_RECIPES, ListDataset, ProgressBar, add_threads_option, batch_layout, check_length, is_main_process,
+    no_loss_kwargs, read_json, replace_progress, set_threads, write_json_atomic,
 )
 
 RESULT = "result.json"
@@ -68,6 +68,7 @@ def register(subparsers) -> None:
     p.add_argument("--train-language", default="en", help="cross-lingual: the language fine-tuned on")
     p.add_argument("-o", "--output-dir", default="runs/finetune")
     add_finetune_options(p)
+    add_threads_option(p)
     p.set_defaults(func=main)
 
 
@@ -172,6 +173,18 @@ def model_class(kind: str):
     return DietForQuestionAnswering if kind == "qa" else DietForSequenceClassification
 
 
+def quiet_load(cls, model_dir: Path, **kwargs):
+    """`from_pretrained` (safetensors only) without the load report: the MLM head is meant to be dropped and
+    the pooler and classifier are meant to be new."""
+    from transformers.utils import logging as hf_logging
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        return cls.from_pretrained(model_dir, use_safetensors=True, **kwargs)
+    finally:
+        hf_logging.set_verbosity(level)
+
+
 def run_one(model_dir: Path, data: TaskData, train_set: ListDataset, scorer: Scorer, tokenizer, lr: float,
             seed: int, s: dict, out: Path, quiet: bool, description: str, report_to: str = "tensorboard") -> dict:
     """One fine-tuning run; returns its history and best evaluation."""
@@ -193,10 +206,11 @@ def run_one(model_dir: Path, data: TaskData, train_set: ListDataset, scorer: Sco
     kwargs = {} if spec.kind == "qa" else dict(
         num_labels=spec.num_labels,
         problem_type="regression" if spec.kind == "regression" else "single_label_classification")
-    model = model_class(spec.kind).from_pretrained(model_dir, use_safetensors=True, **kwargs)
+    model = quiet_load(model_class(spec.kind), model_dir, **kwargs)
     first_eval = next(iter(scorer.sets.values()))[0]  # Trainer insists on one; evaluate() scores them all
     trainer = make_trainer_class()(model=model, args=args, train_dataset=train_set, eval_dataset=first_eval,
                                    data_collator=DataCollatorWithPadding(tokenizer), scorer=scorer)
+    no_loss_kwargs(trainer)
     replace_progress(trainer, ProgressBar(description, score_key="eval_score"))
     start = time.time()
     trainer.train()
@@ -279,6 +293,7 @@ def run_finetune(model_dir: str | Path, data: TaskData, output_dir: str | Path, 
 
 
 def main(args) -> int:
+    set_threads(args.threads)
     s = settings(args)
     data = load_task(args.task, args.task_type, args.train_file, args.eval_files, args.train_split,
                      args.eval_split, args.train_language, args.max_train)

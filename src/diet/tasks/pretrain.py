@@ -24,9 +24,9 @@ from diet.data.mlm import MlmCollator, pack_sentences
 from diet.data.tokenizer import load_tokenizer, train_wordpiece
 from diet.errors import ConfigError, DataError
 from diet.tasks.training import (
-    PRETRAIN_RECIPES, SIZES, CompleteCheckpoints, ListDataset, Method, ProgressBar, batch_layout, build_config,
-    is_main_process, log_history_curves, parse_method, read_json, replace_progress, resumable_checkpoint,
-    write_json_atomic,
+    PRETRAIN_RECIPES, SIZES, CompleteCheckpoints, ListDataset, Method, ProgressBar, add_threads_option,
+    batch_layout, build_config, is_main_process, log_history_curves, no_loss_kwargs, parse_method, read_json,
+    replace_progress, resumable_checkpoint, set_threads, write_json_atomic,
 )
 
 RESULTS = "pretrain_results.json"
@@ -68,6 +68,7 @@ def register(subparsers) -> None:
     p.add_argument("-o", "--output-dir", default="runs/pretrain", help="where checkpoints and the model go")
     p.add_argument("--overwrite", action="store_true", help="start afresh instead of resuming")
     add_pretrain_options(p)
+    add_threads_option(p)
     p.set_defaults(func=main)
 
 
@@ -166,8 +167,10 @@ def mlm_loss(model, dataset: ListDataset, collator: MlmCollator, batch_size: int
 def run_pretrain(corpus: str, method: Method, output_dir: str | Path, s: dict, *, validation: str | None = None,
                  tokenizer: str | None = None, seed: int = 0, device_batch_size: int = 64,
                  max_documents: int | None = None, overwrite: bool = False, quiet: bool = False,
-                 report_to: str = "tensorboard", description: str | None = None) -> dict:
-    """Pre-train one model; resumes from a complete checkpoint and returns the results (also in RESULTS)."""
+                 report_to: str = "tensorboard", description: str | None = None, prepared=None) -> dict:
+    """Pre-train one model; resumes from a complete checkpoint and returns the results (also in RESULTS).
+
+    `prepared`: (tokenizer, train blocks, validation blocks) already made, shared by compared methods."""
     from transformers import Trainer, TrainingArguments, set_seed
 
     from diet import DietForMaskedLM
@@ -192,12 +195,15 @@ def run_pretrain(corpus: str, method: Method, output_dir: str | Path, s: dict, *
         logging_steps=max(1, min(50, s["steps"] // 20)), eval_strategy="steps", eval_steps=s["save_steps"],
         save_strategy="steps", save_steps=s["save_steps"], save_total_limit=2, seed=seed, data_seed=seed,
         report_to=[report_to] if report_to != "none" else [], use_cpu=not torch.cuda.is_available(),
-        dataloader_drop_last=True, disable_tqdm=quiet, remove_unused_columns=False,
+        dataloader_drop_last=False, disable_tqdm=quiet, remove_unused_columns=False,
         ddp_find_unused_parameters=False, log_level="warning", save_only_model=False)
 
-    with args.main_process_first(desc="data preparation", local=False):
-        tok, train_blocks, val_blocks = prepare_data(corpus, validation, tokenizer, s["vocab_size"],
-                                                     s["max_length"], output_dir, max_documents, log)
+    if prepared is not None:
+        tok, train_blocks, val_blocks = prepared
+    else:
+        with args.main_process_first(desc="data preparation", local=False):
+            tok, train_blocks, val_blocks = prepare_data(corpus, validation, tokenizer, s["vocab_size"],
+                                                         s["max_length"], output_dir, max_documents, log)
     collator = MlmCollator(tok)
     val_set = ListDataset(collator.premask(val_blocks, VALIDATION_SEED))
     train_set = ListDataset([{"input_ids": b} for b in train_blocks])
@@ -210,10 +216,10 @@ def run_pretrain(corpus: str, method: Method, output_dir: str | Path, s: dict, *
 
     trainer = Trainer(model=model, args=args, train_dataset=train_set, eval_dataset=val_set,
                       data_collator=collator, callbacks=[CompleteCheckpoints()])
+    no_loss_kwargs(trainer)
     replace_progress(trainer, ProgressBar(description or f"pretrain {method.name}"))
     resume = None if overwrite else resumable_checkpoint(output_dir, remove_incomplete=is_main_process())
-    args_ok = trainer.accelerator
-    args_ok.wait_for_everyone()
+    trainer.accelerator.wait_for_everyone()
     if resume:
         log(f"resuming from {resume}")
     start = time.time()
@@ -244,6 +250,7 @@ def run_pretrain(corpus: str, method: Method, output_dir: str | Path, s: dict, *
 
 
 def main(args) -> int:
+    set_threads(args.threads)
     method = parse_method(args.method)
     s = settings(args)
     run_pretrain(args.corpus, method, args.output_dir, s, validation=args.validation, tokenizer=args.tokenizer,

@@ -187,13 +187,13 @@ PRETRAIN_RECIPES = {
     # A budget for a CPU session: same shape, a few hundred steps of bert-mini.
     "cpu": PretrainRecipe(1e-3, 0.06, 128, 32, 600, 100, size="bert-mini", vocab_size=8000),
     # The built-in comparison: the toy size on the generated corpus.
-    "toy": PretrainRecipe(2e-3, 0.06, 48, 32, 500, 100, size="toy", vocab_size=1000),
+    "toy": PretrainRecipe(2e-3, 0.06, 32, 32, 800, 200, size="toy", vocab_size=1000),
 }
 FINETUNE_RECIPES = {
     # Table 7: lr grid {1,2,3,4}e-5, warm-up 10%, batch 32, 5 (or 10) epochs, length 128; median of 5 seeds.
     "paper": FinetuneRecipe((1e-5, 2e-5, 3e-5, 4e-5), 5, 5, 32, 128),
     "cpu": FinetuneRecipe((1e-4,), 1, 3, 32, 128),
-    "toy": FinetuneRecipe((1e-3,), 2, 4, 32, 48),
+    "toy": FinetuneRecipe((1e-3,), 2, 3, 32, 32),
 }
 
 
@@ -297,11 +297,19 @@ class ProgressBar(TrainerCallback):
 
 
 def replace_progress(trainer, bar: ProgressBar) -> None:
-    """Swap Trainer's own progress bar and log printer for `bar`."""
+    """Swap Trainer's own progress bar and log printer for `bar` (and silence the bars of saving shards)."""
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
+    from transformers.utils import logging as hf_logging
+    hf_logging.disable_progress_bar()
     trainer.remove_callback(ProgressCallback)
     trainer.remove_callback(PrinterCallback)
     trainer.add_callback(bar)
+
+
+def no_loss_kwargs(trainer) -> None:
+    """The models take `**kwargs` but return a mean loss that ignores `num_items_in_batch`; left alone, Trainer
+    would then skip dividing by the accumulation steps and multiply the loss by the number of processes."""
+    trainer.model_accepts_loss_kwargs = False
 
 
 class ListDataset(torch.utils.data.Dataset):
@@ -313,6 +321,19 @@ class ListDataset(torch.utils.data.Dataset):
 
     def __getitem__(self, i):
         return self.items[i]
+
+
+def add_threads_option(p, default: int | None = None) -> None:
+    p.add_argument("--threads", type=int, default=default,
+                   help="CPU threads per process (default: torch's choice); 1 is much faster for small models "
+                        "on a busy machine, where more threads than free cores stall each other")
+
+
+def set_threads(threads: int | None) -> None:
+    if threads is not None:
+        if threads < 1:
+            raise ConfigError(f"--threads={threads} must be at least 1")
+        torch.set_num_threads(threads)
 
 
 def world_size() -> int:

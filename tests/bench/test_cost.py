@@ -1,0 +1,87 @@
+"""The bench machinery: ratios and medians, one row per method, parameter counts (DIET Table 6), the CLI's
+outputs. No timing assertions: speed goals live in the benchmark itself."""
+
+import json
+
+import pytest
+
+from diet.bench import cost, report
+from diet.cli import main
+from diet.errors import ConfigError
+
+
+def test_median_of_per_cycle_ratios_not_ratio_of_medians():
+    base = [1.0, 2.0, 4.0]
+    times = [1.1, 2.2, 2.0]  # ratios 1.1, 1.1, 0.5: a loaded cycle slows both candidates alike
+    assert cost.median_ratio(times, base) == pytest.approx(1.1)
+    with pytest.raises(ValueError):
+        cost.median_ratio([1.0], [1.0, 2.0])
+
+
+def test_ratio_spread_is_the_interquartile_range():
+    lo, hi = cost.ratio_spread([1, 2, 3, 4, 5, 6, 7, 8], [1] * 8)
+    assert lo < 3 < 6 < hi
+
+
+def test_interleaved_times_runs_every_candidate_once_per_cycle_after_warmup():
+    calls = []
+    steps = {name: (lambda n=name: calls.append(n)) for name in ("a", "b", "c")}
+    times = cost.interleaved_times(steps, repeats=4, warmup=1)
+    assert {k: len(v) for k, v in times.items()} == {"a": 4, "b": 4, "c": 4}
+    assert len(calls) == 15
+    assert calls[3:6] == ["a", "b", "c"] and calls[6:9] == ["b", "c", "a"]  # the order rotates
+
+
+def test_variant_labels_and_refusals():
+    v = cost.Variant.parse("diet-rel+seg")
+    assert (v.position, v.segment, v.label) == ("diet-rel", "per-head", "diet-rel+seg")
+    assert cost.Variant.parse("t5").segment == "input"
+    for bad in ("diet-rell", "diet-rel+segs"):
+        with pytest.raises(ConfigError, match="allowed"):
+            cost.Variant.parse(bad)
+
+
+def test_diet_abs_adds_two_tables_per_layer_and_head():
+    """DIET Table 6: DIET-ABS adds P_Q and P_K, L·H·2·n·d_p parameters."""
+    counts = {m: cost.parameter_count(cost.build_model(cost.model_config("bert-tiny", cost.Variant.parse(m))))
+              for m in ("none", "diet-abs", "diet-rel")}
+    layers, heads, n, d_p = 2, 2, 512, 64
+    assert counts["diet-abs"] - counts["none"] == layers * heads * 2 * n * d_p
+    assert counts["diet-rel"] - counts["none"] == layers * heads * (2 * n - 1)
+
+
+def test_measure_gives_a_row_per_method_with_ratios_to_none():
+    rows = cost.measure("bert-tiny", 8, 1, [cost.Variant.parse(m) for m in ("diet-abs", "t5")], repeats=2,
+                        warmup=0)
+    assert [r.method for r in rows] == ["none", "diet-abs", "t5"]
+    none = rows[0]
+    assert none.train_ratio == 1.0 and none.infer_ratio == 1.0 and none.params_increase == 0.0
+    assert all(r.train_ms > 0 and r.infer_ms > 0 for r in rows)
+    text = report.markdown(rows, [], {"threads": 1, "repeats": 2, "warmup": 0})
+    assert all(f"| {m} |" in text for m in ("none", "diet-abs", "t5"))
+
+
+def test_cli_writes_markdown_and_json(tmp_path, capsys):
+    out_json, out_md = tmp_path / "b.json", tmp_path / "b.md"
+    code = main(["bench", "--shapes", "bert-tiny", "--lengths", "8", "--batch", "1", "--methods", "diet-rel+seg",
+                 "--repeats", "1", "--warmup", "0", "--threads", "1", "--no-memory", "--json", str(out_json),
+                 "--markdown", str(out_md)])
+    assert code == 0
+    data = json.loads(out_json.read_text())
+    assert [r["method"] for r in data["rows"]] == ["none", "diet-rel+seg"]
+    assert "diet-rel+seg" in out_md.read_text() and "diet-rel+seg" in capsys.readouterr().out
+
+
+def test_cli_refuses_bad_options(capsys):
+    assert main(["bench", "--shapes", "bert-huge", "--no-memory"]) == 2
+    assert "bert-huge" in capsys.readouterr().err
+    assert main(["bench", "--long", "--long-methods", "diet-abs", "--no-memory"]) == 2
+    assert main(["bench", "--lengths", "8,16", "--batch", "1,2,3"]) == 2
+
+
+def test_peak_memory_in_a_fresh_process():
+    from diet.bench.memory import measure_peak
+
+    m = measure_peak({"shape": "bert-tiny", "method": "diet-rel+seg", "length": 16, "batch": 1, "mode": "infer",
+                      "max_length": 512, "threads": 1})
+    assert m["peak_mib"] >= m["idle_mib"] > 0 and m["step_mib"] >= 0

@@ -1,0 +1,84 @@
+"""Packing of full sentences and BERT's 80/10/10 masking."""
+
+import pytest
+import torch
+
+from diet.data.mlm import IGNORE_INDEX, MlmCollator, mask_tokens, pack_sentences
+from diet.errors import DataError
+
+CLS, SEP = 2, 3
+
+
+def test_packing_keeps_whole_sentences_in_order_and_respects_the_length():
+    docs = [[[10, 11, 12], [13, 14]], [[20, 21, 22, 23]], [[30] * 3]]
+    blocks = pack_sentences(docs, max_length=8, cls_id=CLS, sep_id=SEP)
+    assert all(len(b) <= 8 and b[0] == CLS and b[-1] == SEP for b in blocks)
+    # sentence [13, 14] fits after [10, 11, 12]; the next document needs a separator and 4 more: new block
+    assert blocks[0] == [CLS, 10, 11, 12, 13, 14, SEP]
+    assert blocks[1] == [CLS, 20, 21, 22, 23, SEP, 30, 30, 30, SEP][:len(blocks[1])]
+    body = [t for b in blocks for t in b[1:-1] if t != SEP]
+    assert body == [10, 11, 12, 13, 14, 20, 21, 22, 23, 30, 30, 30]
+
+
+def test_packing_marks_a_document_boundary_inside_a_block():
+    blocks = pack_sentences([[[5]], [[6]]], max_length=10, cls_id=CLS, sep_id=SEP)
+    assert blocks == [[CLS, 5, SEP, 6, SEP]]
+
+
+def test_packing_cuts_a_sentence_longer_than_a_block():
+    blocks = pack_sentences([[list(range(10, 25))]], max_length=6, cls_id=CLS, sep_id=SEP)
+    assert [len(b) for b in blocks] == [6, 6, 6, 5]
+    assert [t for b in blocks for t in b[1:-1]] == list(range(10, 25))
+
+
+def test_packing_refuses_a_length_without_room():
+    with pytest.raises(DataError, match="max_length=2"):
+        pack_sentences([[[5]]], max_length=2, cls_id=CLS, sep_id=SEP)
+
+
+def test_masking_follows_15_percent_and_80_10_10():
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(10, 1000, (400, 250), generator=g)
+    special = torch.zeros_like(ids, dtype=torch.bool)
+    special[:, 0] = special[:, -1] = True
+    inputs, labels = mask_tokens(ids, special, mask_id=4, first_word_id=5, vocab_size=1000, generator=g)
+    chosen = labels != IGNORE_INDEX
+    assert not chosen[special].any()
+    assert torch.equal(labels[chosen], ids[chosen])
+    assert torch.equal(inputs[~chosen], ids[~chosen])
+    rate = chosen.float().sum() / (~special).float().sum()
+    assert abs(rate - 0.15) < 0.005
+    masked = (inputs == 4) & chosen
+    same = (inputs == ids) & chosen
+    random = chosen & ~masked & ~same
+    n = chosen.sum().float()
+    assert abs(masked.sum() / n - 0.8) < 0.01
+    assert abs(same.sum() / n - 0.1) < 0.01  # a random draw equal to the original counts here: 1 in 995
+    assert abs(random.sum() / n - 0.1) < 0.01
+    assert (inputs[random] >= 5).all()  # random words are never special tokens
+
+
+class _Tok:
+    pad_token_id, mask_token_id, all_special_ids = 0, 4, [0, 1, 2, 3, 4]
+
+    def __len__(self):
+        return 100
+
+
+def test_collator_pads_and_masks_only_real_tokens():
+    collate = MlmCollator(_Tok())
+    batch = collate([{"input_ids": [2] + [50] * 40 + [3]}, {"input_ids": [2, 60, 3]}])
+    assert batch["input_ids"].shape == (2, 42)
+    assert batch["attention_mask"][1].tolist() == [1, 1, 1] + [0] * 39
+    assert (batch["labels"][1, 3:] == IGNORE_INDEX).all()
+    assert (batch["labels"][:, 0] == IGNORE_INDEX).all()
+
+
+def test_premasked_validation_is_reproducible_and_kept_by_the_collator():
+    collate = MlmCollator(_Tok())
+    blocks = [[2] + list(range(10, 60)) + [3] for _ in range(8)]
+    a, b = collate.premask(blocks, seed=7), collate.premask(blocks, seed=7)
+    assert a == b
+    assert a != collate.premask(blocks, seed=8)
+    batch = collate(a[:2])
+    assert batch["labels"][0].tolist() == a[0]["labels"]  # already masked: only padded

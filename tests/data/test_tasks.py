@@ -1,0 +1,121 @@
+"""Task readers: GLUE TSV layouts, XNLI per-language files, SQuAD JSON; errors name file and line."""
+
+import json
+
+import pytest
+
+from diet.data import tasks as T
+from diet.errors import DataError
+
+
+def _write(path, text):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_cola_has_no_header_and_reads_columns_1_and_3(tmp_path):
+    d = tmp_path / "CoLA"
+    _write(d / "train.tsv", "gj04\t1\t\tThe cat sat.\ngj04\t0\t*\tCat the sat.\n")
+    _write(d / "dev.tsv", "gj04\t1\t\tA dog ran.")  # GLUE's dev.tsv has no final newline
+    data = T.load_task(str(d))
+    assert data.spec.name == "CoLA" and data.spec.metrics == ("mcc",)
+    assert [(e.text_a, e.label) for e in data.train] == [("The cat sat.", 1), ("Cat the sat.", 0)]
+    assert list(data.evals) == ["dev"] and data.evals["dev"][0].where == f"{d / 'dev.tsv'}:1"
+
+
+def test_pair_tasks_read_two_segments_by_header_name(tmp_path):
+    d = tmp_path / "STS-B"
+    head = "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\tscore\n"
+    _write(d / "train.tsv", head + "0\tg\tf\t2012\t0\tn\tn\tA man.\tA person.\t4.5\n")
+    _write(d / "dev.tsv", head + "0\tg\tf\t2012\t0\tn\tn\tA cat.\tA dog.\t1.0\n")
+    data = T.load_task(str(d))
+    ex = data.train[0]
+    assert (ex.text_a, ex.text_b, ex.label) == ("A man.", "A person.", 4.5)
+    assert data.spec.kind == "regression" and data.spec.num_labels == 1
+
+
+def test_mnli_has_two_dev_sets(tmp_path):
+    d = tmp_path / "MNLI"
+    head = "index\tpromptID\tpairID\tgenre\ts1bp\ts2bp\ts1p\ts2p\tsentence1\tsentence2\tlabel1\tgold_label\n"
+    row = "0\t1\t2\tg\tx\tx\tx\tx\tP.\tH.\tneutral\tneutral\n"
+    for f in ("train.tsv", "dev_matched.tsv", "dev_mismatched.tsv"):
+        _write(d / f, head + row)
+    data = T.load_task(str(d))
+    assert set(data.evals) == {"dev_matched", "dev_mismatched"}
+    assert data.train[0].label == T.NLI_LABELS.index("neutral")
+
+
+def test_a_label_outside_the_task_is_an_error_naming_file_and_line(tmp_path):
+    d = tmp_path / "SST-2"
+    f = _write(d / "train.tsv", "sentence\tlabel\ngood .\t1\nbad .\t7\n")
+    _write(d / "dev.tsv", "sentence\tlabel\nok .\t0\n")
+    with pytest.raises(DataError, match=rf"{f}:3: label '7' is not one of SST-2's labels"):
+        T.load_task(str(d))
+
+
+def test_malformed_lines_and_values(tmp_path):
+    d = tmp_path / "STS-B"
+    head = "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\tscore\n"
+    f = _write(d / "train.tsv", head + "0\tg\tf\n")
+    with pytest.raises(DataError, match=rf"{f}:2: 3 tab-separated columns"):
+        T.read_tsv(f, T.GLUE["sts-b"])
+    _write(f, head + "0\tg\tf\t2012\t0\tn\tn\tA.\tB.\t7.5\n")
+    with pytest.raises(DataError, match=rf"{f}:2: label 7.5 lies outside STS-B's range"):
+        T.read_tsv(f, T.GLUE["sts-b"])
+    _write(f, "wrong\theader\n")
+    with pytest.raises(DataError, match=rf"{f}:1: the header lacks the column 'sentence1'"):
+        T.read_tsv(f, T.GLUE["sts-b"])
+    with pytest.raises(DataError, match="no such file"):
+        T.read_tsv(tmp_path / "missing.tsv", T.GLUE["sst-2"])
+
+
+def test_xnli_zero_shot_layout(tmp_path):
+    d = tmp_path / "xnli"
+    for lang in ("en", "de", "fr"):
+        _write(d / f"dev-{lang}.tsv", "P.\tH.\tentailment\nP2.\tH2.\tcontradictory\n")
+        _write(d / f"test-{lang}.tsv", "P.\tH.\tneutral\n")
+    with pytest.raises(DataError, match="train-en.tsv: no such file"):
+        T.load_task(str(d))
+    data = T.load_task(str(d), train_split="dev", eval_split="test")
+    assert set(data.evals) == {"en", "de", "fr"}
+    assert [e.label for e in data.train] == [T.NLI_LABELS.index("entailment"), T.NLI_LABELS.index("contradiction")]
+
+
+def _squad(path, context="Paris is the capital of France.", answer="Paris", start=0):
+    doc = {"data": [{"title": "t", "paragraphs": [{"context": context, "qas": [
+        {"id": "q1", "question": "What is the capital?", "answers": [{"text": answer, "answer_start": start}]}]}]}]}
+    return _write(path, json.dumps(doc))
+
+
+def test_squad_reader_and_qa_layouts(tmp_path):
+    d = tmp_path / "xquad"
+    _squad(d / "xquad.en.json")
+    _squad(d / "xquad.de.json")
+    _squad(d / "train-v1.1.json")
+    data = T.load_task(str(d))
+    assert data.spec.kind == "qa"
+    assert set(data.evals) == {"en", "de"}
+    assert data.train[0].answers[0]["text"] == "Paris"
+    assert T.qa_language("dev-context-es-question-es.json") == "es"
+    assert T.qa_language("dev-context-es-question-en.json") is None  # cross-language pairs are not zero-shot
+    assert T.qa_language("tydiqa.goldp.sw.dev.json") == "sw"
+
+
+def test_squad_errors_name_the_place(tmp_path):
+    f = _squad(tmp_path / "bad.json", answer="Rome", start=0)
+    with pytest.raises(DataError, match=r"data\[0\]\.paragraphs\[0\]\.qas\[0\]: answer 'Rome'"):
+        T.read_squad(f)
+    f.write_text('{"data": [\n  {"paragraphs": ]}')
+    with pytest.raises(DataError, match=rf"{f}:2: not valid JSON"):
+        T.read_squad(f)
+
+
+def test_unknown_directory_asks_for_the_task(tmp_path):
+    d = tmp_path / "mystery"
+    _write(d / "train.tsv", "sentence\tlabel\nx\ty\n")
+    _write(d / "dev.tsv", "sentence\tlabel\nz\ty\n")
+    with pytest.raises(DataError, match="pass --task"):
+        T.load_task(str(d))
+    data = T.load_task(str(d), task="tsv")
+    assert data.spec.labels == ("y",)

@@ -1,0 +1,201 @@
+"""pretrain -> finetune -> compare on tiny generated data: results, kill-safe resume, the grid protocol."""
+
+import json
+
+import pytest
+import torch
+
+from diet.cli import main as cli
+from diet.data import synthetic
+from diet.data.tasks import load_task
+from diet.errors import ConfigError
+from diet.tasks import finetune as ft
+from diet.tasks import pretrain as pt
+from diet.tasks import training as tr
+
+TINY = dict(size="toy", vocab_size=300, max_length=24, steps=6, batch_size=8, lr=2e-3, warmup=0.1, save_steps=2,
+            weight_decay=0.01, adam_epsilon=1e-6, max_grad_norm=1.0)
+FT = dict(lrs=(1e-3, 5e-4), seeds=2, epochs=1, batch_size=16, max_length=24, warmup=0.1, weight_decay=0.01,
+          max_grad_norm=1.0, eval_steps=None, max_eval=None, doc_stride=8)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    torch.set_num_threads(1)
+    return synthetic.write_builtin(tmp_path_factory.mktemp("data"), seed=0, documents=60, train=48, dev=24)
+
+
+@pytest.fixture(scope="module")
+def pretrained(data, tmp_path_factory):
+    out = tmp_path_factory.mktemp("pt")
+    res = pt.run_pretrain(str(data["corpus"]), tr.parse_method("diet-rel"), out, TINY, quiet=True, report_to="none")
+    return out, res
+
+
+def test_pretrain_reports_validation_loss_and_saves_a_safetensors_model(pretrained):
+    out, res = pretrained
+    assert res["steps"] == 6
+    assert 0 < res["val_loss"] < 10 and res["perplexity"] == pytest.approx(torch.tensor(res["val_loss"]).exp().item())
+    assert (out / "model" / "model.safetensors").is_file() and (out / "model" / "tokenizer.json").is_file()
+    assert res["curves"]["train_loss"] and res["curves"]["eval_loss"]
+    marked = [step for step, _, complete in tr.checkpoints(out) if complete]
+    assert marked == [4, 6]  # save_total_limit=2 keeps the newest two, both marked complete
+    again = pt.run_pretrain("unused", tr.parse_method("diet-rel"), out, TINY, quiet=True, report_to="none")
+    assert again == json.loads((out / pt.RESULTS).read_text())  # finished: reused, not retrained
+
+
+class _Killed(Exception):
+    pass
+
+
+def test_a_kill_after_a_checkpoint_resumes_there_and_a_half_written_one_is_never_loaded(data, tmp_path, monkeypatch,
+                                                                                        capsys):
+    class KillAfterStep4(tr.CompleteCheckpoints):
+        def on_save(self, args, state, control, **kw):
+            super().on_save(args, state, control, **kw)
+            if state.global_step == 4:
+                raise _Killed
+
+    monkeypatch.setattr(pt, "CompleteCheckpoints", KillAfterStep4)
+    method = tr.parse_method("absolute")
+    with pytest.raises(_Killed):
+        pt.run_pretrain(str(data["corpus"]), method, tmp_path, TINY, report_to="none")
+    assert [(s, c) for s, _, c in tr.checkpoints(tmp_path)] == [(2, True), (4, True)]
+    # a kill in the middle of writing checkpoint-6: a folder with partial files and no marker
+    half = tmp_path / "checkpoint-6"
+    half.mkdir()
+    (half / "model.safetensors").write_bytes(b"\0" * 10)
+    monkeypatch.setattr(pt, "CompleteCheckpoints", tr.CompleteCheckpoints)
+    res = pt.run_pretrain(str(data["corpus"]), method, tmp_path, TINY, report_to="none")
+    err = capsys.readouterr().err
+    assert "removing incomplete checkpoint" in err and "resuming from" in err and "checkpoint-4" in err
+    assert res["steps"] == 6
+    state = json.loads((tmp_path / "checkpoint-6" / "trainer_state.json").read_text())
+    steps_logged = [r["step"] for r in state["log_history"] if "loss" in r]
+    assert steps_logged == sorted(steps_logged) and state["global_step"] == 6
+
+
+def test_finetune_grid_takes_each_runs_best_and_the_median_over_seeds(pretrained, data, tmp_path):
+    out, res = pretrained
+    task = load_task(str(data["pair-order"]))
+    summary = ft.run_finetune(res["model_dir"], task, tmp_path, FT, quiet=True, report_to="none")
+    assert len(summary["runs"]) == 4 and summary["task"] == "pair-order"
+    for lr, entry in summary["per_lr"].items():
+        bests = sorted(r["best"]["score"] for r in summary["runs"] if str(r["lr"]) == lr)
+        assert entry["score"] == pytest.approx(sum(bests) / 2)  # median of two seeds
+    assert summary["score"] == max(e["score"] for e in summary["per_lr"].values())
+    assert 0 <= summary["averaged"]["accuracy"] <= 100
+    first = tmp_path / "lr0.001-seed0" / ft.RESULT
+    stamp = first.stat().st_mtime_ns
+    ft.run_finetune(res["model_dir"], task, tmp_path, FT, quiet=True, report_to="none")
+    assert first.stat().st_mtime_ns == stamp  # finished runs are not redone
+
+
+def test_summary_median_and_best_learning_rate():
+    spec = synthetic.TASKS["order"]
+
+    def run(lr, score):
+        return {"lr": lr, "seed": 0, "best": {"score": score, "metrics": {"dev": {"accuracy": score}}}}
+
+    s = ft.summarise([run(1e-3, 60), run(1e-3, 90), run(1e-3, 70), run(2e-3, 80), run(2e-3, 10), run(2e-3, 81)],
+                     spec, None)
+    assert s["per_lr"]["0.001"]["score"] == 70 and s["per_lr"]["0.002"]["score"] == 80
+    assert s["best_lr"] == 2e-3 and s["averaged"]["accuracy"] == 80
+
+
+def test_regression_task_trains_with_pearson_spearman(pretrained, tmp_path):
+    out, res = pretrained
+    d = tmp_path / "STS-B"
+    d.mkdir()
+    head = "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\tscore\n"
+    rows = "".join(f"{i}\tg\tf\t2012\t{i}\tn\tn\tthe cat sees the fig\tthe {w} eats\t{i % 6}\n"
+                   for i, w in enumerate(["dog", "fox", "owl", "cat"] * 5))
+    (d / "train.tsv").write_text(head + rows)
+    (d / "dev.tsv").write_text(head + rows)
+    s = dict(FT, lrs=(1e-3,), seeds=1)
+    summary = ft.run_finetune(res["model_dir"], load_task(str(d)), tmp_path / "out", s, quiet=True,
+                              report_to="none")
+    assert set(summary["averaged"]) == {"pearson", "spearman"}
+
+
+def test_qa_finetune_reports_squad_f1_and_em(pretrained, tmp_path):
+    out, res = pretrained
+    d = tmp_path / "xquad"
+    d.mkdir()
+    ctx = "the red fox sees the fig near the old owl"
+    qas = [{"id": f"q{i}", "question": "what does the fox see ?",
+            "answers": [{"text": "the fig", "answer_start": ctx.index("the fig")}]} for i in range(20)]
+    doc = json.dumps({"data": [{"paragraphs": [{"context": ctx, "qas": qas}]}]})
+    for name in ("train-v1.1.json", "xquad.en.json", "xquad.de.json"):
+        (d / name).write_text(doc)
+    s = dict(FT, lrs=(1e-3,), seeds=1)
+    summary = ft.run_finetune(res["model_dir"], load_task(str(d)), tmp_path / "out", s, quiet=True,
+                              report_to="none")
+    assert set(summary["per_set"]) == {"en", "de"} and summary["select_on"] == "en"
+    assert set(summary["averaged"]) == {"f1", "exact_match"}
+
+
+def test_a_length_beyond_a_learned_table_is_refused_before_training(data, tmp_path):
+    res = pt.run_pretrain(str(data["corpus"]), tr.parse_method("absolute"), tmp_path / "abs",
+                          dict(TINY, steps=1, save_steps=1), quiet=True, report_to="none")
+    task = load_task(str(data["order"]))
+    with pytest.raises(ConfigError, match="max_length=64 exceeds max_position_embeddings=24"):
+        ft.run_finetune(res["model_dir"], task, tmp_path / "ft", dict(FT, max_length=64), quiet=True)
+    assert not (tmp_path / "ft").exists()
+
+
+def test_method_specs():
+    m = tr.parse_method("diet-rel:segment=input:sharing=layer")
+    assert (m.position, m.segment, m.sharing) == ("diet-rel", "input", "layer")
+    assert tr.parse_method(m.name) == m
+    assert tr.parse_method("diet-abs").segment == "per-head" and tr.parse_method("t5").segment == "input"
+    assert [x.name for x in tr.parse_methods("papers")][:2] == ["absolute", "sinusoidal"]
+    with pytest.raises(ConfigError, match="position='rope'"):
+        tr.parse_method("rope")
+    with pytest.raises(ConfigError, match="key=value"):
+        tr.parse_method("diet-rel:layer")
+    with pytest.raises(ConfigError, match="unknown field"):
+        tr.parse_method("diet-rel:colour=blue")
+
+
+def test_cli_errors_are_one_line_before_training(tmp_path, capsys):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n")
+    assert cli(["pretrain", str(empty), "-o", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "empty" in err and str(empty) in err
+    bad = tmp_path / "SST-2"
+    bad.mkdir()
+    (bad / "train.tsv").write_text("sentence\tlabel\nfine\t1\nodd\t3\n")
+    (bad / "dev.tsv").write_text("sentence\tlabel\nfine\t1\n")
+    assert cli(["finetune", str(tmp_path / "nomodel"), str(bad)]) == 2
+    assert f"{bad / 'train.tsv'}:3: label '3'" in capsys.readouterr().err
+    assert cli(["compare", "--methods", "diet-rel:sharing=sideways"]) == 2
+    assert "sharing='sideways'" in capsys.readouterr().err
+
+
+def test_compare_writes_the_report(tmp_path):
+    out = tmp_path / "cmp"
+    code = cli(["compare", "-o", str(out), "--methods", "none,diet-rel", "--steps", "3", "--save-steps", "3",
+                "--epochs", "1", "--seeds", "1", "--builtin-size", "48", "--max-documents", "60",
+                "--threads", "1"])
+    assert code == 0
+    report = (out / "report.md").read_text()
+    assert "| none | none | input | none |" in report and "| diet-rel | per-head | per-head | none |" in report
+    assert "order" in report and "pair-order" in report and "topic" in report
+    results = json.loads((out / "results.json").read_text())
+    assert [m["method"] for m in results["methods"]] == ["none", "diet-rel"]
+    assert all(set(m["tasks"]) == {"order", "pair-order", "topic"} for m in results["methods"])
+    assert (out / "pretrain_loss.png").stat().st_size > 1000 and (out / "finetune_order.png").is_file()
+    rows = (out / "runs.csv").read_text().splitlines()
+    assert len(rows) == 1 + 2 * 3  # header + methods x tasks x 1 lr x 1 seed x 1 metric
+
+
+def test_gradient_accumulation_keeps_the_loss_a_mean(data, tmp_path):
+    """Batch 8 as 2 x 4: the logged loss is still a per-token mean (about ln V at the start), not 2x it."""
+    s = dict(TINY, steps=2, save_steps=2)
+    res = pt.run_pretrain(str(data["corpus"]), tr.parse_method("t5"), tmp_path, s, device_batch_size=4,
+                          quiet=True, report_to="none")
+    first = res["curves"]["train_loss"][0][1]
+    vocab = len(__import__("diet.data.tokenizer", fromlist=["x"]).load_tokenizer(res["model_dir"]))
+    assert abs(first - torch.tensor(float(vocab)).log().item()) < 1.0

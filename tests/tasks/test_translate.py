@@ -1,0 +1,137 @@
+"""`diet translate train` / `eval` end to end on a generated word-substitution language pair: training lowers the
+validation loss, a killed run resumes to the same weights, bad input fails with the file and line, beam search
+writes detokenised output and a SacreBLEU score, and cached decoding gives what uncached decoding gives."""
+
+import json
+import random
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from diet.cli import main
+from diet.data.parallel import train_joint_bpe
+from diet.models.seq2seq import DietForConditionalGeneration, DietSeq2SeqConfig
+from diet.tasks.training import COMPLETE
+
+WORDS = {f"w{i}": f"v{i}" for i in range(24)}
+TINY = ["--config", "hidden_size=32", "--config", "num_hidden_layers=1", "--config", "num_decoder_layers=1",
+        "--config", "num_attention_heads=2", "--config", "intermediate_size=64"]
+
+
+def corpus(path, name, n, seed):
+    rng = random.Random(seed)
+    src, tgt = [], []
+    for _ in range(n):
+        words = rng.choices(list(WORDS), k=rng.randint(3, 7))
+        src.append(" ".join(words))
+        tgt.append(" ".join(WORDS[w] for w in words))
+    (path / f"{name}.xx").write_text("\n".join(src) + "\n")
+    (path / f"{name}.yy").write_text("\n".join(tgt) + "\n")
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    path = tmp_path_factory.mktemp("pairs")
+    corpus(path, "train", 400, 0)
+    corpus(path, "val", 40, 1)
+    return path
+
+
+def train(data, out, *extra):
+    return main(["translate", "train", "--data", str(data), "--source", "xx", "--target", "yy",
+                 "--output-dir", str(out), "--vocab-size", "80", "--batch-size", "16", "--learning-rate", "3e-3",
+                 "--warmup-steps", "5", "--dropout", "0", "--threads", "1", *TINY, *extra])
+
+
+def test_train_lowers_validation_loss_then_eval_scores_bleu(data, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert train(data, out, "--position", "diet-rel", "--max-steps", "40", "--eval-steps", "10",
+                 "--save-steps", "20") == 0
+    summary = json.loads((out / "final" / "train_summary.json").read_text())
+    evals = [row["eval_loss"] for row in summary["curves"] if "eval_loss" in row]
+    assert summary["steps"] == 40 and len(evals) >= 4
+    assert evals[-1] < evals[0] - 0.5
+    assert (out / "final" / "model.safetensors").is_file() and (out / "final" / "tokenizer.json").is_file()
+    assert "validation loss" in capsys.readouterr().err
+
+    hyp = tmp_path / "hyp.yy"
+    assert main(["translate", "eval", str(out), "--source", str(data / "val.xx"), "--reference",
+                 str(data / "val.yy"), "--output", str(hyp), "--beams", "3", "--limit", "12", "--speed",
+                 "--threads", "1"]) == 0
+    printed = capsys.readouterr().out
+    lines = hyp.read_text().splitlines()
+    assert len(lines) == 12 and all(w.startswith("v") for line in lines for w in line.split())  # detokenised
+    report = json.loads((tmp_path / "hyp.yy.json").read_text())
+    assert report["signature"].startswith("nrefs:1|") and 0 <= report["bleu"] <= 100
+    assert report["mismatched_sentences"] == 0 and report["cached_sentences_per_s"] > 0
+    assert "BLEU" in printed and "sent/s with cache" in printed
+
+
+def test_a_killed_run_resumes_to_the_same_weights(data, tmp_path, capsys):
+    args = ["--position", "shaw", "--max-steps", "6", "--save-steps", "3", "--eval-steps", "3",
+            "--max-train-pairs", "120"]
+    full, killed = tmp_path / "full", tmp_path / "killed"
+    assert train(data, full, *args) == 0
+    assert train(data, killed, *args) == 0
+    # as if killed while writing checkpoint-6: no completion marker, no final model
+    shutil.rmtree(killed / "final")
+    (killed / "checkpoint-6" / COMPLETE).unlink()
+    capsys.readouterr()
+    assert train(data, killed, *args) == 0
+    err = capsys.readouterr().err
+    assert "removing incomplete checkpoint" in err and "resuming from" in err and "checkpoint-3" in err
+    a, b = load_file(full / "final" / "model.safetensors"), load_file(killed / "final" / "model.safetensors")
+    assert a.keys() == b.keys()
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], msg=key)
+    # finished runs are not redone; a different method may not reuse the directory
+    assert train(data, killed, *args) == 0 and "finished already" in capsys.readouterr().err
+    assert train(data, killed, "--position", "t5", "--max-steps", "6") == 2
+    assert "different position" in capsys.readouterr().err
+
+
+def test_mismatched_files_fail_with_both_counts(data, tmp_path, capsys):
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    for name in ("train.xx", "val.xx", "val.yy"):
+        shutil.copy(data / name, bad / name)
+    (bad / "train.yy").write_text("v1 v2\n" * 7)
+    assert train(bad, tmp_path / "run", "--max-steps", "2") == 2
+    err = capsys.readouterr().err
+    assert "train.xx has 400 lines but" in err and "train.yy has 7" in err and "Traceback" not in err
+
+
+def test_empty_and_long_lines_are_skipped_and_counted(data, tmp_path, capsys):
+    odd = tmp_path / "odd"
+    shutil.copytree(data, odd)
+    src = (odd / "train.xx").read_text().splitlines()
+    src[4] = ""
+    src[9] = " ".join(["w1"] * 50)
+    (odd / "train.xx").write_text("\n".join(src) + "\n")
+    out = tmp_path / "run"
+    assert train(odd, out, "--max-steps", "2", "--max-length", "20") == 0
+    report = json.loads((out / "data_report.json").read_text())["train"]
+    assert (report["kept"], report["empty_lines"], report["too_long_lines"]) == (398, [5], [10])
+    assert "398 of 400 pairs kept" in capsys.readouterr().err
+    assert train(odd, tmp_path / "strict", "--max-steps", "2", "--max-length", "20", "--bad-lines", "error") == 2
+    assert "train.xx:5: empty line" in capsys.readouterr().err
+
+
+def test_eval_refuses_a_source_longer_than_a_learned_table(tmp_path, capsys):
+    tokenizer = train_joint_bpe(["w1 w2 w3 v1 v2 v3"] * 3, vocab_size=40, min_frequency=1)
+    config = DietSeq2SeqConfig(vocab_size=len(tokenizer), hidden_size=16, num_hidden_layers=1, num_decoder_layers=1,
+                               num_attention_heads=2, intermediate_size=32, position="absolute",
+                               max_position_embeddings=8)
+    model_dir = tmp_path / "model"
+    DietForConditionalGeneration(config).save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    (tmp_path / "src").write_text("w1 w2\n" + "w1 " * 12 + "\n")
+    rc = main(["translate", "eval", str(model_dir), "--source", str(tmp_path / "src"), "--beams", "2"])
+    assert rc == 2
+    assert "src:2: 13 tokens (with </s>) exceed 8" in capsys.readouterr().err
+    (tmp_path / "src").write_text("w1 w2\n")
+    assert main(["translate", "eval", str(model_dir), "--source", str(tmp_path / "src"), "--max-new-tokens",
+                 "9"]) == 2
+    assert "--max-new-tokens 9 exceeds max_position_embeddings=8" in capsys.readouterr().err
