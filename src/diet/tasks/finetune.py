@@ -28,7 +28,7 @@ from diet.data.tokenizer import load_tokenizer
 from diet.errors import ConfigError, DataError
 from diet.tasks.training import (
     FINETUNE_RECIPES, ListDataset, ProgressBar, add_threads_option, batch_layout, check_length, is_main_process,
-    no_loss_kwargs, read_json, replace_progress, set_threads, write_json_atomic,
+    read_json, replace_progress, set_threads, write_json_atomic,
 )
 
 RESULT = "result.json"
@@ -210,7 +210,6 @@ def run_one(model_dir: Path, data: TaskData, train_set: ListDataset, scorer: Sco
     first_eval = next(iter(scorer.sets.values()))[0]  # Trainer insists on one; evaluate() scores them all
     trainer = make_trainer_class()(model=model, args=args, train_dataset=train_set, eval_dataset=first_eval,
                                    data_collator=DataCollatorWithPadding(tokenizer), scorer=scorer)
-    no_loss_kwargs(trainer)
     replace_progress(trainer, ProgressBar(description, score_key="eval_score"))
     start = time.time()
     trainer.train()

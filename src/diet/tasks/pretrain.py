@@ -25,7 +25,7 @@ from diet.data.tokenizer import load_tokenizer, train_wordpiece
 from diet.errors import ConfigError, DataError
 from diet.tasks.training import (
     PRETRAIN_RECIPES, SIZES, CompleteCheckpoints, ListDataset, Method, ProgressBar, add_threads_option,
-    batch_layout, build_config, is_main_process, log_history_curves, no_loss_kwargs, parse_method, read_json,
+    batch_layout, build_config, is_main_process, log_history_curves, parse_method, read_json,
     replace_progress, resumable_checkpoint, set_threads, write_json_atomic,
 )
 
@@ -216,7 +216,6 @@ def run_pretrain(corpus: str, method: Method, output_dir: str | Path, s: dict, *
 
     trainer = Trainer(model=model, args=args, train_dataset=train_set, eval_dataset=val_set,
                       data_collator=collator, callbacks=[CompleteCheckpoints()])
-    no_loss_kwargs(trainer)
     replace_progress(trainer, ProgressBar(description or f"pretrain {method.name}"))
     resume = None if overwrite else resumable_checkpoint(output_dir, remove_incomplete=is_main_process())
     trainer.accelerator.wait_for_everyone()

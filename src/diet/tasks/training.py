@@ -306,12 +306,6 @@ def replace_progress(trainer, bar: ProgressBar) -> None:
     trainer.add_callback(bar)
 
 
-def no_loss_kwargs(trainer) -> None:
-    """The models take `**kwargs` but return a mean loss that ignores `num_items_in_batch`; left alone, Trainer
-    would then skip dividing by the accumulation steps and multiply the loss by the number of processes."""
-    trainer.model_accepts_loss_kwargs = False
-
-
 class ListDataset(torch.utils.data.Dataset):
     def __init__(self, items: list[dict]):
         self.items = items
