@@ -247,7 +247,7 @@ def main(args) -> int:
     log = (lambda m: print(f"[compare] {m}", file=sys.stderr)) if is_main_process() else (lambda m: None)
     out.mkdir(parents=True, exist_ok=True)
     prepared = pt.prepare_data(corpus, None, args.tokenizer, s_pre["vocab_size"], s_pre["max_length"], out,
-                               args.max_documents, log)
+                               args.max_documents, log, args.max_validation)
     info = dict(command="diet " + " ".join(shlex.quote(a) for a in sys.argv[1:]), corpus=corpus, builtin=builtin,
                 tasks={t: d.source for t, d in tasks.items()}, methods=[m.name for m in methods],
                 pretrain=s_pre, finetune={k: v for k, v in s_ft.items()}, seconds=0.0,

@@ -52,6 +52,8 @@ def add_pretrain_options(p: argparse.ArgumentParser, recipe_default: str = "cpu"
     g.add_argument("--warmup", type=float, help="warm-up fraction of the steps")
     g.add_argument("--save-steps", type=int, help="checkpoint interval in steps")
     g.add_argument("--max-documents", type=int, help="use only the first N documents of the corpus")
+    g.add_argument("--max-validation", type=int,
+                   help="score validation MLM loss on the first N validation blocks only (faster evaluations)")
     g.add_argument("--seed", type=int, default=0, help="seed of initialisation and data order")
 
 
@@ -92,7 +94,8 @@ def settings(args) -> dict:
 
 
 def prepare_data(corpus: str, validation: str | None, tokenizer_path: str | None, vocab_size: int,
-                 max_length: int, output_dir: Path, max_documents: int | None, log=print):
+                 max_length: int, output_dir: Path, max_documents: int | None, log=print,
+                 max_validation: int | None = None):
     """Read, tokenise and pack the corpus: (tokenizer, train blocks, validation blocks)."""
     docs, origin = read_corpus(corpus, "train")
     if validation:
@@ -139,6 +142,8 @@ def prepare_data(corpus: str, validation: str | None, tokenizer_path: str | None
         raise DataError(f"{origin}: no text left after tokenisation")
     if not val_blocks:
         raise DataError(f"{val_origin}: the validation corpus is empty")
+    if max_validation:
+        val_blocks = val_blocks[:max_validation]
     n_tokens = sum(len(b) for b in train_blocks)
     log(f"packed {len(train_blocks):,} training blocks ({n_tokens:,} tokens) and {len(val_blocks):,} validation "
         f"blocks of at most {max_length} tokens; vocabulary {len(tokenizer):,}")
@@ -166,8 +171,8 @@ def mlm_loss(model, dataset: ListDataset, collator: MlmCollator, batch_size: int
 
 def run_pretrain(corpus: str, method: Method, output_dir: str | Path, s: dict, *, validation: str | None = None,
                  tokenizer: str | None = None, seed: int = 0, device_batch_size: int = 64,
-                 max_documents: int | None = None, overwrite: bool = False, quiet: bool = False,
-                 report_to: str = "tensorboard", description: str | None = None, prepared=None) -> dict:
+                 max_documents: int | None = None, max_validation: int | None = None, overwrite: bool = False,
+                 quiet: bool = False, report_to: str = "tensorboard", description: str | None = None, prepared=None) -> dict:
     """Pre-train one model; resumes from a complete checkpoint and returns the results (also in RESULTS).
 
     `prepared`: (tokenizer, train blocks, validation blocks) already made, shared by compared methods."""
@@ -203,7 +208,8 @@ def run_pretrain(corpus: str, method: Method, output_dir: str | Path, s: dict, *
     else:
         with args.main_process_first(desc="data preparation", local=False):
             tok, train_blocks, val_blocks = prepare_data(corpus, validation, tokenizer, s["vocab_size"],
-                                                         s["max_length"], output_dir, max_documents, log)
+                                                         s["max_length"], output_dir, max_documents, log,
+                                                         max_validation)
     collator = MlmCollator(tok)
     val_set = ListDataset(collator.premask(val_blocks, VALIDATION_SEED))
     train_set = ListDataset([{"input_ids": b} for b in train_blocks])
@@ -253,6 +259,6 @@ def main(args) -> int:
     method = parse_method(args.method)
     s = settings(args)
     run_pretrain(args.corpus, method, args.output_dir, s, validation=args.validation, tokenizer=args.tokenizer,
-                 seed=args.seed, device_batch_size=args.device_batch_size, max_documents=args.max_documents,
+                 seed=args.seed, device_batch_size=args.device_batch_size, max_documents=args.max_documents, max_validation=args.max_validation,
                  overwrite=args.overwrite)
     return 0

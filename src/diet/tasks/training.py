@@ -70,7 +70,8 @@ def default_segment(position: str) -> str:
     return "per-head" if position in DIET_POSITIONS else "input"
 
 
-def _value(text: str):
+def parse_value(text: str):
+    """A `key=value` option's value: int, float, bool, None or the text itself."""
     for cast in (int, float):
         try:
             return cast(text)
@@ -89,7 +90,7 @@ def parse_method(spec: str) -> Method:
         key, eq, value = pair.partition("=")
         if not eq or not key:
             raise ConfigError(f"method {spec!r}: {pair!r} is not key=value (e.g. diet-rel:segment=input)")
-        fields[key.strip().replace("-", "_")] = _value(value.strip())
+        fields[key.strip().replace("-", "_")] = parse_value(value.strip())
     segment = str(fields.pop("segment", default_segment(position)))
     sharing = str(fields.pop("sharing", "none"))
     allowed = set(DietConfig().to_dict())

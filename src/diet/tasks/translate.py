@@ -44,6 +44,7 @@ from diet.tasks.training import (
     CompleteCheckpoints,
     ListDataset,
     ProgressBar,
+    parse_value,
     read_json,
     replace_progress,
     resumable_checkpoint,
@@ -57,15 +58,6 @@ RUN_KEYS = ("train_source", "train_target", "position", "preset", "config", "voc
 
 # -- shared helpers ------------------------------------------------------------------------------------------
 
-def _value(text: str):
-    for cast in (int, float):
-        try:
-            return cast(text)
-        except ValueError:
-            pass
-    return {"true": True, "false": False, "none": None}.get(text.lower(), text)
-
-
 def parse_overrides(items: list[str] | None) -> dict:
     """`--config shaw_max_distance=16 --config num_decoder_layers=4` -> dict, names checked by the config."""
     out = {}
@@ -77,7 +69,7 @@ def parse_overrides(items: list[str] | None) -> dict:
             raise ConfigError(f"--config {item!r} is not key=value (e.g. --config shaw_max_distance=16)")
         if key not in allowed:
             raise ConfigError(f"--config {key}: not a DietSeq2SeqConfig field")
-        out[key] = _value(value.strip())
+        out[key] = parse_value(value.strip())
     return out
 
 
