@@ -45,7 +45,7 @@ def table(rows: list[Row]) -> str:
             ours, theirs = getattr(absolute, f"{mode}_ratio"), getattr(bert, f"{mode}_ratio")
             if ours is not None and theirs is not None:
                 lines.append("")
-                lines.append(f"{mode}: absolute / hf-bert = {ours / theirs:.2f} "
+                lines.append(f"{mode}: absolute / hf-bert = {ours / theirs:.3f} "
                              f"({'at least as fast' if ours <= theirs else 'slower'})")
     return "\n".join(lines)
 
