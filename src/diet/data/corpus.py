@@ -15,6 +15,8 @@ network that fails with a message saying so.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import json
 import os
 import re
@@ -40,22 +42,27 @@ def split_sentences(paragraph: str) -> list[str]:
     return [s.strip() for s in _SENTENCE_END.split(paragraph) if s.strip()]
 
 
-def read_text_file(path: Path) -> list[Document]:
-    """`*.txt`: a line is a paragraph, a blank line ends a document."""
+def group_documents(paragraphs: Iterable[str | None]) -> list[Document]:
+    """Paragraphs -> documents of sentences; a blank paragraph ends a document."""
     docs: list[Document] = []
     current: Document = []
-    with open_text(path) as f:
-        for line in f:
-            line = line.strip()
-            if not line:
-                if current:
-                    docs.append(current)
-                    current = []
-                continue
-            current.extend(split_sentences(line))
+    for text in paragraphs:
+        text = (text or "").strip()
+        if not text:
+            if current:
+                docs.append(current)
+                current = []
+            continue
+        current.extend(split_sentences(text))
     if current:
         docs.append(current)
     return docs
+
+
+def read_text_file(path: Path) -> list[Document]:
+    """`*.txt`: a line is a paragraph, a blank line ends a document."""
+    with open_text(path) as f:
+        return group_documents(f)
 
 
 def read_jsonl_file(path: Path, field: str = "text") -> list[Document]:
@@ -168,19 +175,7 @@ def read_hf_corpus(name: str, split: str) -> list[Document]:
     column = next((c for c in ("text", "sentence", "content") if c in rows.column_names), None)
     if column is None:
         raise DataError(f"huggingface:{name}: no text column (has {rows.column_names}); expected 'text'")
-    docs: list[Document] = []
-    current: Document = []
-    for text in rows[column]:
-        text = (text or "").strip()
-        if not text:
-            if current:
-                docs.append(current)
-                current = []
-            continue
-        current.extend(split_sentences(text))
-    if current:
-        docs.append(current)
-    return docs
+    return group_documents(rows[column])
 
 
 def load_hf_dataset(name: str, split: str):

@@ -22,6 +22,7 @@ from pathlib import Path
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
 
+from diet.data.tokenizer import read_tokenizer_json
 from diet.errors import DataError
 
 PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
@@ -102,14 +103,7 @@ def wrap(tok: Tokenizer) -> PreTrainedTokenizerFast:
 
 def load_joint_tokenizer(path: str | Path) -> PreTrainedTokenizerFast:
     """A tokenizer saved next to a translation model (a directory holding tokenizer.json)."""
-    path = Path(path)
-    file = path / "tokenizer.json" if path.is_dir() else path
-    if not file.is_file():
-        raise DataError(f"{file}: no tokenizer here (a translation model directory holds tokenizer.json)")
-    try:
-        tok = Tokenizer.from_file(str(file))
-    except Exception as e:  # tokenizers raises a bare Exception on malformed JSON
-        raise DataError(f"{file}: not a tokenizers JSON file ({e})") from None
+    file, tok = read_tokenizer_json(path, "a translation model directory holds tokenizer.json")
     for i, name in enumerate(SPECIAL_TOKENS):
         if tok.token_to_id(name) != i:
             raise DataError(f"{file}: expected special token {name} at id {i}, the translation models' layout")

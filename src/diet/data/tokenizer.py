@@ -45,16 +45,21 @@ def wrap(tok: Tokenizer) -> PreTrainedTokenizerFast:
         mask_token="[MASK]", model_input_names=["input_ids", "token_type_ids", "attention_mask"])
 
 
-def load_tokenizer(path: str | Path) -> PreTrainedTokenizerFast:
-    """A tokenizer saved by `save_pretrained` (a directory) or a `tokenizer.json` file."""
+def read_tokenizer_json(path: str | Path, hint: str) -> tuple[Path, Tokenizer]:
+    """(file, Tokenizer) from a `tokenizer.json` or a directory holding one; `hint` says what was expected."""
     path = Path(path)
     file = path / "tokenizer.json" if path.is_dir() else path
     if not file.is_file():
-        raise DataError(f"{file}: no such tokenizer file (expected a tokenizer.json or a directory holding one)")
+        raise DataError(f"{file}: no tokenizer here ({hint})")
     try:
-        tok = Tokenizer.from_file(str(file))
+        return file, Tokenizer.from_file(str(file))
     except Exception as e:  # tokenizers raises a bare Exception on malformed JSON
         raise DataError(f"{file}: not a tokenizers JSON file ({e})") from None
+
+
+def load_tokenizer(path: str | Path) -> PreTrainedTokenizerFast:
+    """A tokenizer saved by `save_pretrained` (a directory) or a `tokenizer.json` file."""
+    file, tok = read_tokenizer_json(path, "expected a tokenizer.json or a directory holding one")
     missing = [t for t in SPECIAL_TOKENS if tok.token_to_id(t) is None]
     if missing:
         raise DataError(f"{file}: the vocabulary lacks the special tokens {missing}, needed for BERT-style "
