@@ -32,6 +32,8 @@ BACKENDS: tuple[str, ...] = get_args(Backend)
 LEARNED_ABSOLUTE = ("absolute", "diet-abs", "tupe-a", "tupe-r")
 # Methods with a learned term per query-key offset, where the i-j relation must survive into attention.
 RELATIVE = ("shaw", "xlnet", "t5", "tupe-r", "diet-rel", "rotary", "alibi")
+# Methods with a value term (Shaw's a^V): it needs the attention probabilities, so only eager serves them.
+NEEDS_PROBABILITIES = ("shaw",)
 # What `sharing` applies to: DIET's per-head parameters (DIET Tables 5, 8, 9).
 SHAREABLE_POSITIONS = ("diet-abs", "diet-rel")
 
@@ -178,10 +180,10 @@ class DietConfig(PretrainedConfig):
             if self.linformer_k > self.max_position_embeddings:
                 raise ConfigError(f"linformer_k={self.linformer_k} exceeds max_position_embeddings="
                                   f"{self.max_position_embeddings}")
-        if self.position == "shaw" and self.attn_backend in ("sdpa", "flex"):
+        if self.position in NEEDS_PROBABILITIES and self.attn_backend in ("sdpa", "flex"):
             raise ConfigError(
-                f"attn_backend={self.attn_backend!r} cannot serve position='shaw': Shaw's value term needs the "
-                f"attention probabilities; use attn_backend='eager' or 'auto'")
+                f"attn_backend={self.attn_backend!r} cannot serve position={self.position!r}: Shaw's value term "
+                f"needs the attention probabilities; use attn_backend='eager' or 'auto'")
 
         if self.attn_backend == "flex" and self.attention_probs_dropout_prob > 0:
             raise ConfigError(

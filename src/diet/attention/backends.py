@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from diet.config import DietConfig
+from diet.config import NEEDS_PROBABILITIES, DietConfig
 from diet.errors import ConfigError
 from diet.positions.base import LayerTerms, LogitTerm
 
@@ -226,4 +226,4 @@ def resolve_backend(config: DietConfig) -> str:
     """`auto` picks sdpa unless a value term needs the probabilities (Shaw), then the eager reference."""
     if config.attn_backend != "auto":
         return config.attn_backend
-    return "eager" if config.position == "shaw" else "sdpa"
+    return "eager" if config.position in NEEDS_PROBABILITIES else "sdpa"
