@@ -205,3 +205,59 @@ def test_token_embeddings_are_scaled_at_the_input_only():
     plain = DietForConditionalGeneration(DietSeq2SeqConfig.from_preset("transformer-tiny", vocab_size=300,
                                                                         scale_embedding=False))
     assert type(plain.get_input_embeddings()) is torch.nn.Embedding
+
+
+# per-example target positions (e.g. two packed targets restarting at 0) and shared stretched ones
+DECODER_POSITIONS = {"per-example": torch.tensor([[0, 1, 2, 3, 0, 1, 2, 3, 4], [0, 2, 4, 6, 8, 10, 12, 14, 16],
+                                                  [5, 6, 7, 8, 9, 10, 11, 12, 13]]),
+                     "shared": (2 * torch.arange(9))[None]}
+
+
+@pytest.mark.parametrize("kind", list(DECODER_POSITIONS))
+@pytest.mark.parametrize("position", POSITIONS)
+def test_decoder_position_ids_are_honoured_and_cached_steps_agree(position, kind):
+    model = DietForConditionalGeneration(tiny_s2s(position)).eval()
+    src, mask = source()
+    target = torch.randint(3, 40, (3, 9))
+    positions = DECODER_POSITIONS[kind]
+    with torch.no_grad():
+        default = model(src, mask, decoder_input_ids=target).logits
+        full = model(src, mask, decoder_input_ids=target, decoder_position_ids=positions).logits
+        out = model(src, mask, decoder_input_ids=target[:, :1], decoder_position_ids=positions[:, :1], use_cache=True)
+        steps = [out.logits]
+        for t in range(1, target.shape[1]):  # positions cover the cached tokens and the new one
+            out = model(src, mask, decoder_input_ids=target[:, t:t + 1], decoder_position_ids=positions[:, :t + 1],
+                        past_key_values=out.past_key_values, encoder_outputs=(out.encoder_last_hidden_state,),
+                        use_cache=True)
+            steps.append(out.logits)
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-5)
+    if position != "none":
+        assert (full - default).abs().max() > 1e-4, "the decoder must read its position ids"
+    # causality is by sequence order, not by position value: the first token never sees later ones
+    with torch.no_grad():
+        first = model(src, mask, decoder_input_ids=target[:, :1], decoder_position_ids=positions[:, :1]).logits
+    torch.testing.assert_close(first[:, 0], full[:, 0], atol=1e-5, rtol=1e-5)
+
+
+def test_encoder_position_ids_are_honoured():
+    model = DietForConditionalGeneration(tiny_s2s("diet-rel")).eval()
+    src, mask = source()
+    target = torch.randint(3, 40, (3, 4))
+    with torch.no_grad():
+        default = model(src, mask, decoder_input_ids=target).logits
+        stretched = model(src, mask, decoder_input_ids=target, position_ids=3 * torch.arange(7)).logits
+    assert (stretched - default).abs().max() > 1e-4
+
+
+def test_decoder_position_ids_of_the_wrong_length_are_refused():
+    model = DietForConditionalGeneration(tiny_s2s("t5")).eval()
+    src, mask = source()
+    with pytest.raises(InputError, match=r"position_ids has shape \(1, 3\)"):
+        model(src, mask, decoder_input_ids=torch.randint(3, 40, (3, 4)), decoder_position_ids=torch.arange(3)[None])
+
+
+def test_unknown_keyword_arguments_are_refused():
+    model = DietForConditionalGeneration(tiny_s2s("t5")).eval()
+    src, mask = source()
+    with pytest.raises(InputError, match="unexpected keyword argument.*'decoder_head_mask'"):
+        model(src, mask, decoder_input_ids=src, decoder_head_mask=None)

@@ -51,8 +51,9 @@ def rotate(x, pos, base=10000.0):  # RoFormer eq. 34, rotate-half layout, one (D
     return out
 
 
-def reference_logits(model, layer, q, k, segments):
-    """A[b, h, i, j] from the paper's equation for the model's method. q, k: (B, H, L, Dh) projections."""
+def reference_logits(model, layer, q, k, segments, pos):
+    """A[b, h, i, j] from the paper's equation for the model's method. q, k: (B, H, L, Dh) projections;
+    pos: (B, L) the position of each token (i, j below are positions, not indices)."""
     cfg, pe = model.config, model.positions.method
     B, H, n, dh = q.shape
     lt = 0 if cfg.sharing == "layer" else layer
@@ -64,9 +65,10 @@ def reference_logits(model, layer, q, k, segments):
         pk = lambda x: pe.u_k(norm(x)).view(H, dh)  # noqa: E731
     for b in range(B):
         for h in range(H):
-            for i in range(n):
-                for j in range(n):
-                    qi, kj = q[b, h, i], k[b, h, j]
+            for ii in range(n):
+                for jj in range(n):
+                    qi, kj = q[b, h, ii], k[b, h, jj]
+                    i, j = int(pos[b, ii]), int(pos[b, jj])
                     s = 1 / math.sqrt(dh)
                     if cfg.position == "shaw":
                         c = max(-cfg.shaw_max_distance, min(cfg.shaw_max_distance, i - j))
@@ -98,39 +100,41 @@ def reference_logits(model, layer, q, k, segments):
                             a = a - alibi_slope(h, H) * abs(i - j)
                     if cfg.segment == "per-head":
                         t = model.positions.head_segments.table
-                        a = a + t[lt, hd(h), segments[b, i], segments[b, j]]
-                    A[b, h, i, j] = a
+                        a = a + t[lt, hd(h), segments[b, ii], segments[b, jj]]
+                    A[b, h, ii, jj] = a
     return A
 
 
-def reference_layer(model, layer, hidden, mask, segments):
+def reference_layer(model, layer, hidden, mask, segments, pos):
     """One BERT block with the reference attention; returns (probs, new hidden)."""
     cfg, blk = model.config, model.layers[layer]
     att = blk.attention
     H = cfg.num_attention_heads
     q, k, v = (split_heads(f(hidden), H) for f in (att.query, att.key, att.value))
-    A = reference_logits(model, layer, q, k, segments)
+    A = reference_logits(model, layer, q, k, segments, pos)
     A = A.masked_fill(mask[:, None, None, :] == 0, float("-inf"))
     P = A.softmax(-1)
     o = P @ v
     if cfg.position == "shaw":  # o_i += Σ_j p_ij a^V_clip(i-j)
         pe = model.positions.method
-        for i in range(L):
-            for j in range(L):
-                c = max(-cfg.shaw_max_distance, min(cfg.shaw_max_distance, i - j)) + cfg.shaw_max_distance
-                o[:, :, i] += P[:, :, i, j, None] * pe.value[layer, c]
+        for b in range(len(pos)):
+            for i in range(L):
+                for j in range(L):
+                    d = int(pos[b, i] - pos[b, j])
+                    c = max(-cfg.shaw_max_distance, min(cfg.shaw_max_distance, d)) + cfg.shaw_max_distance
+                    o[b, :, i] += P[b, :, i, j, None] * pe.value[layer, c]
     o = o.transpose(1, 2).reshape(hidden.shape)
     x = blk.attention_norm(hidden + blk.attention_output(o))
     return P, blk.output_norm(x + blk.output(blk.act(blk.intermediate(x))))
 
 
-def reference_embeddings(model, ids, segments):
+def reference_embeddings(model, ids, segments, pos):
     cfg = model.config
     x = model.embeddings.word_embeddings(ids)
     if cfg.position == "absolute":
-        x = x + model.positions.method.weight[:L]
+        x = x + model.positions.method.weight[pos]
     elif cfg.position == "sinusoidal":
-        x = x + torch.stack([sinusoid(p, cfg.hidden_size) for p in range(L)])
+        x = x + torch.stack([torch.stack([sinusoid(int(p), cfg.hidden_size) for p in row]) for row in pos])
     if cfg.segment == "input":
         x = x + model.positions.input_segments.weight[segments]
     return model.embeddings.LayerNorm(x)
@@ -143,17 +147,31 @@ CASES = [(p, "per-head" if p in ("diet-abs", "diet-rel", "t5") else "input", "no
 ]
 
 
+# Positions the model is given: the default 0 .. L-1, one shifted and stretched row shared by the batch, and
+# per-example rows (packed documents restarting at 0; left padding; positions out of order with repeats).
+# All stay inside the tiny config's learned tables (24 positions).
+POSITION_IDS = {
+    "default": None,
+    "shared": (3 + 2 * torch.arange(L))[None],
+    "per-example": torch.tensor([[0, 1, 2, 3, 0, 1, 2, 3, 4, 5],
+                                 [7, 7, 7, 0, 1, 2, 9, 4, 23, 11]]),
+}
+
+
+@pytest.mark.parametrize("positions", list(POSITION_IDS))
 @pytest.mark.parametrize("position,segment,sharing", CASES)
-def test_method_matches_paper_equation(position, segment, sharing):
+def test_method_matches_paper_equation(position, segment, sharing, positions):
     extra = {"tupe_reset": False} if (position, segment) == ("tupe-a", "none") else {}
     model = DietModel(tiny(position=position, segment=segment, sharing=sharing, attn_backend="eager", **extra)).eval()
     ids, mask, segments = batch(L)
+    position_ids = POSITION_IDS[positions]
+    pos = (torch.arange(L) if position_ids is None else position_ids).expand(len(ids), L)
     with torch.no_grad():
-        out = model(ids, mask, segments, output_attentions=True, output_hidden_states=True)
-        hidden = reference_embeddings(model, ids, segments)
+        out = model(ids, mask, segments, position_ids=position_ids, output_attentions=True, output_hidden_states=True)
+        hidden = reference_embeddings(model, ids, segments, pos)
         torch.testing.assert_close(out.hidden_states[0], hidden, atol=1e-5, rtol=1e-4)
         for layer in range(model.config.num_hidden_layers):
-            probs, hidden = reference_layer(model, layer, out.hidden_states[layer], mask, segments)
+            probs, hidden = reference_layer(model, layer, out.hidden_states[layer], mask, segments, pos)
             torch.testing.assert_close(out.attentions[layer], probs, atol=1e-5, rtol=1e-4)
             torch.testing.assert_close(out.hidden_states[layer + 1], hidden, atol=1e-5, rtol=1e-4)
 

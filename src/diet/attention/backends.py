@@ -91,13 +91,7 @@ BLOCK_ELEMENTS = 1 << 21
 
 def _bias_batch(term: LogitTerm, b: int) -> int:
     """The batch size of a term's dense form: 1 for position-only terms."""
-    if term.query_dependent:
-        return b
-    factors = term.factors()
-    if factors is not None:
-        return max(factors[0].shape[0], factors[1].shape[0])
-    bias = getattr(term, "bias", None)
-    return bias.shape[0] if isinstance(bias, Tensor) else 1
+    return b if term.query_dependent else term.batch
 
 
 def _fused_cpu_kernel_possible(q: Tensor, dropout_p: float, bias: Tensor | None) -> bool:

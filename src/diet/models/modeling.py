@@ -30,6 +30,27 @@ from diet.positions.method import PositionMethod
 from diet.positions.segments import InputSegments
 
 
+# Keyword arguments the Hugging Face stack may pass that carry nothing for an encoder; anything else unknown
+# is refused rather than silently ignored.
+HARMLESS_KWARGS = frozenset({"use_cache"})
+
+
+def check_kwargs(kwargs: dict, where: str, allowed: frozenset = HARMLESS_KWARGS) -> None:
+    unknown = sorted(k for k in kwargs if k not in allowed)
+    if unknown:
+        raise InputError(f"{where} got unexpected keyword argument(s) {', '.join(map(repr, unknown))}")
+
+
+def check_like(name: str, value: Tensor | None, shape: tuple[int, ...]) -> None:
+    """A per-token input (attention_mask, token_type_ids) must have the input's (batch, length) shape."""
+    if value is None:
+        return
+    if not isinstance(value, Tensor):
+        raise InputError(f"{name} must be a tensor, got {type(value).__name__}")
+    if tuple(value.shape) != shape:
+        raise InputError(f"{name} has shape {tuple(value.shape)}, but the input is (batch, length) = {shape}")
+
+
 def padding_mask(attention_mask: Tensor | None, dtype: torch.dtype) -> Tensor | None:
     """(B, Lk) 1 = keep, 0 = pad  ->  additive (B, 1, 1, Lk), or None when nothing is padded."""
     if attention_mask is None or bool(attention_mask.all()):
@@ -68,8 +89,8 @@ class DietEmbeddings(nn.Module):
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
-    def forward(self, input_ids: Tensor, extra: Tensor | None) -> Tensor:
-        x = self.word_embeddings(input_ids)
+    def forward(self, input_ids: Tensor | None, extra: Tensor | None, inputs_embeds: Tensor | None = None) -> Tensor:
+        x = self.word_embeddings(input_ids) if inputs_embeds is None else inputs_embeds
         if extra is not None:
             x = x + extra.to(x.dtype)
         return self.dropout(self.LayerNorm(x))
@@ -111,34 +132,61 @@ class DietModel(DietPreTrainedModel):
     def set_input_embeddings(self, value):
         self.embeddings.word_embeddings = value
 
-    def _check_inputs(self, input_ids: Tensor, token_type_ids: Tensor | None) -> None:
-        if input_ids.dim() != 2:
-            raise InputError(f"input_ids must be (batch, length), got shape {tuple(input_ids.shape)}")
-        lo, hi = int(input_ids.min()), int(input_ids.max())
-        if lo < 0 or hi >= self.config.vocab_size:
-            raise InputError(f"token id {lo if lo < 0 else hi} is outside the vocabulary "
-                             f"[0, {self.config.vocab_size - 1}] (vocab_size={self.config.vocab_size})")
-        self.positions.check(input_ids.shape[1], token_type_ids)
+    def _check_inputs(self, input_ids: Tensor | None, inputs_embeds: Tensor | None, attention_mask: Tensor | None,
+                      token_type_ids: Tensor | None) -> tuple[int, int]:
+        """Refuse malformed inputs with one line naming the value and the limit; returns (batch, length)."""
+        if (input_ids is None) == (inputs_embeds is None):
+            raise InputError("give exactly one of input_ids and inputs_embeds")
+        if input_ids is not None:
+            if not isinstance(input_ids, Tensor) or input_ids.dtype.is_floating_point or input_ids.dim() != 2:
+                what = (f"shape {tuple(input_ids.shape)} {input_ids.dtype}" if isinstance(input_ids, Tensor)
+                        else type(input_ids).__name__)
+                raise InputError(f"input_ids must be an integer tensor (batch, length), got {what}")
+            shape = tuple(input_ids.shape)
+        else:
+            d = self.config.hidden_size
+            if not isinstance(inputs_embeds, Tensor) or inputs_embeds.dim() != 3 or inputs_embeds.shape[-1] != d:
+                what = tuple(inputs_embeds.shape) if isinstance(inputs_embeds, Tensor) else type(inputs_embeds)
+                raise InputError(f"inputs_embeds must be (batch, length, hidden_size={d}), got {what}")
+            shape = tuple(inputs_embeds.shape[:2])
+        if 0 in shape:
+            raise InputError(f"empty input: (batch, length) = {shape}")
+        if input_ids is not None:
+            lo, hi = int(input_ids.min()), int(input_ids.max())
+            if lo < 0 or hi >= self.config.vocab_size:
+                raise InputError(f"token id {lo if lo < 0 else hi} is outside the vocabulary "
+                                 f"[0, {self.config.vocab_size - 1}] (vocab_size={self.config.vocab_size})")
+        elif not bool(torch.isfinite(inputs_embeds).all()):
+            raise InputError("inputs_embeds contains NaN or infinite values")
+        check_like("attention_mask", attention_mask, shape)
+        check_like("token_type_ids", token_type_ids, shape)
+        if token_type_ids is not None and token_type_ids.dtype.is_floating_point:
+            raise InputError(f"token_type_ids must be integers, got {token_type_ids.dtype}")
+        self.positions.check(shape[1], token_type_ids)
+        return shape
 
     def forward(
         self,
-        input_ids: Tensor,
+        input_ids: Tensor | None = None,
         attention_mask: Tensor | None = None,
         token_type_ids: Tensor | None = None,
         position_ids: Tensor | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
+        inputs_embeds: Tensor | None = None,
         **kwargs,
     ) -> BaseModelOutputWithPooling:
-        self._check_inputs(input_ids, token_type_ids)
-        length = input_ids.shape[1]
-        pos = torch.arange(length, device=input_ids.device)  # (L,)
-        if position_ids is None:
-            position_ids = pos[None]
+        """input_ids (B, L), or inputs_embeds (B, L, D) used instead of the token embeddings (the input
+        position and segment terms are still added). position_ids: (L,), (1, L) or (B, L), default 0 .. L-1;
+        every method reads them (relative ones through pos_i - pos_j)."""
+        check_kwargs(kwargs, f"{type(self).__name__}.forward")
+        b, length = self._check_inputs(input_ids, inputs_embeds, attention_mask, token_type_ids)
+        device = (input_ids if input_ids is not None else inputs_embeds).device
+        pos, position_ids = self.positions.positions(position_ids, b, length, device)  # (L,) | (B, L); (1|B, L)
         if token_type_ids is None and self.positions.num_segments:
-            token_type_ids = torch.zeros_like(input_ids)
-        hidden = self.embeddings(input_ids, self.positions.embed(position_ids, token_type_ids))
+            token_type_ids = torch.zeros(b, length, dtype=torch.long, device=device)
+        hidden = self.embeddings(input_ids, self.positions.embed(position_ids, token_type_ids), inputs_embeds)
         # position-only terms are built here, once per forward, and handed to every layer
         ctx = self.positions.context(pos, pos, token_type_ids)
         mask = padding_mask(attention_mask, hidden.dtype)
@@ -187,10 +235,12 @@ class DietForMaskedLM(DietPreTrainedModel):
     def set_output_embeddings(self, value):
         self.lm_head.decoder = value
 
-    def forward(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, labels=None,
-                output_attentions=None, output_hidden_states=None, return_dict=None, **kwargs) -> MaskedLMOutput:
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None, labels=None,
+                output_attentions=None, output_hidden_states=None, return_dict=None, inputs_embeds=None,
+                **kwargs) -> MaskedLMOutput:
+        check_kwargs(kwargs, f"{type(self).__name__}.forward")
         out = self.diet(input_ids, attention_mask, token_type_ids, position_ids, output_attentions,
-                        output_hidden_states)
+                        output_hidden_states, inputs_embeds=inputs_embeds)
         logits = self.lm_head(out.last_hidden_state)
         loss = None
         if labels is not None:
@@ -211,11 +261,12 @@ class DietForSequenceClassification(DietPreTrainedModel):
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         self.post_init()
 
-    def forward(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, labels=None,
-                output_attentions=None, output_hidden_states=None, return_dict=None,
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None, labels=None,
+                output_attentions=None, output_hidden_states=None, return_dict=None, inputs_embeds=None,
                 **kwargs) -> SequenceClassifierOutput:
+        check_kwargs(kwargs, f"{type(self).__name__}.forward")
         out = self.diet(input_ids, attention_mask, token_type_ids, position_ids, output_attentions,
-                        output_hidden_states)
+                        output_hidden_states, inputs_embeds=inputs_embeds)
         logits = self.classifier(self.dropout(out.pooler_output))
         loss = None
         if labels is not None:
@@ -239,11 +290,12 @@ class DietForQuestionAnswering(DietPreTrainedModel):
         self.qa_outputs = nn.Linear(config.hidden_size, 2)
         self.post_init()
 
-    def forward(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, start_positions=None,
-                end_positions=None, output_attentions=None, output_hidden_states=None, return_dict=None,
-                **kwargs) -> QuestionAnsweringModelOutput:
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
+                start_positions=None, end_positions=None, output_attentions=None, output_hidden_states=None,
+                return_dict=None, inputs_embeds=None, **kwargs) -> QuestionAnsweringModelOutput:
+        check_kwargs(kwargs, f"{type(self).__name__}.forward")
         out = self.diet(input_ids, attention_mask, token_type_ids, position_ids, output_attentions,
-                        output_hidden_states)
+                        output_hidden_states, inputs_embeds=inputs_embeds)
         start, end = self.qa_outputs(out.last_hidden_state).unbind(-1)  # (B, L) each
         loss = None
         if start_positions is not None and end_positions is not None:

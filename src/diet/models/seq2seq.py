@@ -39,7 +39,7 @@ from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput
 from diet.attention.layer import MultiHeadAttention
 from diet.config import PRESETS, DietConfig, _check
 from diet.errors import ConfigError, InputError
-from diet.models.modeling import DietModel, DietPreTrainedModel, padding_mask
+from diet.models.modeling import DietModel, DietPreTrainedModel, check_kwargs, check_like, padding_mask
 from diet.positions.base import EMPTY
 from diet.positions.encoding import PositionEncoding
 
@@ -126,9 +126,10 @@ class ScaledEmbedding(nn.Embedding):
         return super().forward(input_ids) * self.scale
 
 
-def causal_mask(q_pos: Tensor, k_pos: Tensor, dtype: torch.dtype) -> Tensor:
-    """(1, 1, Lq, Lk) additive: query i sees key j iff k_pos[j] <= q_pos[i] (also right when keys are cached)."""
-    blocked = k_pos[None, :] > q_pos[:, None]  # (Lq, Lk)
+def causal_mask(q_index: Tensor, k_index: Tensor, dtype: torch.dtype) -> Tensor:
+    """(1, 1, Lq, Lk) additive: query i sees key j iff j comes no later in the sequence (k_index[j] <= q_index[i],
+    also right when keys are cached). Sequence indices, not position ids: causality is about order."""
+    blocked = k_index[None, :] > q_index[:, None]  # (Lq, Lk)
     return (blocked.to(dtype) * torch.finfo(dtype).min)[None, None]
 
 
@@ -197,21 +198,26 @@ class DietDecoder(nn.Module):
 
     def forward(self, input_ids: Tensor, embed_tokens: nn.Embedding, memory: Tensor, memory_mask: Tensor | None,
                 cache: EncoderDecoderCache | None = None, attention_mask: Tensor | None = None,
-                need_probs: bool = False, output_hidden_states: bool = False):
+                need_probs: bool = False, output_hidden_states: bool = False, position_ids: Tensor | None = None):
+        """position_ids: (Lk,), (1, Lk) or (B, Lk) positions of the cached tokens and the new ones, like
+        `attention_mask` (default 0 .. Lk-1)."""
         past = cache.get_seq_length() if cache is not None else 0
-        length = input_ids.shape[1]
-        self.positions.check(past + length, None)  # learned tables refuse decode lengths beyond them
-        k_pos = torch.arange(past + length, device=input_ids.device)  # (Lk,) cached keys and the new ones
-        q_pos = k_pos[past:]  # (Lq,) the new tokens only
+        batch, length = input_ids.shape
+        if position_ids is None:
+            self.positions.check(past + length, None)  # learned tables refuse decode lengths beyond them
+        # k_pos (Lk,) or (B, Lk): the cached keys' positions and the new ones'; q_pos: the new tokens only
+        k_pos, k_ids = self.positions.positions(position_ids, batch, past + length, input_ids.device)
+        q_pos, q_ids = k_pos[..., past:], k_ids[..., past:]
         x = embed_tokens(input_ids)
-        extra = self.positions.embed(q_pos[None], None)
+        extra = self.positions.embed(q_ids, None)
         if extra is not None:
             x = x + extra.to(x.dtype)
         hidden = self.dropout(self.LayerNorm(x))
         # position terms of the new queries only; earlier rows were built at their own steps
         ctx = self.positions.context(q_pos, k_pos, None)
         # one new token sees every cached key: no mask needed
-        self_mask = causal_mask(q_pos, k_pos, hidden.dtype) if length > 1 else None
+        k_index = torch.arange(past + length, device=input_ids.device)
+        self_mask = causal_mask(k_index[past:], k_index, hidden.dtype) if length > 1 else None
         if attention_mask is not None:
             if attention_mask.shape[1] != past + length:
                 raise InputError(f"decoder_attention_mask covers {attention_mask.shape[1]} positions, but the "
@@ -227,6 +233,10 @@ class DietDecoder(nn.Module):
             if output_hidden_states:
                 all_hidden.append(hidden)
         return hidden, all_hidden, self_probs, cross_probs
+
+
+# what generate() and Trainer may pass that carries nothing here
+SEQ2SEQ_HARMLESS_KWARGS = frozenset({"cache_position"})
 
 
 def _ensure_layers(cache: EncoderDecoderCache, n: int) -> None:
@@ -292,15 +302,22 @@ class DietForConditionalGeneration(DietPreTrainedModel, GenerationMixin):
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
         logits_to_keep: int = 0,
+        position_ids: Tensor | None = None,
+        decoder_position_ids: Tensor | None = None,
+        inputs_embeds: Tensor | None = None,
         **kwargs,
     ) -> Seq2SeqLMOutput:
-        """input_ids (B, S) source; decoder_input_ids (B, T) target so far (or `labels`, shifted right).
-        With `past_key_values`, decoder_input_ids holds only the tokens not yet in the cache.
+        """input_ids (B, S) source (or inputs_embeds (B, S, D)); decoder_input_ids (B, T) target so far (or
+        `labels`, shifted right). With `past_key_values`, decoder_input_ids holds only the tokens not yet in the
+        cache. position_ids: the source's, (S,), (1, S) or (B, S); decoder_position_ids: the target's, covering
+        cached and new tokens like decoder_attention_mask. Default: 0, 1, ... on both sides.
         logits_to_keep: if > 0, project only the last that many positions (generate() needs only the last)."""
+        check_kwargs(kwargs, f"{type(self).__name__}.forward", SEQ2SEQ_HARMLESS_KWARGS)
         if encoder_outputs is None:
-            if input_ids is None:
+            if input_ids is None and inputs_embeds is None:
                 raise InputError("give input_ids (the source) or encoder_outputs")
-            encoder_outputs = self.encoder(input_ids, attention_mask, output_attentions=output_attentions,
+            encoder_outputs = self.encoder(input_ids, attention_mask, position_ids=position_ids,
+                                           inputs_embeds=inputs_embeds, output_attentions=output_attentions,
                                            output_hidden_states=output_hidden_states)
         elif isinstance(encoder_outputs, (tuple, list)):
             encoder_outputs = BaseModelOutput(*encoder_outputs)
@@ -309,6 +326,9 @@ class DietForConditionalGeneration(DietPreTrainedModel, GenerationMixin):
             if labels is None:
                 raise InputError("give decoder_input_ids or labels")
             decoder_input_ids = shift_right(labels, self.config.decoder_start_token_id, self.config.pad_token_id)
+        if decoder_input_ids.dim() != 2 or 0 in decoder_input_ids.shape:
+            raise InputError(f"decoder_input_ids must be (batch, length) with both > 0, got shape "
+                             f"{tuple(decoder_input_ids.shape)}")
         lo, hi = int(decoder_input_ids.min()), int(decoder_input_ids.max())
         if lo < 0 or hi >= self.config.vocab_size:
             raise InputError(f"decoder token id {lo if lo < 0 else hi} is outside the vocabulary "
@@ -322,7 +342,7 @@ class DietForConditionalGeneration(DietPreTrainedModel, GenerationMixin):
             _ensure_layers(cache, self.config.num_decoder_layers)
         hidden, all_hidden, self_probs, cross_probs = self.decoder(
             decoder_input_ids, self.get_input_embeddings(), memory, padding_mask(attention_mask, memory.dtype),
-            cache, decoder_attention_mask, bool(output_attentions), bool(output_hidden_states))
+            cache, decoder_attention_mask, bool(output_attentions), bool(output_hidden_states), decoder_position_ids)
         if logits_to_keep:
             hidden = hidden[:, -logits_to_keep:]
         logits = self.lm_head(hidden)  # (B, T, V)

@@ -26,7 +26,8 @@ class ALiBi(PositionMethod):
                 return TableBias(values, lambda: relative_offsets(ctx.q_pos, ctx.k_pos) - offsets[0],
                                  diagonals=torch.arange(len(offsets), device=offsets.device),
                                  size=(len(ctx.q_pos), len(ctx.k_pos)))
-            dist = relative_offsets(ctx.q_pos, ctx.k_pos).abs().float()  # (Lq, Lk)
-            return DenseBias(-(slopes[:, None, None] * dist).unsqueeze(0))  # (1, H, Lq, Lk)
+            dist = relative_offsets(ctx.q_pos, ctx.k_pos).abs().float()  # (Lq, Lk) or per example (B, Lq, Lk)
+            dist = dist.view(-1, 1, *dist.shape[-2:])  # (1|B, 1, Lq, Lk)
+            return DenseBias(-(slopes[:, None, None] * dist))  # (1|B, H, Lq, Lk)
 
         return LayerTerms(logits=[ctx.cached("alibi_term", build)])

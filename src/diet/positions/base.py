@@ -35,7 +35,9 @@ from diet.positions.functional import relative_gather, relative_scatter, toeplit
 class Context:
     """What the position methods need to build their terms, computed once per forward.
 
-    q_pos, k_pos: (Lq,), (Lk,) integer positions of queries and keys (k_pos covers cached keys when decoding).
+    q_pos, k_pos: (Lq,), (Lk,) integer positions of queries and keys shared by the batch (k_pos covers cached
+        keys when decoding), or (B, Lq), (B, Lk) when each example has its own (`position_ids` of shape (B, L):
+        packed documents, left padding). Terms built from per-example positions have batch B, else 1.
     q_segments, k_segments: (B, Lq), (B, Lk) segment ids, or None.
     projected_keys: the keys were projected along the length (Linformer); k_pos then indexes the k slots.
     """
@@ -46,6 +48,11 @@ class Context:
     k_segments: Tensor | None = None
     projected_keys: bool = False
     _cache: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def batch(self) -> int:
+        """Leading size of position-only terms: B for per-example positions, else 1."""
+        return self.q_pos.shape[0] if self.q_pos.dim() == 2 else 1
 
     def cached(self, key: str, fn: Callable[[], Tensor]) -> Tensor:
         """Compute a position-only tensor once per forward and share it between layers and methods."""
@@ -65,6 +72,9 @@ class LogitTerm:
     """
 
     query_dependent = False
+    #: leading size of `dense()` when the term does not depend on the query: 1, or B for per-example
+    #: positions and segments
+    batch = 1
 
     def dense(self, q: Tensor) -> Tensor:
         raise NotImplementedError
@@ -84,6 +94,7 @@ class LowRankBias(LogitTerm):
 
     def __init__(self, fq: Tensor, fk: Tensor):
         self.fq, self.fk = fq, fk  # (1|B, H|1, Lq, r), (1|B, H|1, Lk, r)
+        self.batch = max(fq.shape[0], fk.shape[0])
         self._dense: Tensor | None = None
 
     def dense(self, q: Tensor | None = None) -> Tensor:
@@ -103,21 +114,24 @@ class LowRankBias(LogitTerm):
 class TableBias(LogitTerm):
     """values[h, index[i, j]]: a per-head scalar for each (bucketed) offset. DIET-REL, T5, TUPE-R.
 
-    values: (H|1, M); index: (Lq, Lk) into M, shared by every layer; keep: optional (Lq, Lk) 0/1 mask
-    (TUPE's [CLS] reset zeroes the rows and columns it replaces). diagonals: optional (Lq + Lk - 1,) index into
+    values: (H|1, M); index: (Lq, Lk) into M, shared by every layer, or (B, Lq, Lk) for per-example positions;
+    keep: optional 0/1 mask of the index's shape (TUPE's [CLS] reset zeroes the rows and columns it replaces).
+    diagonals: optional (Lq + Lk - 1,) index into
     M of each offset i - j from -(Lk-1) to Lq-1, given when index[i, j] = diagonals[i - j + Lk - 1]
     (consecutive positions): the term is then a Toeplitz matrix, built from a strided view instead of a
     gather (and its gradient by diagonal sums instead of a scatter-add), several times faster on CPU.
     """
 
     def __init__(self, values: Tensor, index: Tensor | Callable[[], Tensor], keep: Tensor | None = None,
-                 diagonals: Tensor | None = None, size: tuple[int, int] | None = None):
-        # index may be a function building it, with size=(Lq, Lk): with diagonals it is then never built,
-        # which matters at long lengths (an (Lq, Lk) int64 index is 512 MiB at 8,192 tokens)
+                 diagonals: Tensor | None = None, size: tuple[int, int] | None = None, batch: int = 1):
+        # index may be a function building it, with size=(Lq, Lk) and batch: with diagonals it is then never
+        # built, which matters at long lengths (an (Lq, Lk) int64 index is 512 MiB at 8,192 tokens)
         if not isinstance(index, Tensor) and size is None:
             raise ValueError("TableBias needs size=(Lq, Lk) when index is a function")
         self.values, self._index, self.keep, self.diagonals = values, index, keep, diagonals
-        self.size = tuple(index.shape) if isinstance(index, Tensor) else size
+        self.size = tuple(index.shape[-2:]) if isinstance(index, Tensor) else size
+        # per-example positions: index (B, Lq, Lk) and no diagonals; a lazy index says its batch
+        self.batch = index.shape[0] if isinstance(index, Tensor) and index.dim() == 3 else batch
         self._dense: Tensor | None = None
 
     @property
@@ -128,6 +142,11 @@ class TableBias(LogitTerm):
 
     def _rows(self, rows: slice) -> Tensor:
         lq, lk = self.size
+        if self.diagonals is None and self.index.dim() == 3:
+            bias = self.values[:, self.index[:, rows]].transpose(0, 1)  # (B, H, rows, Lk)
+            if self.keep is not None:
+                bias = bias * self.keep[:, None, rows]
+            return bias
         if self.diagonals is None:
             bias = self.values[:, self.index[rows]]  # (H, rows, Lk)
         else:
@@ -151,6 +170,7 @@ class DenseBias(LogitTerm):
 
     def __init__(self, bias: Tensor):
         self.bias = bias
+        self.batch = bias.shape[0]
 
     def dense(self, q: Tensor | None = None) -> Tensor:
         return self.bias
@@ -160,7 +180,7 @@ class QueryRelativeBias(LogitTerm):
     """scale · ((q + u) · r_m)[index]: a query-dependent term over M relative vectors r.
 
     Shaw et al.'s key term (r = clipped a^K, u = 0) and XLNet's position terms (r = W_R R_{i-j}, u = v).
-    r: (M, H|1, Dh); u: (H, Dh) or None; index: (Lq, Lk) into M.
+    r: (M, H|1, Dh); u: (H, Dh) or None; index: (Lq, Lk) or per-example (B, Lq, Lk) into M.
     """
 
     query_dependent = True
@@ -172,7 +192,7 @@ class QueryRelativeBias(LogitTerm):
         return self._rows(q, self.index)
 
     def dense_block(self, q: Tensor, rows: slice) -> Tensor:
-        return self._rows(q[..., rows, :], self.index[rows])
+        return self._rows(q[..., rows, :], self.index[..., rows, :])
 
     def _rows(self, q: Tensor, index: Tensor) -> Tensor:
         if self.u is not None:
@@ -189,7 +209,8 @@ class QKTerm(Protocol):
 
 
 class ValueTerm:
-    """Σ_j p_ij · a_{index[i, j]}: Shaw et al.'s relative value vectors, a: (M, Dh), shared by heads."""
+    """Σ_j p_ij · a_{index[i, j]}: Shaw et al.'s relative value vectors, a: (M, Dh), shared by heads;
+    index (Lq, Lk) or per-example (B, Lq, Lk)."""
 
     def __init__(self, a: Tensor, index: Tensor):
         self.a, self.index = a, index

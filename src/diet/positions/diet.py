@@ -14,7 +14,7 @@ Entry point: logit bias (DIET-ABS is low rank and may be folded into queries and
 from __future__ import annotations
 
 from diet.positions.base import Context, LayerTerms, LowRankBias, TableBias
-from diet.positions.functional import consecutive_offsets, relative_offsets
+from diet.positions.functional import consecutive_offsets, relative_offsets, take_rows
 from diet.positions.method import PositionMethod, normal_parameter, shared_layer, sharing_shape
 
 
@@ -32,8 +32,9 @@ class DietAbs(PositionMethod):
         table = shared_layer(self.sharing, layer)
 
         def build():
-            fq = self.p_q[table][:, ctx.q_pos].unsqueeze(0)  # (1, H|1, Lq, r)
-            fk = (self.p_k[table] if ctx.projected_keys else self.p_k[table][:, ctx.k_pos]).unsqueeze(0)
+            fq = take_rows(self.p_q[table], ctx.q_pos)  # (1|B, H|1, Lq, r)
+            # Linformer's keys are its k projected slots, not positions
+            fk = self.p_k[table].unsqueeze(0) if ctx.projected_keys else take_rows(self.p_k[table], ctx.k_pos)
             return LowRankBias(fq, fk)
 
         return LayerTerms(logits=[ctx.cached(f"diet_abs_{table}", build)])
@@ -48,13 +49,13 @@ class DietRel(PositionMethod):
 
     def layer_terms(self, ctx: Context, layer: int) -> LayerTerms:
         table = shared_layer(self.sharing, layer)
-        def index():  # (Lq, Lk), shared by layers; built only if some term needs more than its diagonals
+        def index():  # (1|B, Lq, Lk), shared by layers; built only if some term needs more than its diagonals
             return ctx.cached("diet_rel_index", lambda: self._clip(relative_offsets(ctx.q_pos, ctx.k_pos)))
 
         diagonals = ctx.cached("diet_rel_diagonals", lambda: self._clip(consecutive_offsets(ctx.q_pos, ctx.k_pos)))
-        size = (len(ctx.q_pos), len(ctx.k_pos))
+        size = (ctx.q_pos.shape[-1], ctx.k_pos.shape[-1])
         return LayerTerms(logits=[ctx.cached(f"diet_rel_{table}", lambda: TableBias(
-            self.r[table], index, diagonals=diagonals, size=size))])
+            self.r[table], index, diagonals=diagonals, size=size, batch=ctx.batch))])
 
     def _clip(self, offsets):
         return None if offsets is None else offsets.clamp(-self.span, self.span) + self.span

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+import torch
 from torch import Tensor, nn
 
 from diet.config import DietConfig
@@ -67,19 +68,49 @@ class PositionEncoding(nn.Module):
     def max_length(self) -> int | None:
         return self.method.max_length
 
-    def check(self, length: int, segment_ids: Tensor | None) -> None:
-        """Refuse inputs the learned tables cannot serve, naming the value and the limit."""
-        if self.max_length is not None and length > self.max_length:
+    def check(self, length: int, segment_ids: Tensor | None, positions: Tensor | None = None) -> None:
+        """Refuse inputs the learned tables cannot serve, naming the value and the limit. `positions`: the
+        caller's own position ids (else 0 .. length-1)."""
+        if self.max_length is not None and positions is None and length > self.max_length:
             raise InputError(
                 f"sequence length {length} exceeds max_position_embeddings={self.max_length}, the size of "
                 f"the learned position table of position={self.position_name!r}; use shorter inputs or a "
                 f"relative method")
+        if self.max_length is not None and positions is not None and positions.numel():
+            lo, hi = int(positions.min()), int(positions.max())
+            if lo < 0 or hi >= self.max_length:
+                raise InputError(
+                    f"position_ids must lie in [0, {self.max_length - 1}] for position={self.position_name!r}, "
+                    f"whose learned table has max_position_embeddings={self.max_length} rows; got "
+                    f"{lo if lo < 0 else hi}")
         # with segment='none' segment ids carry nothing and are ignored
         if self.num_segments and segment_ids is not None and segment_ids.numel():
             lo, hi = int(segment_ids.min()), int(segment_ids.max())
             if lo < 0 or hi >= self.num_segments:
                 raise InputError(f"token_type_ids must lie in [0, {self.num_segments - 1}] (type_vocab_size="
                                  f"{self.num_segments}), got {lo if lo < 0 else hi}")
+
+    def positions(self, position_ids: Tensor | None, batch: int, length: int,
+                  device: torch.device) -> tuple[Tensor, Tensor]:
+        """The positions of a forward: (for the context: (L,) shared by the batch or (B, L) per example,
+        for the input entry point: (1|B, L)). Default 0 .. L-1; else the caller's `position_ids`, of shape
+        (L,), (1, L) or (B, L), checked against the learned tables."""
+        if position_ids is None:
+            pos = torch.arange(length, device=device)
+            return pos, pos[None]
+        if not isinstance(position_ids, Tensor) or position_ids.dtype.is_floating_point or \
+                position_ids.dtype == torch.bool or position_ids.is_complex():
+            kind = position_ids.dtype if isinstance(position_ids, Tensor) else type(position_ids).__name__
+            raise InputError(f"position_ids must be an integer tensor, got {kind}")
+        shape = tuple(position_ids.shape)
+        if shape not in ((length,), (1, length), (batch, length)):
+            raise InputError(f"position_ids has shape {shape}, but the input is (batch={batch}, length={length}): "
+                             f"give ({length},), (1, {length}) or ({batch}, {length})")
+        position_ids = position_ids.to(device).view(-1, length)  # (1|B, L)
+        self.check(length, None, position_ids)
+        # one row (or a batch of one) is shared: the fast paths for shared positions apply
+        pos = position_ids[0] if position_ids.shape[0] == 1 else position_ids
+        return pos, position_ids
 
     def embed(self, position_ids: Tensor, segment_ids: Tensor | None) -> Tensor | None:
         """Input entry point: the sum of what position and segments add to the token embeddings."""
@@ -91,6 +122,7 @@ class PositionEncoding(nn.Module):
 
     def context(self, q_pos: Tensor, k_pos: Tensor, segments: Tensor | None,
                 k_segments: Tensor | None = None) -> Context:
+        """q_pos, k_pos: (Lq,), (Lk,) shared by the batch, or (B, Lq), (B, Lk) per example."""
         head_segments = segments if self.head_segments is not None else None
         k_seg = (k_segments if k_segments is not None else segments) if self.head_segments is not None else None
         return Context(q_pos, k_pos, head_segments, k_seg, self.projected_keys)

@@ -26,8 +26,9 @@ def sinusoids(positions: Tensor, dim: int, base: float = 10000.0) -> Tensor:
 
 
 def relative_offsets(q_pos: Tensor, k_pos: Tensor) -> Tensor:
-    """(Lq, Lk) matrix of i - j, the query position minus the key position."""
-    return q_pos[:, None] - k_pos[None, :]
+    """(Lq, Lk) matrix of pos_i - pos_j, the query position minus the key position; (B, Lq, Lk) when the
+    positions are per example, (B, Lq) and (B, Lk)."""
+    return q_pos[..., :, None] - k_pos[..., None, :]
 
 
 def clipped_offset_index(offsets: Tensor, max_distance: int) -> Tensor:
@@ -73,31 +74,40 @@ def alibi_slopes(num_heads: int) -> Tensor:
 
 def rotary_angles(positions: Tensor, dim: int, base: float = 10000.0) -> tuple[Tensor, Tensor]:
     """RoFormer (Su et al. 2021) eq. 34: θ_i = base^(-2i/d); returns cos, sin of shape (L, dim), each
-    frequency repeated for the two halves (the rotate-half layout of GPT-NeoX and HF Llama)."""
+    frequency repeated for the two halves (the rotate-half layout of GPT-NeoX and HF Llama).
+    Per-example positions (B, L) give (B, 1, L, dim), broadcasting over the heads of (B, H, L, Dh)."""
     inv_freq = base ** (-torch.arange(0, dim, 2, dtype=torch.float32, device=positions.device) / dim)
-    angles = positions.to(torch.float32)[:, None] * inv_freq  # (L, dim/2)
-    angles = torch.cat((angles, angles), dim=-1)  # (L, dim)
+    angles = positions.to(torch.float32)[..., None] * inv_freq  # (1|B, L, dim/2)
+    angles = torch.cat((angles, angles), dim=-1)  # (L, dim) or (B, L, dim)
+    if angles.dim() == 3:
+        angles = angles[:, None]  # (B, 1, L, dim)
     return angles.cos(), angles.sin()
 
 
 def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Rotate pairs (x_i, x_{i+d/2}) by the position's angle: x*cos + rotate_half(x)*sin. x: (B, H, L, Dh)."""
+    """Rotate pairs (x_i, x_{i+d/2}) by the position's angle: x*cos + rotate_half(x)*sin. x: (B, H, L, Dh);
+    cos, sin: (L, Dh) or (B, 1, L, Dh)."""
     x1, x2 = x.chunk(2, dim=-1)
     rotated = torch.cat((-x2, x1), dim=-1)
     return x * cos.to(x.dtype) + rotated * sin.to(x.dtype)
 
 
+def _per_head(index: Tensor) -> Tensor:
+    """An (Lq, Lk) or per-example (B, Lq, Lk) index, viewed so it broadcasts over (B, H, Lq, Lk)."""
+    return index[:, None] if index.dim() == 3 else index
+
+
 def relative_gather(scores_by_offset: Tensor, index: Tensor) -> Tensor:
-    """Turn per-offset scores (B, H, Lq, M) into per-pair scores (B, H, Lq, Lk) with index (Lq, Lk) into M."""
+    """Turn per-offset scores (B, H, Lq, M) into per-pair scores (B, H, Lq, Lk) with index (1|B, Lq, Lk) into M."""
     b, h, lq, _ = scores_by_offset.shape
-    return scores_by_offset.gather(-1, index.expand(b, h, lq, index.shape[-1]))
+    return scores_by_offset.gather(-1, _per_head(index).expand(b, h, lq, index.shape[-1]))
 
 
 def relative_scatter(probs: Tensor, index: Tensor, num_offsets: int) -> Tensor:
     """Sum probabilities (B, H, Lq, Lk) per offset bucket: (B, H, Lq, M). The adjoint of `relative_gather`."""
     b, h, lq, lk = probs.shape
     out = probs.new_zeros(b, h, lq, num_offsets)
-    return out.scatter_add_(-1, index.expand(b, h, lq, lk), probs)
+    return out.scatter_add_(-1, _per_head(index).expand(b, h, lq, lk), probs)
 
 
 class _Toeplitz(torch.autograd.Function):
@@ -137,9 +147,18 @@ def toeplitz(diagonals: Tensor, lq: int, lk: int) -> Tensor:
     return _Toeplitz.apply(diagonals, lq, lk)
 
 
+def take_rows(table: Tensor, positions: Tensor) -> Tensor:
+    """Rows of a per-head table (H, N, r) at positions (L,) or per example (B, L): (1, H, L, r) or (B, H, L, r)."""
+    rows = table[:, positions]  # (H, L, r) or (H, B, L, r)
+    return rows.unsqueeze(0) if positions.dim() == 1 else rows.transpose(0, 1)
+
+
 def consecutive_offsets(q_pos: Tensor, k_pos: Tensor) -> Tensor | None:
     """The (Lq + Lk - 1,) offsets i - j along the diagonals of `relative_offsets(q_pos, k_pos)` (see `toeplitz`),
-    or None when the positions are not runs of consecutive integers (then the offsets are no Toeplitz matrix)."""
+    or None when the positions are not runs of consecutive integers (then the offsets are no Toeplitz matrix)
+    or are per example (B, L): the general path then gathers."""
+    if q_pos.dim() != 1 or k_pos.dim() != 1:
+        return None
     lq, lk = len(q_pos), len(k_pos)
     if lq == 0 or lk == 0:
         return None

@@ -25,6 +25,6 @@ class Shaw(PositionMethod):
 
     def layer_terms(self, ctx: Context, layer: int) -> LayerTerms:
         index = ctx.cached("shaw_index", lambda: clipped_offset_index(
-            relative_offsets(ctx.q_pos, ctx.k_pos), self.max_distance))  # (Lq, Lk), shared by layers
+            relative_offsets(ctx.q_pos, ctx.k_pos), self.max_distance))  # (1|B, Lq, Lk), shared by layers
         key = QueryRelativeBias(self.key[layer][:, None, :], index, self.scale)  # r: (M, 1, Dh)
         return LayerTerms(logits=[key], values=[ValueTerm(self.value[layer], index)])

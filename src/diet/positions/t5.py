@@ -16,7 +16,7 @@ from diet.positions.method import PositionMethod, normal_parameter
 
 
 def t5_index(ctx: Context, num_buckets: int, max_distance: int) -> Tensor:
-    """(Lq, Lk) bucket of each query-key pair; T5 buckets memory - query = j - i."""
+    """(1|B, Lq, Lk) bucket of each query-key pair; T5 buckets memory - query = pos_j - pos_i."""
     return ctx.cached(f"t5_index_{num_buckets}_{max_distance}", lambda: t5_bucket(
         -relative_offsets(ctx.q_pos, ctx.k_pos), num_buckets, max_distance))
 
@@ -41,5 +41,6 @@ class T5(PositionMethod):
         # one TableBias object for all layers, so its dense form is built once per forward
         term = ctx.cached("t5_term", lambda: TableBias(
             self.bias, lambda: t5_index(ctx, self.num_buckets, self.max_distance),
-            diagonals=t5_diagonals(ctx, self.num_buckets, self.max_distance), size=(len(ctx.q_pos), len(ctx.k_pos))))
+            diagonals=t5_diagonals(ctx, self.num_buckets, self.max_distance),
+            size=(ctx.q_pos.shape[-1], ctx.k_pos.shape[-1]), batch=ctx.batch))
         return LayerTerms(logits=[term])

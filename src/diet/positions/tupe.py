@@ -40,24 +40,28 @@ class TUPE(PositionMethod):
             self.bias = normal_parameter(num_heads, num_buckets)
 
     def _heads(self, x: Tensor, proj: nn.Linear) -> Tensor:
-        return proj(self.norm(x)).view(len(x), self.num_heads, self.head_size).transpose(0, 1)  # (H, n, Dh)
+        # (1|B, n, D) -> (1|B, H, n, Dh)
+        return proj(self.norm(x)).unflatten(-1, (self.num_heads, self.head_size)).transpose(-2, -3)
 
     def correlation_factors(self, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
-        """(fq, fk), (1, H, Lq, r), (1, H, Lk, r): fq fkᵀ = reset_θ((p_i U_Q)(p_j U_K)ᵀ / √(2d))."""
+        """(fq, fk), (1|B, H, Lq, r), (1|B, H, Lk, r): fq fkᵀ = reset_θ((p_i U_Q)(p_j U_K)ᵀ / √(2d)).
+        Positions (L,) or per example (B, L); the reset applies where the position is 0 ([CLS]'s)."""
         scale = 1.0 / math.sqrt(2 * self.head_size)
-        fq = self._heads(self.p[q_pos], self.u_q) * scale  # (H, Lq, Dh)
-        fk = self._heads(self.p[k_pos], self.u_k)  # (H, Lk, Dh)
+        q_pos, k_pos = q_pos.view(-1, q_pos.shape[-1]), k_pos.view(-1, k_pos.shape[-1])  # (1|B, L)
+        fq = self._heads(self.p[q_pos], self.u_q) * scale  # (1|B, H, Lq, Dh)
+        fk = self._heads(self.p[k_pos], self.u_k)  # (1|B, H, Lk, Dh)
         if self.reset:
             tq, tk = self._heads(self.p_theta, self.u_q), self._heads(self.p_theta, self.u_k)  # (H, 2, Dh)
             theta = (tq * tk).sum(-1) * scale  # (H, 2): θ_1, θ_2
-            q_cls = (q_pos == 0).to(fq.dtype)[:, None]  # (Lq, 1)
-            k_cls = (k_pos == 0).to(fk.dtype)[:, None]  # (Lk, 1)
-            fq, fk = fq * (1 - q_cls), fk * (1 - k_cls)  # the correlation no longer touches [CLS]
+            q_cls = (q_pos == 0).to(fq.dtype)[:, None, :]  # (1|B, 1, Lq)
+            k_cls = (k_pos == 0).to(fk.dtype)[:, None, :]  # (1|B, 1, Lk)
+            # the correlation no longer touches [CLS]
+            fq, fk = fq * (1 - q_cls[..., None]), fk * (1 - k_cls[..., None])
             # row i = 0 gets θ_1 against every key; rows i != 0 get θ_2 against key 0
-            col_q = torch.stack((theta[:, :1] * q_cls.T, theta[:, 1:] * (1 - q_cls.T)), dim=-1)  # (H, Lq, 2)
-            col_k = torch.cat((torch.ones_like(k_cls), k_cls), dim=-1).expand(self.num_heads, -1, -1)  # (H, Lk, 2)
+            col_q = torch.stack((theta[:, :1] * q_cls, theta[:, 1:] * (1 - q_cls)), dim=-1)  # (1|B, H, Lq, 2)
+            col_k = torch.stack((torch.ones_like(k_cls), k_cls), dim=-1).expand(-1, self.num_heads, -1, -1)
             fq, fk = torch.cat((fq, col_q), -1), torch.cat((fk, col_k), -1)
-        return fq.unsqueeze(0), fk.unsqueeze(0)
+        return fq, fk
 
     def layer_terms(self, ctx: Context, layer: int) -> LayerTerms:
         def build():
@@ -65,7 +69,7 @@ class TUPE(PositionMethod):
             if self.relative:
                 keep = None
                 if self.reset:  # the reset replaces b_{j-i} too on [CLS]'s row and column
-                    keep = ((ctx.q_pos != 0)[:, None] & (ctx.k_pos != 0)[None, :]).to(self.bias.dtype)
+                    keep = ((ctx.q_pos != 0)[..., :, None] & (ctx.k_pos != 0)[..., None, :]).to(self.bias.dtype)
                 terms.append(TableBias(self.bias, t5_index(ctx, self.num_buckets, self.max_distance), keep,
                                        t5_diagonals(ctx, self.num_buckets, self.max_distance)))
             return LayerTerms(logits=terms, score_scale=1.0 / math.sqrt(2))

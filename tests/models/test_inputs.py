@@ -1,0 +1,87 @@
+"""The Python API's inputs: `inputs_embeds` is honoured, and every malformed input is refused with one line
+that names the value and what was expected, before any computation."""
+
+import pytest
+import torch
+
+from diet import DietForMaskedLM, DietForQuestionAnswering, DietForSequenceClassification, DietModel, InputError
+from tests.conftest import batch, tiny
+
+L = 8
+
+
+@pytest.fixture
+def model():
+    return DietForMaskedLM(tiny(position="diet-rel", segment="per-head")).eval()
+
+
+@pytest.mark.parametrize("position", ["absolute", "diet-abs", "t5"])
+def test_inputs_embeds_give_the_same_output_as_their_ids(position):
+    model = DietForMaskedLM(tiny(position=position)).eval()
+    ids, mask, seg = batch(L)
+    embeds = model.get_input_embeddings()(ids)
+    with torch.no_grad():
+        by_ids = model(ids, mask, seg).logits
+        by_embeds = model(attention_mask=mask, token_type_ids=seg, inputs_embeds=embeds).logits
+    assert torch.equal(by_ids, by_embeds)
+
+
+def test_inputs_embeds_receive_gradients():
+    model = DietModel(tiny(position="diet-abs"))
+    embeds = torch.randn(2, L, 16, requires_grad=True)
+    model(inputs_embeds=embeds).last_hidden_state.sum().backward()
+    assert embeds.grad is not None and embeds.grad.abs().sum() > 0
+
+
+BAD = {
+    "attention_mask shape": (dict(attention_mask=torch.ones(2, L + 1, dtype=torch.long)),
+                             r"attention_mask has shape \(2, 9\), but the input is \(batch, length\) = \(2, 8\)"),
+    "token_type_ids shape": (dict(token_type_ids=torch.zeros(1, L, dtype=torch.long)),
+                             r"token_type_ids has shape \(1, 8\)"),
+    "token_type_ids float": (dict(token_type_ids=torch.zeros(2, L)), "token_type_ids must be integers"),
+    "segment id too large": (dict(token_type_ids=torch.full((2, L), 2)), r"token_type_ids must lie in \[0, 1\]"),
+    "position_ids shape": (dict(position_ids=torch.arange(L + 2)[None]), r"position_ids has shape \(1, 10\)"),
+    "unknown keyword": (dict(head_mask=None), "unexpected keyword argument.*'head_mask'"),
+    "both ids and embeds": (dict(inputs_embeds=torch.zeros(2, L, 16)), "exactly one of input_ids and inputs_embeds"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_malformed_inputs_are_refused_naming_the_value(model, case):
+    kwargs, message = BAD[case]
+    ids = batch(L)[0]
+    with pytest.raises(InputError, match=message):
+        model(ids, **kwargs)
+
+
+@pytest.mark.parametrize("ids,message", [
+    (torch.zeros(2, 0, dtype=torch.long), r"empty input: \(batch, length\) = \(2, 0\)"),
+    (torch.zeros(0, 5, dtype=torch.long), r"empty input: \(batch, length\) = \(0, 5\)"),
+    (torch.zeros(5, dtype=torch.long), r"integer tensor \(batch, length\), got shape \(5,\)"),
+    (torch.zeros(2, 5), r"integer tensor \(batch, length\), got shape \(2, 5\) torch.float32"),
+    (torch.full((2, 5), 50), r"token id 50 is outside the vocabulary \[0, 49\]"),
+])
+def test_malformed_input_ids_are_refused(model, ids, message):
+    with pytest.raises(InputError, match=message):
+        model(ids)
+
+
+@pytest.mark.parametrize("embeds,message", [
+    (torch.zeros(2, L, 15), r"inputs_embeds must be \(batch, length, hidden_size=16\), got \(2, 8, 15\)"),
+    (torch.zeros(2, L), r"inputs_embeds must be \(batch, length, hidden_size=16\), got \(2, 8\)"),
+    (torch.full((2, L, 16), float("nan")), "inputs_embeds contains NaN"),
+])
+def test_malformed_inputs_embeds_are_refused(model, embeds, message):
+    with pytest.raises(InputError, match=message):
+        model(inputs_embeds=embeds)
+
+
+def test_nothing_given_is_refused(model):
+    with pytest.raises(InputError, match="exactly one of input_ids and inputs_embeds"):
+        model()
+
+
+@pytest.mark.parametrize("cls", [DietModel, DietForSequenceClassification, DietForQuestionAnswering])
+def test_every_head_refuses_unknown_keywords(cls):
+    with pytest.raises(InputError, match="unexpected keyword argument.*'labelz'"):
+        cls(tiny())(batch(L)[0], labelz=torch.zeros(2, dtype=torch.long))
