@@ -83,10 +83,12 @@ def reference_logits(model, layer, q, k, segments, pos):
                         v = pq(pe.p[i])[h] @ pk(pe.p[j])[h] * s2
                         if cfg.position == "tupe-r":
                             v = v + pe.bias[h, t5_bucket(j - i, cfg)]
+                        # the reset: θ, plus TUPE-R's learned [CLS] buckets (the authors' code)
+                        cls_b = pe.cls_bias[h] if cfg.position == "tupe-r" and cfg.tupe_reset else (0, 0)
                         if cfg.tupe_reset and i == 0:
-                            v = pq(pe.p_theta[0])[h] @ pk(pe.p_theta[0])[h] * s2
+                            v = pq(pe.p_theta[0])[h] @ pk(pe.p_theta[0])[h] * s2 + cls_b[0]
                         elif cfg.tupe_reset and j == 0:
-                            v = pq(pe.p_theta[1])[h] @ pk(pe.p_theta[1])[h] * s2
+                            v = pq(pe.p_theta[1])[h] @ pk(pe.p_theta[1])[h] * s2 + cls_b[1]
                         a = qi @ kj * s2 + v
                     else:
                         a = qi @ kj * s

@@ -7,7 +7,10 @@ p_i is a learned absolute embedding with layer norm applied whenever it is used;
 heads) are shared by all layers, so the positional correlation is computed once per forward. reset_θ
 (eq. 9) replaces row 0 (from [CLS]) by θ_1 and column 0 (to [CLS]) by θ_2, per head, with
 θ_k = (p_θk U_Q)(p_θk U_K)ᵀ / √(2d) (appendix B). b is T5's bucketed bias, per head, shared by layers.
-In the multi-head form d is the head size. `tupe_reset=False` gives TUPE-A^tie-cls.
+In TUPE-R the reset also replaces b on [CLS]'s row and column by two learned buckets per head, b_[CLS]→ and
+b_→[CLS], which add to θ_1 and θ_2: the form of the authors' released code (its `rp_bucket[0, :]` and
+`rp_bucket[:, 0]`), where eq. 11 leaves it open. In the multi-head form d is the head size.
+`tupe_reset=False` gives TUPE-A^tie-cls (and TUPE-R with b_{j-i} everywhere).
 Entry points: logit bias (the absolute part is low rank, with the reset as two extra rank-1 columns, so it
 can be folded into queries and keys), and score scale (1/√2 on the content term).
 """
@@ -38,6 +41,8 @@ class TUPE(PositionMethod):
         self.u_k = nn.Linear(hidden_size, hidden_size)
         if relative:
             self.bias = normal_parameter(num_heads, num_buckets)
+            if reset:  # [CLS]-to-others and others-to-[CLS] buckets, added to θ_1, θ_2
+                self.cls_bias = normal_parameter(num_heads, 2)
 
     def _heads(self, x: Tensor, proj: nn.Linear) -> Tensor:
         # (1|B, n, D) -> (1|B, H, n, Dh)
@@ -53,6 +58,8 @@ class TUPE(PositionMethod):
         if self.reset:
             tq, tk = self._heads(self.p_theta, self.u_q), self._heads(self.p_theta, self.u_k)  # (H, 2, Dh)
             theta = (tq * tk).sum(-1) * scale  # (H, 2): θ_1, θ_2
+            if self.relative:
+                theta = theta + self.cls_bias
             q_cls = (q_pos == 0).to(fq.dtype)[:, None, :]  # (1|B, 1, Lq)
             k_cls = (k_pos == 0).to(fk.dtype)[:, None, :]  # (1|B, 1, Lk)
             # the correlation no longer touches [CLS]
@@ -68,7 +75,7 @@ class TUPE(PositionMethod):
             terms = [LowRankBias(*self.correlation_factors(ctx.q_pos, ctx.k_pos))]
             if self.relative:
                 keep = None
-                if self.reset:  # the reset replaces b_{j-i} too on [CLS]'s row and column
+                if self.reset:  # on [CLS]'s row and column b_{j-i} gives way to the [CLS] buckets in θ
                     keep = ((ctx.q_pos != 0)[..., :, None] & (ctx.k_pos != 0)[..., None, :]).to(self.bias.dtype)
                 terms.append(TableBias(self.bias, t5_index(ctx, self.num_buckets, self.max_distance), keep,
                                        t5_diagonals(ctx, self.num_buckets, self.max_distance)))
