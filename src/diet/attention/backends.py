@@ -134,7 +134,8 @@ def sdpa(q, k, v, terms: LayerTerms, mask, scale, dropout_p, need_probs=False):
 def _summed_bias(dense: list[LogitTerm], mask: Tensor | None, q_raw: Tensor, dtype: torch.dtype,
                  cache: dict) -> Tensor | None:
     """Σ dense terms + mask. Position-only terms give the same sum in every layer that shares them."""
-    if len(dense) > 1 and not any(t.query_dependent for t in dense):
+    reusable = len(dense) > 1 and all(not t.query_dependent and t.reuse for t in dense)
+    if reusable:
         hit = cache.get("sdpa_bias")
         if hit is not None and hit[0] is mask and hit[1] == dtype:  # same forward: same mask object
             return hit[2]
@@ -144,7 +145,7 @@ def _summed_bias(dense: list[LogitTerm], mask: Tensor | None, q_raw: Tensor, dty
         bias = d if bias is None else bias + d
     if mask is not None:
         bias = mask if bias is None else bias + mask
-    if len(dense) > 1 and not any(t.query_dependent for t in dense):
+    if reusable:
         cache["sdpa_bias"] = (mask, dtype, bias)
     return bias
 

@@ -15,6 +15,7 @@ from torch import Tensor, nn
 from transformers import PreTrainedModel
 from transformers import initialization as hf_init
 from transformers.activations import ACT2FN
+from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
     BaseModelOutputWithPooling,
     MaskedLMOutput,
@@ -24,7 +25,7 @@ from transformers.modeling_outputs import (
 
 from diet.attention.layer import MultiHeadAttention
 from diet.config import DietConfig
-from diet.errors import InputError
+from diet.errors import ConfigError, InputError
 from diet.positions.encoding import PositionEncoding
 from diet.positions.method import PositionMethod
 from diet.positions.segments import InputSegments
@@ -52,8 +53,9 @@ def check_like(name: str, value: Tensor | None, shape: tuple[int, ...]) -> None:
 
 
 def padding_mask(attention_mask: Tensor | None, dtype: torch.dtype) -> Tensor | None:
-    """(B, Lk) 1 = keep, 0 = pad  ->  additive (B, 1, 1, Lk), or None when nothing is padded."""
-    if attention_mask is None or bool(attention_mask.all()):
+    """(B, Lk) 1 = keep, 0 = pad  ->  additive (B, 1, 1, Lk), or None when nothing is padded (while compiling
+    the mask is always built: looking would break the graph)."""
+    if attention_mask is None or (not torch.compiler.is_compiling() and bool(attention_mask.all())):
         return None
     return ((1.0 - attention_mask[:, None, None, :].to(dtype)) * torch.finfo(dtype).min)
 
@@ -62,10 +64,19 @@ class DietPreTrainedModel(PreTrainedModel):
     config_class = DietConfig
     config: DietConfig
     base_model_prefix = "diet"
-    supports_gradient_checkpointing = False
+    supports_gradient_checkpointing = True  # non-reentrant only (see activation_checkpointing_enable)
     _no_split_modules = ["DietLayer"]
     # our losses are means over the batch: Trainer must scale them for accumulation and DDP itself
     accepts_loss_kwargs = False
+
+    def activation_checkpointing_enable(self, activation_checkpointing_kwargs=None, **kwargs):
+        """Hugging Face's activation (gradient) checkpointing of every layer, non-reentrant: position terms
+        reach the layers as Python objects, not tensor arguments, which reentrant checkpointing would cut
+        off from their gradients."""
+        if (activation_checkpointing_kwargs or {}).get("use_reentrant"):
+            raise ConfigError("use_reentrant=True checkpointing would lose the gradients of position terms that "
+                              "reach layers outside their tensor arguments; use use_reentrant=False (the default)")
+        return super().activation_checkpointing_enable(activation_checkpointing_kwargs, **kwargs)
 
     @torch.no_grad()
     def _init_weights(self, module):
@@ -96,7 +107,7 @@ class DietEmbeddings(nn.Module):
         return self.dropout(self.LayerNorm(x))
 
 
-class DietLayer(nn.Module):
+class DietLayer(GradientCheckpointingLayer):
     def __init__(self, config: DietConfig):
         super().__init__()
         self.attention = MultiHeadAttention(config, linformer=config.attention == "linformer")
@@ -151,6 +162,13 @@ class DietModel(DietPreTrainedModel):
             shape = tuple(inputs_embeds.shape[:2])
         if 0 in shape:
             raise InputError(f"empty input: (batch, length) = {shape}")
+        check_like("attention_mask", attention_mask, shape)
+        check_like("token_type_ids", token_type_ids, shape)
+        if token_type_ids is not None and token_type_ids.dtype.is_floating_point:
+            raise InputError(f"token_type_ids must be integers, got {token_type_ids.dtype}")
+        self.positions.check(shape[1], token_type_ids)
+        if torch.compiler.is_compiling():
+            return shape  # the checks of values read the data, which would break the graph
         if input_ids is not None:
             lo, hi = int(input_ids.min()), int(input_ids.max())
             if lo < 0 or hi >= self.config.vocab_size:
@@ -158,11 +176,6 @@ class DietModel(DietPreTrainedModel):
                                  f"[0, {self.config.vocab_size - 1}] (vocab_size={self.config.vocab_size})")
         elif not bool(torch.isfinite(inputs_embeds).all()):
             raise InputError("inputs_embeds contains NaN or infinite values")
-        check_like("attention_mask", attention_mask, shape)
-        check_like("token_type_ids", token_type_ids, shape)
-        if token_type_ids is not None and token_type_ids.dtype.is_floating_point:
-            raise InputError(f"token_type_ids must be integers, got {token_type_ids.dtype}")
-        self.positions.check(shape[1], token_type_ids)
         return shape
 
     def forward(
@@ -183,17 +196,22 @@ class DietModel(DietPreTrainedModel):
         check_kwargs(kwargs, f"{type(self).__name__}.forward")
         b, length = self._check_inputs(input_ids, inputs_embeds, attention_mask, token_type_ids)
         device = (input_ids if input_ids is not None else inputs_embeds).device
+        starts = (0, 0) if position_ids is None else None  # default positions: known runs 0 .. L-1
         pos, position_ids = self.positions.positions(position_ids, b, length, device)  # (L,) | (B, L); (1|B, L)
         if token_type_ids is None and self.positions.num_segments:
             token_type_ids = torch.zeros(b, length, dtype=torch.long, device=device)
         hidden = self.embeddings(input_ids, self.positions.embed(position_ids, token_type_ids), inputs_embeds)
         # position-only terms are built here, once per forward, and handed to every layer
-        ctx = self.positions.context(pos, pos, token_type_ids)
+        ctx = self.positions.context(pos, pos, token_type_ids, starts=starts)
         mask = padding_mask(attention_mask, hidden.dtype)
         need_probs = bool(output_attentions)
         all_hidden, all_probs = [hidden] if output_hidden_states else None, [] if need_probs else None
+        recompute = self.training and any(layer.gradient_checkpointing for layer in self.layers)
         for i, layer in enumerate(self.layers):
-            hidden, probs = layer(hidden, self.positions.layer_terms(ctx, i), mask, attention_mask, need_probs)
+            terms = self.positions.layer_terms(ctx, i)
+            if recompute:
+                terms = terms.for_checkpointing()
+            hidden, probs = layer(hidden, terms, mask, attention_mask, need_probs)
             if need_probs:
                 all_probs.append(probs)
             if output_hidden_states:

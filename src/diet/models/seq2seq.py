@@ -33,6 +33,7 @@ import torch
 from torch import Tensor, nn
 from transformers import GenerationMixin
 from transformers.activations import ACT2FN
+from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, EncoderDecoderCache
 from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput
 
@@ -147,7 +148,7 @@ def shift_right(labels: Tensor, start_id: int, pad_id: int) -> Tensor:
     return out.masked_fill(out == -100, pad_id)
 
 
-class DietDecoderLayer(nn.Module):
+class DietDecoderLayer(GradientCheckpointingLayer):
     def __init__(self, config: DietSeq2SeqConfig):
         super().__init__()
         d = config.hidden_size
@@ -214,7 +215,7 @@ class DietDecoder(nn.Module):
             x = x + extra.to(x.dtype)
         hidden = self.dropout(self.LayerNorm(x))
         # position terms of the new queries only; earlier rows were built at their own steps
-        ctx = self.positions.context(q_pos, k_pos, None)
+        ctx = self.positions.context(q_pos, k_pos, None, starts=(past, 0) if position_ids is None else None)
         # one new token sees every cached key: no mask needed
         k_index = torch.arange(past + length, device=input_ids.device)
         self_mask = causal_mask(k_index[past:], k_index, hidden.dtype) if length > 1 else None
@@ -225,8 +226,12 @@ class DietDecoder(nn.Module):
             self_mask = _add_masks(self_mask, padding_mask(attention_mask, hidden.dtype))
         all_hidden = [hidden] if output_hidden_states else None
         self_probs, cross_probs = [], []
+        recompute = self.training and any(layer.gradient_checkpointing for layer in self.layers)
         for i, layer in enumerate(self.layers):
-            hidden, p_self, p_cross = layer(hidden, self.positions.layer_terms(ctx, i), self_mask, memory,
+            terms = self.positions.layer_terms(ctx, i)
+            if recompute:
+                terms = terms.for_checkpointing()
+            hidden, p_self, p_cross = layer(hidden, terms, self_mask, memory,
                                             memory_mask, cache, i, need_probs)
             self_probs.append(p_self)
             cross_probs.append(p_cross)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from diet.positions.base import Context, DenseBias, LayerTerms, TableBias
-from diet.positions.functional import alibi_slopes, consecutive_offsets, relative_offsets
+from diet.positions.functional import alibi_slopes, relative_offsets
 from diet.positions.method import PositionMethod
 
 
@@ -20,7 +20,7 @@ class ALiBi(PositionMethod):
     def layer_terms(self, ctx: Context, layer: int) -> LayerTerms:
         def build():
             slopes = alibi_slopes(self.num_heads).to(ctx.q_pos.device)  # (H,)
-            offsets = consecutive_offsets(ctx.q_pos, ctx.k_pos)  # (Lq + Lk - 1,) or None
+            offsets = ctx.diagonal_offsets()  # (Lq + Lk - 1,) or None
             if offsets is not None:  # a Toeplitz matrix: never built whole unless a backend asks for it
                 values = -(slopes[:, None] * offsets.abs().float())  # (H, Lq + Lk - 1), one per diagonal
                 return TableBias(values, lambda: relative_offsets(ctx.q_pos, ctx.k_pos) - offsets[0],

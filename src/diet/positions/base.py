@@ -28,7 +28,7 @@ from typing import Callable, Protocol
 import torch
 from torch import Tensor
 
-from diet.positions.functional import relative_gather, relative_scatter, toeplitz
+from diet.positions.functional import consecutive_offsets, relative_gather, relative_scatter, toeplitz
 
 
 @dataclass
@@ -40,6 +40,9 @@ class Context:
         packed documents, left padding). Terms built from per-example positions have batch B, else 1.
     q_segments, k_segments: (B, Lq), (B, Lk) segment ids, or None.
     projected_keys: the keys were projected along the length (Linformer); k_pos then indexes the k slots.
+    q_start, k_start: set when the model knows, without reading the tensors, that q_pos and k_pos are the runs
+        q_start, q_start + 1, ... and k_start, ... (its default positions): the relative terms then take their
+        Toeplitz fast path with no data-dependent check, so a compiled forward has no graph break.
     """
 
     q_pos: Tensor
@@ -47,7 +50,20 @@ class Context:
     q_segments: Tensor | None = None
     k_segments: Tensor | None = None
     projected_keys: bool = False
+    q_start: int | None = None
+    k_start: int | None = None
     _cache: dict = field(default_factory=dict, repr=False)
+
+    def diagonal_offsets(self) -> Tensor | None:
+        """(Lq + Lk - 1,) offsets pos_i - pos_j along the diagonals of the (Lq, Lk) offsets (see `toeplitz`), or
+        None when they are no Toeplitz matrix (positions with gaps, per example, or unknown while compiling)."""
+        if self.q_start is not None and self.k_start is not None:
+            lq, lk = self.q_pos.shape[-1], self.k_pos.shape[-1]
+            first = self.q_start - (self.k_start + lk - 1)
+            return torch.arange(first, first + lq + lk - 1, device=self.q_pos.device)
+        if torch.compiler.is_compiling():
+            return None  # reading the positions would break the graph: the general path serves any positions
+        return consecutive_offsets(self.q_pos, self.k_pos)
 
     @property
     def batch(self) -> int:
@@ -72,6 +88,9 @@ class LogitTerm:
     """
 
     query_dependent = False
+    #: whether the dense form, once built, is kept for the other layers of the forward that share the term;
+    #: off under activation checkpointing, where every layer must rebuild what it uses when it is recomputed
+    reuse = True
     #: leading size of `dense()` when the term does not depend on the query: 1, or B for per-example
     #: positions and segments
     batch = 1
@@ -98,6 +117,8 @@ class LowRankBias(LogitTerm):
         self._dense: Tensor | None = None
 
     def dense(self, q: Tensor | None = None) -> Tensor:
+        if not self.reuse:
+            return self.fq @ self.fk.transpose(-1, -2)
         if self._dense is None:  # a term shared by layers is multiplied out once per forward
             self._dense = self.fq @ self.fk.transpose(-1, -2)
         return self._dense
@@ -157,6 +178,8 @@ class TableBias(LogitTerm):
         return bias.unsqueeze(0)  # (1, H, rows, Lk)
 
     def dense(self, q: Tensor | None = None) -> Tensor:
+        if not self.reuse:
+            return self._rows(slice(None))
         if self._dense is None:
             self._dense = self._rows(slice(None))
         return self._dense
@@ -235,6 +258,13 @@ class LayerTerms:
     def merge(self, other: "LayerTerms") -> "LayerTerms":
         return LayerTerms(self.qk + other.qk, self.logits + other.logits, self.values + other.values,
                           self.score_scale * other.score_scale)
+
+    def for_checkpointing(self) -> "LayerTerms":
+        """The same terms, built afresh by each layer that uses them: a checkpointed layer is recomputed in
+        the backward pass and must redo (and save) exactly what it did the first time, not find it cached."""
+        for term in self.logits:
+            term.reuse = False
+        return LayerTerms(self.qk, self.logits, self.values, self.score_scale)
 
 
 EMPTY = LayerTerms()

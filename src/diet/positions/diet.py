@@ -14,7 +14,7 @@ Entry point: logit bias (DIET-ABS is low rank and may be folded into queries and
 from __future__ import annotations
 
 from diet.positions.base import Context, LayerTerms, LowRankBias, TableBias
-from diet.positions.functional import consecutive_offsets, relative_offsets, take_rows
+from diet.positions.functional import relative_offsets, take_rows
 from diet.positions.method import PositionMethod, normal_parameter, shared_layer, sharing_shape
 
 
@@ -52,7 +52,7 @@ class DietRel(PositionMethod):
         def index():  # (1|B, Lq, Lk), shared by layers; built only if some term needs more than its diagonals
             return ctx.cached("diet_rel_index", lambda: self._clip(relative_offsets(ctx.q_pos, ctx.k_pos)))
 
-        diagonals = ctx.cached("diet_rel_diagonals", lambda: self._clip(consecutive_offsets(ctx.q_pos, ctx.k_pos)))
+        diagonals = ctx.cached("diet_rel_diagonals", lambda: self._clip(ctx.diagonal_offsets()))
         size = (ctx.q_pos.shape[-1], ctx.k_pos.shape[-1])
         return LayerTerms(logits=[ctx.cached(f"diet_rel_{table}", lambda: TableBias(
             self.r[table], index, diagonals=diagonals, size=size, batch=ctx.batch))])

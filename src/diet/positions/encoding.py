@@ -70,12 +70,15 @@ class PositionEncoding(nn.Module):
 
     def check(self, length: int, segment_ids: Tensor | None, positions: Tensor | None = None) -> None:
         """Refuse inputs the learned tables cannot serve, naming the value and the limit. `positions`: the
-        caller's own position ids (else 0 .. length-1)."""
+        caller's own position ids (else 0 .. length-1). While compiling only what needs no look at the data
+        is checked (reading it would break the graph)."""
         if self.max_length is not None and positions is None and length > self.max_length:
             raise InputError(
                 f"sequence length {length} exceeds max_position_embeddings={self.max_length}, the size of "
                 f"the learned position table of position={self.position_name!r}; use shorter inputs or a "
                 f"relative method")
+        if torch.compiler.is_compiling():
+            return
         if self.max_length is not None and positions is not None and positions.numel():
             lo, hi = int(positions.min()), int(positions.max())
             if lo < 0 or hi >= self.max_length:
@@ -121,11 +124,13 @@ class PositionEncoding(nn.Module):
         return out
 
     def context(self, q_pos: Tensor, k_pos: Tensor, segments: Tensor | None,
-                k_segments: Tensor | None = None) -> Context:
-        """q_pos, k_pos: (Lq,), (Lk,) shared by the batch, or (B, Lq), (B, Lk) per example."""
+                k_segments: Tensor | None = None, starts: tuple[int, int] | None = None) -> Context:
+        """q_pos, k_pos: (Lq,), (Lk,) shared by the batch, or (B, Lq), (B, Lk) per example. starts: (q0, k0)
+        when the caller knows q_pos = q0, q0+1, ... and k_pos = k0, k0+1, ... (see `Context`)."""
         head_segments = segments if self.head_segments is not None else None
         k_seg = (k_segments if k_segments is not None else segments) if self.head_segments is not None else None
-        return Context(q_pos, k_pos, head_segments, k_seg, self.projected_keys)
+        q_start, k_start = starts if starts is not None else (None, None)
+        return Context(q_pos, k_pos, head_segments, k_seg, self.projected_keys, q_start, k_start)
 
     def layer_terms(self, ctx: Context, layer: int) -> LayerTerms:
         terms = self.method.layer_terms(ctx, layer)

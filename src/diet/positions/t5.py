@@ -11,7 +11,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from diet.positions.base import Context, LayerTerms, TableBias
-from diet.positions.functional import consecutive_offsets, relative_offsets, t5_bucket
+from diet.positions.functional import relative_offsets, t5_bucket
 from diet.positions.method import PositionMethod, normal_parameter
 
 
@@ -25,7 +25,7 @@ def t5_diagonals(ctx: Context, num_buckets: int, max_distance: int) -> Tensor | 
     """(Lq + Lk - 1,) bucket of each offset i - j along the diagonals (see TableBias), or None."""
 
     def build():
-        offsets = consecutive_offsets(ctx.q_pos, ctx.k_pos)
+        offsets = ctx.diagonal_offsets()
         return None if offsets is None else t5_bucket(-offsets, num_buckets, max_distance)
 
     return ctx.cached(f"t5_diagonals_{num_buckets}_{max_distance}", build)

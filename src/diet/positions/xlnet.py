@@ -43,9 +43,10 @@ class XLNet(PositionMethod):
     def layer_terms(self, ctx: Context, layer: int) -> LayerTerms:
         def offsets():
             rel = relative_offsets(ctx.q_pos, ctx.k_pos)  # (Lq, Lk) or per example (B, Lq, Lk)
-            lo = rel.min()
-            values = torch.arange(int(lo), int(rel.max()) + 1, device=rel.device)  # the M distinct offsets
-            return values, rel - lo  # (M,), index (1|B, Lq, Lk)
+            values = ctx.diagonal_offsets()  # known without reading the data for the default positions
+            if values is None:
+                values = torch.arange(int(rel.min()), int(rel.max()) + 1, device=rel.device)
+            return values, rel - values[0]  # the M distinct offsets (M,), index (1|B, Lq, Lk)
 
         values, index = ctx.cached("xlnet_offsets", offsets)
         table = ctx.cached("xlnet_sinusoids", lambda: sinusoids(values, self.hidden_size))  # (M, D)
