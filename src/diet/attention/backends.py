@@ -51,29 +51,19 @@ def eager(q, k, v, terms: LayerTerms, mask, scale, dropout_p, need_probs=True):
     return out, probs
 
 
-def fold_terms(q: Tensor, k: Tensor, terms: LayerTerms, mask: Tensor | None, scale: float):
-    """Apply qk terms, fold low-rank logit terms into extra channels, sum the rest with the mask.
-
-    Returns (q, k, bias) where bias is (B|1, H|1, Lq|1, Lk) or None.
-    """
-    q_raw = q
-    q, k = apply_qk(q, k, terms)
+def fold_low_rank(q: Tensor, k: Tensor, terms: list[LogitTerm], s: float) -> tuple[Tensor, Tensor]:
+    """Fold low-rank logit terms fq·fkᵀ into extra query/key channels, for the fused kernels (sdpa, flex):
+    [q', fq / s]·[k', fk]ᵀ · s = q'·k'ᵀ · s + fq·fkᵀ, so no (B, H, Lq, Lk) bias is built for them."""
+    if not terms:
+        return q, k
     b, h, lq, _ = q.shape
     lk = k.shape[2]
     extra_q, extra_k = [], []
-    bias = mask
-    for term in terms.logits:
-        factors = term.factors()
-        if factors is not None:
-            fq, fk = factors
-            extra_q.append((fq / scale).to(q.dtype).expand(b, h, lq, -1))
-            extra_k.append(fk.to(k.dtype).expand(b, h, lk, -1))
-        else:
-            dense = term.dense(q_raw).to(q.dtype)
-            bias = dense if bias is None else bias + dense
-    if extra_q:
-        q, k = torch.cat([q, *extra_q], dim=-1), torch.cat([k, *extra_k], dim=-1)
-    return q, k, bias
+    for term in terms:
+        fq, fk = term.factors()
+        extra_q.append((fq / s).to(q.dtype).expand(b, h, lq, -1))
+        extra_k.append(fk.to(k.dtype).expand(b, h, lk, -1))
+    return torch.cat([q, *extra_q], dim=-1), torch.cat([k, *extra_k], dim=-1)
 
 
 # Low-rank terms up to this rank are folded into extra q/k channels; wider ones (DIET-ABS's d_p = Dh, TUPE's
@@ -112,19 +102,17 @@ def sdpa(q, k, v, terms: LayerTerms, mask, scale, dropout_p, need_probs=False):
     bias_batch = max([_bias_batch(t, b) for t in terms.logits] + [b if mask is not None else 1])
     if terms.logits and lq > 1 and bias_batch * h * lq * lk > LONG_ELEMENTS:
         return _sdpa_blocks(q, k, v, terms, mask, s, dropout_p, q_raw, bias_batch), None
-    extra_q, extra_k, dense = [], [], []
+    fold, dense = [], []
     for term in terms.logits:
         factors = term.factors()
         if factors is not None and (factors[0].shape[-1] <= FOLD_MAX_RANK or q.device.type != "cpu"):
-            fq, fk = factors
-            extra_q.append((fq / s).to(q.dtype).expand(b, h, lq, -1))
-            extra_k.append(fk.to(k.dtype).expand(b, h, lk, -1))
+            fold.append(term)
         else:
             dense.append(term)
     bias = _summed_bias(dense, mask, q_raw, q.dtype, terms.cache)
     dv = v.shape[-1]
-    if extra_q:
-        q, k = torch.cat([q, *extra_q], dim=-1), torch.cat([k, *extra_k], dim=-1)
+    if fold:
+        q, k = fold_low_rank(q, k, fold, s)
         if _fused_cpu_kernel_possible(q, dropout_p, bias):  # the CPU kernel wants one head size for q, k, v
             v = F.pad(v, (0, q.shape[-1] - dv))
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p, scale=s)
@@ -179,8 +167,56 @@ def _sdpa_blocks(q, k, v, terms: LayerTerms, mask, s, dropout_p, q_raw, bias_bat
 _compiled_flex: Callable | None = None
 
 
+def _mask_mod(mask: Tensor):
+    """The additive padding / causal mask (B|1, 1, Lq|1, Lk) of 0 and -inf-like values as a mask_mod."""
+    per_batch, per_query = mask.shape[0] > 1, mask.shape[2] > 1
+    return lambda b, h, qi, ki: mask[b if per_batch else 0, 0, qi if per_query else 0, ki] == 0
+
+
+def _block_mask(mask: Tensor | None, b: int, lq: int, lk: int, cache: dict):
+    """Padding and causality as FlexAttention's block mask (blocks with no key to see are skipped), built once
+    per forward and mask: the layers that share LayerTerms share it."""
+    if mask is None:
+        return None
+    hit = cache.get("flex_block_mask")
+    if hit is not None and hit[0] is mask:
+        return hit[1]
+    from torch.nn.attention.flex_attention import create_block_mask
+    block_mask = create_block_mask(_mask_mod(mask), b if mask.shape[0] > 1 else None, None, lq, lk,
+                                   device=mask.device)
+    cache["flex_block_mask"] = (mask, block_mask)
+    return block_mask
+
+
+def flex_plan(terms: LayerTerms, q_raw: Tensor) -> tuple[list, list[LogitTerm]]:
+    """Split logit terms into score_mods (read pair by pair from indices and parameters) and low-rank terms to
+    fold into q/k. A term that offers neither cannot be served: ConfigError."""
+    mods, fold = [], []
+    for term in terms.logits:
+        mod = term.score_mod(q_raw)
+        if mod is not None:
+            mods.append(mod)
+        elif term.factors() is not None:
+            fold.append(term)
+        else:
+            raise ConfigError(f"the flex backend cannot serve the logit term {type(term).__name__}: it has neither "
+                              f"a score_mod nor low-rank factors; use attn_backend='sdpa'")
+    return mods, fold
+
+
+def _summed(mods: list):
+    def score_mod(score, b, h, q_idx, kv_idx):
+        for mod in mods:
+            score = score + mod(b, h, q_idx, kv_idx)
+        return score
+
+    return score_mod
+
+
 def flex(q, k, v, terms: LayerTerms, mask, scale, dropout_p, need_probs=False):
-    """FlexAttention: low-rank terms folded as in sdpa, the remaining bias read by a score_mod."""
+    """FlexAttention: every relative, distance and segment term is a score_mod computed from indices and the
+    term's own parameters (no (Lq, Lk) bias is built), low-rank terms are folded into q/k as for sdpa, and
+    padding and causality are a block mask."""
     global _compiled_flex
     from torch.nn.attention.flex_attention import flex_attention
 
@@ -193,25 +229,28 @@ def flex(q, k, v, terms: LayerTerms, mask, scale, dropout_p, need_probs=False):
         raise ConfigError("FlexAttention's backward needs CUDA; on CPU use attn_backend='sdpa' for training "
                           "(flex runs forward-only there)")
     s = scale * terms.score_scale
-    q, k, bias = fold_terms(q, k, terms, mask, s)
-    if q.shape[-1] != v.shape[-1]:  # flex wants one head size for q, k and v: pad v, cut the output
-        v_pad = F.pad(v, (0, q.shape[-1] - v.shape[-1]))
-    else:
-        v_pad = v
-    score_mod = None
-    if bias is not None:
-        bias = bias.expand(q.shape[0], q.shape[1], q.shape[2], k.shape[2])
-
-        def score_mod(score, b, h, q_idx, kv_idx):
-            return score + bias[b, h, q_idx, kv_idx]
-
+    q_raw = q
+    q, k = apply_qk(q, k, terms)
+    mods, fold = flex_plan(terms, q_raw)
+    q, k = fold_low_rank(q, k, fold, s)
+    b, _, lq, _ = q.shape
+    lk = k.shape[2]
+    block_mask = _block_mask(mask, b, lq, lk, terms.cache)
+    score_mod = _summed(mods) if mods else None
+    dv = v.shape[-1]
+    v_pad = F.pad(v, (0, q.shape[-1] - dv)) if q.shape[-1] != dv else v  # one head size for q, k and v
     fn = flex_attention
     if q.is_cuda:
         if _compiled_flex is None:
             _compiled_flex = torch.compile(flex_attention, dynamic=False)
         fn = _compiled_flex
-    out = fn(q, k, v_pad, score_mod=score_mod, scale=s)
-    return out[..., : v.shape[-1]], None
+    out = run_flex(fn, q, k, v_pad, score_mod, block_mask, s)
+    return out[..., :dv], None
+
+
+def run_flex(fn, q, k, v, score_mod, block_mask, scale):
+    """The kernel call itself (a seam for tests that watch what the backend builds around it)."""
+    return fn(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale)
 
 
 BACKENDS: dict[str, Backend] = {"eager": eager, "sdpa": sdpa, "flex": flex}

@@ -40,7 +40,7 @@ from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput
 from diet.attention.layer import MultiHeadAttention
 from diet.config import PRESETS, DietConfig, _check
 from diet.errors import ConfigError, InputError
-from diet.models.modeling import DietModel, DietPreTrainedModel, check_kwargs, check_like, padding_mask
+from diet.models.modeling import DietModel, DietPreTrainedModel, check_kwargs, padding_mask
 from diet.positions.base import EMPTY
 from diet.positions.encoding import PositionEncoding
 

@@ -5,10 +5,9 @@ Entry point: logit bias, computed once per forward, shared by layers.
 
 from __future__ import annotations
 
-import torch
 
-from diet.positions.base import Context, DenseBias, LayerTerms, TableBias
-from diet.positions.functional import alibi_slopes, relative_offsets
+from diet.positions.base import Context, DistanceBias, LayerTerms
+from diet.positions.functional import alibi_slopes
 from diet.positions.method import PositionMethod
 
 
@@ -20,14 +19,7 @@ class ALiBi(PositionMethod):
     def layer_terms(self, ctx: Context, layer: int) -> LayerTerms:
         def build():
             slopes = alibi_slopes(self.num_heads).to(ctx.q_pos.device)  # (H,)
-            offsets = ctx.diagonal_offsets()  # (Lq + Lk - 1,) or None
-            if offsets is not None:  # a Toeplitz matrix: never built whole unless a backend asks for it
-                values = -(slopes[:, None] * offsets.abs().float())  # (H, Lq + Lk - 1), one per diagonal
-                return TableBias(values, lambda: relative_offsets(ctx.q_pos, ctx.k_pos) - offsets[0],
-                                 diagonals=torch.arange(len(offsets), device=offsets.device),
-                                 size=(len(ctx.q_pos), len(ctx.k_pos)))
-            dist = relative_offsets(ctx.q_pos, ctx.k_pos).abs().float()  # (Lq, Lk) or per example (B, Lq, Lk)
-            dist = dist.view(-1, 1, *dist.shape[-2:])  # (1|B, 1, Lq, Lk)
-            return DenseBias(-(slopes[:, None, None] * dist))  # (1|B, H, Lq, Lk)
+            # consecutive positions: a Toeplitz matrix, never built whole unless a backend asks for it
+            return DistanceBias(slopes, ctx.q_pos, ctx.k_pos, ctx.diagonal_offsets())
 
         return LayerTerms(logits=[ctx.cached("alibi_term", build)])

@@ -28,7 +28,9 @@ from typing import Callable, Protocol
 import torch
 from torch import Tensor
 
-from diet.positions.functional import consecutive_offsets, relative_gather, relative_scatter, toeplitz
+from diet.positions.functional import (
+    consecutive_offsets, relative_gather, relative_offsets, relative_scatter, toeplitz,
+)
 
 
 @dataclass
@@ -80,11 +82,27 @@ class Context:
 # ---------------------------------------------------------------------------------------------------
 # logit terms
 # ---------------------------------------------------------------------------------------------------
+# A term's value at one query-key pair, from indices: (b, h, q_idx, kv_idx) -> bias, as FlexAttention's
+# score_mod reads it (each argument a 0-dim integer tensor there; any broadcastable integer tensors here).
+ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
+
+
+def position_at(pos: Tensor, b: Tensor, idx: Tensor) -> Tensor:
+    """The position of token `idx` of example `b`: pos (L,) is shared by the batch, pos (B, L) per example."""
+    return pos[idx] if pos.dim() == 1 else pos[b, idx]
+
+
+def head_at(values: Tensor, h: Tensor):
+    """Row h of a per-head table (H, ...), or its one row when the heads share it (1, ...)."""
+    return 0 if values.shape[0] == 1 else h
+
+
 class LogitTerm:
     """A term added to the scaled attention logits.
 
     `dense(q)` returns (1|B, H|1, Lq, Lk); q is the projected query (B, H, Lq, Dh) before any qk term,
-    which only query-dependent terms (Shaw's key term, XLNet) read.
+    which only query-dependent terms (Shaw's key term, XLNet) read. `score_mod(q)` gives the same values
+    pair by pair from indices and the term's own parameters, so FlexAttention never builds the dense form.
     """
 
     query_dependent = False
@@ -106,6 +124,11 @@ class LogitTerm:
         """dense(q)[..., rows, :] for the queries in `rows` (q is the full query), built for those rows only
         where the term can, so long inputs never hold a whole (H, Lq, Lk) term."""
         return self.dense(q)[..., rows, :]
+
+    def score_mod(self, q: Tensor) -> ScoreMod | None:
+        """The term as a function of (b, h, q_idx, kv_idx), or None: a low-rank term is then folded into
+        queries and keys by the backend (see `factors`)."""
+        return None
 
 
 class LowRankBias(LogitTerm):
@@ -132,27 +155,43 @@ class LowRankBias(LogitTerm):
         return self.fq, self.fk
 
 
-class TableBias(LogitTerm):
-    """values[h, index[i, j]]: a per-head scalar for each (bucketed) offset. DIET-REL, T5, TUPE-R.
+class SegmentBias(LowRankBias):
+    """DIET eq. 2: Ŝ[h, S(i), S(j)], a k×k table per head read at the two tokens' segments. As a product
+    Ŝ[S(i), :] · onehot(S(j))ᵀ it is low rank (folded by sdpa); FlexAttention reads the table directly.
+    table: (H|1, k, k); q_segments (B, Lq), k_segments (B, Lk)."""
 
-    values: (H|1, M); index: (Lq, Lk) into M, shared by every layer, or (B, Lq, Lk) for per-example positions;
-    keep: optional 0/1 mask of the index's shape (TUPE's [CLS] reset zeroes the rows and columns it replaces).
-    diagonals: optional (Lq + Lk - 1,) index into
-    M of each offset i - j from -(Lk-1) to Lq-1, given when index[i, j] = diagonals[i - j + Lk - 1]
-    (consecutive positions): the term is then a Toeplitz matrix, built from a strided view instead of a
-    gather (and its gradient by diagonal sums instead of a scatter-add), several times faster on CPU.
+    def __init__(self, table: Tensor, q_segments: Tensor, k_segments: Tensor):
+        fq = table[:, q_segments].transpose(0, 1)  # (B, H|1, Lq, k): row S(i) of Ŝ
+        fk = torch.nn.functional.one_hot(k_segments, table.shape[-1]).to(table.dtype).unsqueeze(1)  # (B, 1, Lk, k)
+        super().__init__(fq, fk)
+        self.table, self.q_segments, self.k_segments = table, q_segments, k_segments
+
+    def score_mod(self, q: Tensor | None = None) -> ScoreMod:
+        table, qs, ks = self.table, self.q_segments, self.k_segments
+        return lambda b, h, qi, ki: table[head_at(table, h), qs[b, qi], ks[b, ki]]
+
+
+class TableBias(LogitTerm):
+    """values[h, bucket(pos_i - pos_j)]: a per-head scalar for each (bucketed) offset. DIET-REL, T5, TUPE-R.
+
+    values: (H|1, M); q_pos, k_pos: (Lq,), (Lk,) or per example (B, Lq), (B, Lk); bucket: offsets -> index
+    into M, elementwise (DIET-REL's clip, T5's log buckets); keep: optional elementwise (pos_i, pos_j) -> bool,
+    False where the term is zeroed (TUPE's [CLS] reset). The dense form reads `index` (1|B, Lq, Lk), built
+    lazily (shared by layers through `index`, a tensor or a function), or, when `diagonals` is given (the
+    (Lq + Lk - 1,) index of each offset i - j from -(Lk-1) to Lq-1, for consecutive positions), a Toeplitz
+    matrix from a strided view instead of a gather (and its gradient by diagonal sums instead of a
+    scatter-add), several times faster on CPU. `score_mod` reads the same values pair by pair.
     """
 
-    def __init__(self, values: Tensor, index: Tensor | Callable[[], Tensor], keep: Tensor | None = None,
-                 diagonals: Tensor | None = None, size: tuple[int, int] | None = None, batch: int = 1):
-        # index may be a function building it, with size=(Lq, Lk) and batch: with diagonals it is then never
-        # built, which matters at long lengths (an (Lq, Lk) int64 index is 512 MiB at 8,192 tokens)
-        if not isinstance(index, Tensor) and size is None:
-            raise ValueError("TableBias needs size=(Lq, Lk) when index is a function")
-        self.values, self._index, self.keep, self.diagonals = values, index, keep, diagonals
-        self.size = tuple(index.shape[-2:]) if isinstance(index, Tensor) else size
-        # per-example positions: index (B, Lq, Lk) and no diagonals; a lazy index says its batch
-        self.batch = index.shape[0] if isinstance(index, Tensor) and index.dim() == 3 else batch
+    def __init__(self, values: Tensor, q_pos: Tensor, k_pos: Tensor, bucket: Callable[[Tensor], Tensor],
+                 index: Tensor | Callable[[], Tensor] | None = None,
+                 keep: Callable[[Tensor, Tensor], Tensor] | None = None, diagonals: Tensor | None = None):
+        self.values, self.q_pos, self.k_pos, self.bucket = values, q_pos, k_pos, bucket
+        # an (Lq, Lk) int64 index is 512 MiB at 8,192 tokens: never built when the diagonals serve
+        self._index = index if index is not None else (lambda: bucket(relative_offsets(q_pos, k_pos)))
+        self.keep, self.diagonals = keep, diagonals
+        self.size = (q_pos.shape[-1], k_pos.shape[-1])
+        self.batch = q_pos.shape[0] if q_pos.dim() == 2 else 1
         self._dense: Tensor | None = None
 
     @property
@@ -161,21 +200,23 @@ class TableBias(LogitTerm):
             self._index = self._index()
         return self._index
 
+    def _keep(self, rows: slice) -> Tensor | None:
+        if self.keep is None:
+            return None
+        keep = self.keep(self.q_pos[..., rows, None], self.k_pos[..., None, :])  # (1|B, rows, Lk) bool
+        return keep if keep.dim() == 2 else keep[:, None]  # (rows, Lk) or (B, 1, rows, Lk)
+
     def _rows(self, rows: slice) -> Tensor:
         lq, lk = self.size
-        if self.diagonals is None and self.index.dim() == 3:
+        if self.diagonals is None and self.batch > 1:
             bias = self.values[:, self.index[:, rows]].transpose(0, 1)  # (B, H, rows, Lk)
-            if self.keep is not None:
-                bias = bias * self.keep[:, None, rows]
-            return bias
-        if self.diagonals is None:
-            bias = self.values[:, self.index[rows]]  # (H, rows, Lk)
+        elif self.diagonals is None:
+            bias = self.values[:, self.index[rows]].unsqueeze(0)  # (1, H, rows, Lk)
         else:
             start, stop, _ = rows.indices(lq)  # rows i in [start, stop) read diagonals start .. stop-1 + Lk-1
-            bias = toeplitz(self.values[:, self.diagonals[start:stop + lk - 1]], stop - start, lk)
-        if self.keep is not None:
-            bias = bias * self.keep[rows]
-        return bias.unsqueeze(0)  # (1, H, rows, Lk)
+            bias = toeplitz(self.values[:, self.diagonals[start:stop + lk - 1]], stop - start, lk).unsqueeze(0)
+        keep = self._keep(rows)
+        return bias if keep is None else bias * keep.to(bias.dtype)
 
     def dense(self, q: Tensor | None = None) -> Tensor:
         if not self.reuse:
@@ -186,6 +227,55 @@ class TableBias(LogitTerm):
 
     def dense_block(self, q: Tensor | None, rows: slice) -> Tensor:
         return self._dense[..., rows, :] if self._dense is not None else self._rows(rows)
+
+    def score_mod(self, q: Tensor | None = None) -> ScoreMod:
+        values, q_pos, k_pos, bucket, keep = self.values, self.q_pos, self.k_pos, self.bucket, self.keep
+        diagonals, lk = self.diagonals, self.size[1]
+
+        def mod(b, h, qi, ki):
+            if diagonals is not None:  # consecutive positions: a 1-D table along the diagonals
+                out = values[head_at(values, h), diagonals[qi - ki + lk - 1]]
+            else:
+                out = values[head_at(values, h), bucket(position_at(q_pos, b, qi) - position_at(k_pos, b, ki))]
+            if keep is not None:
+                out = torch.where(keep(position_at(q_pos, b, qi), position_at(k_pos, b, ki)), out, 0.0)
+            return out
+
+        return mod
+
+
+class DistanceBias(LogitTerm):
+    """-m_h · |pos_i - pos_j|: ALiBi (Press et al. 2022), bidirectional. slopes: (H,); q_pos, k_pos as in
+    TableBias; diagonals: optional (Lq + Lk - 1,) offsets i - j for consecutive positions (Toeplitz)."""
+
+    def __init__(self, slopes: Tensor, q_pos: Tensor, k_pos: Tensor, diagonals: Tensor | None = None):
+        self.slopes, self.q_pos, self.k_pos, self.diagonals = slopes, q_pos, k_pos, diagonals
+        self.size = (q_pos.shape[-1], k_pos.shape[-1])
+        self.batch = q_pos.shape[0] if q_pos.dim() == 2 else 1
+        self._dense: Tensor | None = None
+
+    def _rows(self, rows: slice) -> Tensor:
+        lq, lk = self.size
+        if self.diagonals is not None:
+            start, stop, _ = rows.indices(lq)
+            per_diagonal = -(self.slopes[:, None] * self.diagonals[start:stop + lk - 1].abs().float())
+            return toeplitz(per_diagonal, stop - start, lk).unsqueeze(0)  # (1, H, rows, Lk)
+        dist = relative_offsets(self.q_pos[..., rows], self.k_pos).abs().float()  # (1|B, rows, Lk)
+        return -(self.slopes[:, None, None] * dist.view(-1, 1, *dist.shape[-2:]))  # (1|B, H, rows, Lk)
+
+    def dense(self, q: Tensor | None = None) -> Tensor:
+        if not self.reuse:
+            return self._rows(slice(None))
+        if self._dense is None:
+            self._dense = self._rows(slice(None))
+        return self._dense
+
+    def dense_block(self, q: Tensor | None, rows: slice) -> Tensor:
+        return self._dense[..., rows, :] if self._dense is not None else self._rows(rows)
+
+    def score_mod(self, q: Tensor | None = None) -> ScoreMod:
+        slopes, q_pos, k_pos = self.slopes, self.q_pos, self.k_pos
+        return lambda b, h, qi, ki: -slopes[h] * (position_at(q_pos, b, qi) - position_at(k_pos, b, ki)).abs()
 
 
 class DenseBias(LogitTerm):
@@ -200,28 +290,42 @@ class DenseBias(LogitTerm):
 
 
 class QueryRelativeBias(LogitTerm):
-    """scale · ((q + u) · r_m)[index]: a query-dependent term over M relative vectors r.
+    """scale · ((q + u) · r_m)[bucket(pos_i - pos_j)]: a query-dependent term over M relative vectors r.
 
     Shaw et al.'s key term (r = clipped a^K, u = 0) and XLNet's position terms (r = W_R R_{i-j}, u = v).
-    r: (M, H|1, Dh); u: (H, Dh) or None; index: (Lq, Lk) or per-example (B, Lq, Lk) into M.
+    r: (M, H|1, Dh); u: (H, Dh) or None; positions and bucket as in TableBias; index: optional (1|B, Lq, Lk)
+    bucket of every pair (a tensor or a function, shared by layers).
     """
 
     query_dependent = True
 
-    def __init__(self, r: Tensor, index: Tensor, scale: float, u: Tensor | None = None):
-        self.r, self.index, self.scale, self.u = r, index, scale, u
+    def __init__(self, r: Tensor, q_pos: Tensor, k_pos: Tensor, bucket: Callable[[Tensor], Tensor], scale: float,
+                 u: Tensor | None = None, index: Tensor | Callable[[], Tensor] | None = None):
+        self.r, self.q_pos, self.k_pos, self.bucket, self.scale, self.u = r, q_pos, k_pos, bucket, scale, u
+        self._index = index if index is not None else (lambda: bucket(relative_offsets(q_pos, k_pos)))
+
+    @property
+    def index(self) -> Tensor:
+        if not isinstance(self._index, Tensor):
+            self._index = self._index()
+        return self._index
 
     def dense(self, q: Tensor) -> Tensor:
-        return self._rows(q, self.index)
+        return relative_gather(self._by_offset(q), self.index) * self.scale
 
     def dense_block(self, q: Tensor, rows: slice) -> Tensor:
-        return self._rows(q[..., rows, :], self.index[..., rows, :])
+        return relative_gather(self._by_offset(q[..., rows, :]), self.index[..., rows, :]) * self.scale
 
-    def _rows(self, q: Tensor, index: Tensor) -> Tensor:
+    def _by_offset(self, q: Tensor) -> Tensor:
+        """(B, H, Lq, M): each query against each relative vector."""
         if self.u is not None:
             q = q + self.u[:, None, :].to(q.dtype)  # (H, 1, Dh) broadcast over B, Lq
-        by_offset = torch.einsum("bhqd,mhd->bhqm", q, self.r.expand(-1, q.shape[1], -1).to(q.dtype))
-        return relative_gather(by_offset, index) * self.scale
+        return torch.einsum("bhqd,mhd->bhqm", q, self.r.expand(-1, q.shape[1], -1).to(q.dtype))
+
+    def score_mod(self, q: Tensor) -> ScoreMod:
+        # (B, H, Lq, M) per layer: M = Lq + Lk - 1 offsets at most (2k + 1 for Shaw), never (Lq, Lk) pairs
+        by_offset, q_pos, k_pos, bucket, scale = self._by_offset(q), self.q_pos, self.k_pos, self.bucket, self.scale
+        return lambda b, h, qi, ki: by_offset[b, h, qi, bucket(position_at(q_pos, b, qi) - position_at(k_pos, b, ki))] * scale
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -50,12 +50,12 @@ class DietRel(PositionMethod):
     def layer_terms(self, ctx: Context, layer: int) -> LayerTerms:
         table = shared_layer(self.sharing, layer)
         def index():  # (1|B, Lq, Lk), shared by layers; built only if some term needs more than its diagonals
-            return ctx.cached("diet_rel_index", lambda: self._clip(relative_offsets(ctx.q_pos, ctx.k_pos)))
+            return ctx.cached("diet_rel_index", lambda: self.bucket(relative_offsets(ctx.q_pos, ctx.k_pos)))
 
-        diagonals = ctx.cached("diet_rel_diagonals", lambda: self._clip(ctx.diagonal_offsets()))
-        size = (ctx.q_pos.shape[-1], ctx.k_pos.shape[-1])
+        diagonals = ctx.cached("diet_rel_diagonals", lambda: self.bucket(ctx.diagonal_offsets()))
         return LayerTerms(logits=[ctx.cached(f"diet_rel_{table}", lambda: TableBias(
-            self.r[table], index, diagonals=diagonals, size=size, batch=ctx.batch))])
+            self.r[table], ctx.q_pos, ctx.k_pos, self.bucket, index, diagonals=diagonals))])
 
-    def _clip(self, offsets):
+    def bucket(self, offsets):
+        """Offset i - j -> column of R: every offset its own, the edges reused beyond the table."""
         return None if offsets is None else offsets.clamp(-self.span, self.span) + self.span

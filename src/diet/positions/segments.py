@@ -8,10 +8,9 @@
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor, nn
 
-from diet.positions.base import Context, LayerTerms, LowRankBias
+from diet.positions.base import Context, LayerTerms, SegmentBias
 from diet.positions.method import PositionMethod, normal_parameter, shared_layer, sharing_shape
 
 
@@ -43,10 +42,5 @@ class PerHeadSegments(PositionMethod):
             return LayerTerms()
         table = shared_layer(self.sharing, layer)
 
-        def build():
-            t = self.table[table]  # (H|1, k, k)
-            fq = t[:, ctx.q_segments].transpose(0, 1)  # (B, H|1, Lq, k): row S(i) of Ŝ
-            fk = nn.functional.one_hot(ctx.k_segments, self.num_segments).to(t.dtype).unsqueeze(1)  # (B, 1, Lk, k)
-            return LowRankBias(fq, fk)
-
-        return LayerTerms(logits=[ctx.cached(f"segments_{table}", build)])
+        return LayerTerms(logits=[ctx.cached(f"segments_{table}", lambda: SegmentBias(
+            self.table[table], ctx.q_segments, ctx.k_segments))])

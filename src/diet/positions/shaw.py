@@ -23,8 +23,12 @@ class Shaw(PositionMethod):
         self.value = normal_parameter(num_layers, 2 * max_distance + 1, head_size)  # a^V per layer
         self.scale = 1.0 / math.sqrt(head_size)
 
+    def bucket(self, offsets):
+        return clipped_offset_index(offsets, self.max_distance)
+
     def layer_terms(self, ctx: Context, layer: int) -> LayerTerms:
-        index = ctx.cached("shaw_index", lambda: clipped_offset_index(
-            relative_offsets(ctx.q_pos, ctx.k_pos), self.max_distance))  # (1|B, Lq, Lk), shared by layers
-        key = QueryRelativeBias(self.key[layer][:, None, :], index, self.scale)  # r: (M, 1, Dh)
+        bucket = self.bucket
+        index = ctx.cached("shaw_index", lambda: bucket(relative_offsets(ctx.q_pos, ctx.k_pos)))  # (1|B, Lq, Lk)
+        key = QueryRelativeBias(self.key[layer][:, None, :], ctx.q_pos, ctx.k_pos, bucket, self.scale,
+                                index=index)  # r: (M, 1, Dh)
         return LayerTerms(logits=[key], values=[ValueTerm(self.value[layer], index)])

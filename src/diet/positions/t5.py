@@ -15,10 +15,15 @@ from diet.positions.functional import relative_offsets, t5_bucket
 from diet.positions.method import PositionMethod, normal_parameter
 
 
+def t5_offset_bucket(num_buckets: int, max_distance: int):
+    """Offset i - j -> T5 bucket; T5 buckets memory - query = pos_j - pos_i."""
+    return lambda offsets: t5_bucket(-offsets, num_buckets, max_distance)
+
+
 def t5_index(ctx: Context, num_buckets: int, max_distance: int) -> Tensor:
-    """(1|B, Lq, Lk) bucket of each query-key pair; T5 buckets memory - query = pos_j - pos_i."""
-    return ctx.cached(f"t5_index_{num_buckets}_{max_distance}", lambda: t5_bucket(
-        -relative_offsets(ctx.q_pos, ctx.k_pos), num_buckets, max_distance))
+    """(1|B, Lq, Lk) bucket of each query-key pair."""
+    return ctx.cached(f"t5_index_{num_buckets}_{max_distance}", lambda: t5_offset_bucket(num_buckets, max_distance)(
+        relative_offsets(ctx.q_pos, ctx.k_pos)))
 
 
 def t5_diagonals(ctx: Context, num_buckets: int, max_distance: int) -> Tensor | None:
@@ -40,7 +45,7 @@ class T5(PositionMethod):
     def layer_terms(self, ctx: Context, layer: int) -> LayerTerms:
         # one TableBias object for all layers, so its dense form is built once per forward
         term = ctx.cached("t5_term", lambda: TableBias(
-            self.bias, lambda: t5_index(ctx, self.num_buckets, self.max_distance),
-            diagonals=t5_diagonals(ctx, self.num_buckets, self.max_distance),
-            size=(ctx.q_pos.shape[-1], ctx.k_pos.shape[-1]), batch=ctx.batch))
+            self.bias, ctx.q_pos, ctx.k_pos, t5_offset_bucket(self.num_buckets, self.max_distance),
+            lambda: t5_index(ctx, self.num_buckets, self.max_distance),
+            diagonals=t5_diagonals(ctx, self.num_buckets, self.max_distance)))
         return LayerTerms(logits=[term])

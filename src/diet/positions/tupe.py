@@ -24,7 +24,7 @@ from torch import Tensor, nn
 
 from diet.positions.base import Context, LayerTerms, LowRankBias, TableBias
 from diet.positions.method import PositionMethod, normal_parameter
-from diet.positions.t5 import t5_diagonals, t5_index
+from diet.positions.t5 import t5_diagonals, t5_index, t5_offset_bucket
 
 
 class TUPE(PositionMethod):
@@ -74,10 +74,11 @@ class TUPE(PositionMethod):
         def build():
             terms = [LowRankBias(*self.correlation_factors(ctx.q_pos, ctx.k_pos))]
             if self.relative:
-                keep = None
-                if self.reset:  # on [CLS]'s row and column b_{j-i} gives way to the [CLS] buckets in θ
-                    keep = ((ctx.q_pos != 0)[..., :, None] & (ctx.k_pos != 0)[..., None, :]).to(self.bias.dtype)
-                terms.append(TableBias(self.bias, t5_index(ctx, self.num_buckets, self.max_distance), keep,
+                # on [CLS]'s row and column b_{j-i} gives way to the [CLS] buckets in θ
+                keep = (lambda qp, kp: (qp != 0) & (kp != 0)) if self.reset else None
+                terms.append(TableBias(self.bias, ctx.q_pos, ctx.k_pos,
+                                       t5_offset_bucket(self.num_buckets, self.max_distance),
+                                       lambda: t5_index(ctx, self.num_buckets, self.max_distance), keep,
                                        t5_diagonals(ctx, self.num_buckets, self.max_distance)))
             return LayerTerms(logits=terms, score_scale=1.0 / math.sqrt(2))
 

@@ -52,5 +52,7 @@ class XLNet(PositionMethod):
         table = ctx.cached("xlnet_sinusoids", lambda: sinusoids(values, self.hidden_size))  # (M, D)
         w_r = self.w_r[layer]
         r = (table.to(w_r.dtype) @ w_r).view(len(values), self.num_heads, -1)  # (M, H, Dh), once per layer
-        pos = QueryRelativeBias(r, index, self.scale, u=self.v[layer])
+        lo = values[0]
+        pos = QueryRelativeBias(r, ctx.q_pos, ctx.k_pos, lambda off: off - lo, self.scale, u=self.v[layer],
+                                index=index)
         return LayerTerms(qk=[AddToQuery(self.u[layer])], logits=[pos])

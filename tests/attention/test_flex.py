@@ -1,0 +1,107 @@
+"""FlexAttention as it is meant to be used: every logit term a score_mod (or folded into q/k), padding and
+causality a block mask, and no (Lq, Lk) bias built for relative, distance or segment terms. Forward only
+on CPU (its backward needs CUDA, which these tests have never had)."""
+
+import itertools
+import warnings
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+
+from diet import DietModel
+from diet.attention import backends
+from diet.config import POSITIONS, SEGMENTS
+from diet.errors import ConfigError
+from diet.models.seq2seq import DietForConditionalGeneration
+from tests.conftest import batch, tiny
+from tests.models.test_seq2seq import source, tiny_s2s
+
+L = 11  # no other size here is 11 (TUPE's folded rank is 10), so (..., 11, 11) can only be a query-key term
+
+
+def _valid(**kw):
+    try:
+        tiny(**kw)
+        return True
+    except ConfigError:
+        return False
+
+
+MATRIX = [dict(position=p, segment=s, sharing=h, attention=a)
+          for p, s, h, a in itertools.product(POSITIONS, SEGMENTS, ("none", "layer"), ("full", "linformer"))
+          if p != "shaw" and _valid(position=p, segment=s, sharing=h, attention=a)]
+PER_EXAMPLE = torch.tensor([[0, 1, 2, 3, 0, 1, 2, 3, 4, 5, 6], [9, 4, 2, 0, 1, 3, 5, 7, 9, 11, 20]])
+
+
+def _pair(**cfg):
+    ref = DietModel(tiny(**cfg, attn_backend="eager")).eval()
+    with torch.no_grad():  # position terms large enough that a wrong one shows
+        for p in ref.positions.parameters():
+            p.copy_(torch.randn_like(p))
+    flex = DietModel(tiny(**cfg, attn_backend="flex")).eval()
+    flex.load_state_dict(ref.state_dict())
+    return ref, flex
+
+
+class PairwiseTensors(TorchDispatchMode):
+    """Records every float tensor of shape (..., Lq, Lk) an op returns while `active`."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor) and t.dtype.is_floating_point and t.dim() >= 2 \
+                    and tuple(t.shape[-2:]) == (L, L):
+                self.seen.append((str(func), tuple(t.shape)))
+        return out
+
+
+@pytest.mark.parametrize("cfg", MATRIX, ids=lambda c: ":".join(c.values()))
+def test_flex_matches_eager_and_builds_no_query_key_tensor(cfg, monkeypatch):
+    ref, flex = _pair(**cfg)
+    ids, mask, seg = batch(L)
+    position_ids = None if cfg["attention"] == "linformer" else PER_EXAMPLE
+    recorder = PairwiseTensors()
+    real = backends.run_flex
+
+    def kernel_unwatched(*args):  # the kernel's own scores are its business (fused on CUDA)
+        with _disable_current_modes():
+            return real(*args)
+
+    monkeypatch.setattr(backends, "run_flex", kernel_unwatched)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # flex warns that it runs unfused outside torch.compile on CPU
+        want = ref(ids, mask, seg, position_ids=position_ids).last_hidden_state
+        with recorder:
+            got = flex(ids, mask, seg, position_ids=position_ids).last_hidden_state
+    torch.testing.assert_close(got, want, atol=3e-5, rtol=1e-4)
+    assert recorder.seen == [], f"flex built query-key tensors: {recorder.seen}"
+
+
+def test_flex_serves_a_causal_decoder_through_its_block_mask():
+    cfg = dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    ref = DietForConditionalGeneration(tiny_s2s("t5", attn_backend="eager", **cfg)).eval()
+    flex = DietForConditionalGeneration(tiny_s2s("t5", attn_backend="flex", **cfg)).eval()
+    flex.load_state_dict(ref.state_dict())
+    src, mask = source()
+    target = torch.randint(3, 40, (3, 6))
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.testing.assert_close(flex(src, mask, decoder_input_ids=target).logits,
+                                   ref(src, mask, decoder_input_ids=target).logits, atol=3e-5, rtol=1e-4)
+
+
+def test_every_term_offers_a_score_mod_or_factors():
+    """What flex_plan refuses never occurs for a valid config: each method's terms can be served."""
+    for cfg in MATRIX:
+        model = DietModel(tiny(**cfg))
+        pos = torch.arange(L)
+        seg = torch.zeros(1, L, dtype=torch.long)
+        ctx = model.positions.context(pos, pos, seg, starts=(0, 0))
+        terms = model.positions.layer_terms(ctx, 0)
+        mods, fold = backends.flex_plan(terms, torch.zeros(1, 2, L, 8))
+        assert len(mods) + len(fold) == len(terms.logits)
