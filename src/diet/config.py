@@ -12,11 +12,9 @@ from typing import Literal, get_args
 from transformers import PretrainedConfig
 
 from diet.errors import ConfigError
+from diet.positions.registry import REGISTRY, names
 
-Position = Literal[
-    "none", "absolute", "sinusoidal", "shaw", "xlnet", "t5",
-    "tupe-a", "tupe-r", "diet-abs", "diet-rel", "rotary", "alibi",
-]
+Position = Literal[tuple(REGISTRY)]  # the registry's names (diet.positions.registry)
 Segment = Literal["none", "input", "per-head"]
 Sharing = Literal["none", "head", "layer"]
 AttentionKind = Literal["full", "linformer"]
@@ -28,14 +26,13 @@ SHARINGS: tuple[str, ...] = get_args(Sharing)
 ATTENTIONS: tuple[str, ...] = get_args(AttentionKind)
 BACKENDS: tuple[str, ...] = get_args(Backend)
 
-# Methods whose parameters are a table indexed by absolute position: inputs longer than it are refused.
-LEARNED_ABSOLUTE = ("absolute", "diet-abs", "tupe-a", "tupe-r")
-# Methods with a learned term per query-key offset, where the i-j relation must survive into attention.
-RELATIVE = ("shaw", "xlnet", "t5", "tupe-r", "diet-rel", "rotary", "alibi")
-# Methods with a value term (Shaw's a^V): it needs the attention probabilities, so only eager serves them.
-NEEDS_PROBABILITIES = ("shaw",)
-# What `sharing` applies to: DIET's per-head parameters (DIET Tables 5, 8, 9).
-SHAREABLE_POSITIONS = ("diet-abs", "diet-rel")
+# Traits of the methods, from the registry: learned tables (inputs longer are refused), methods that need
+# key positions (not with Linformer), value terms that need the probabilities (eager only), and what
+# `sharing` applies to (DIET's per-head parameters, DIET Tables 5, 8, 9).
+LEARNED_ABSOLUTE = names(learned_table=True)
+NEEDS_KEY_POSITIONS = names(key_positions=True)
+NEEDS_PROBABILITIES = names(probabilities=True)
+SHAREABLE_POSITIONS = names(shareable=True)
 
 PRESETS: dict[str, dict] = {
     # Sizes from BERT (Devlin et al.) and Turc et al.'s compact BERTs; bert-small is DIET's BERT_SMALL.
@@ -169,11 +166,12 @@ class DietConfig(PretrainedConfig):
                 f"and segment={self.segment!r} have none; use position in {SHAREABLE_POSITIONS} or "
                 f"segment='per-head', or sharing='none'")
         if self.attention == "linformer":
-            if self.position in RELATIVE or self.position in ("tupe-a",):
+            if self.position in NEEDS_KEY_POSITIONS:
+                allowed = ", ".join(repr(n) for n in POSITIONS if n not in NEEDS_KEY_POSITIONS)
                 raise ConfigError(
                     f"attention='linformer' projects keys along the length, so key positions no longer exist "
-                    f"and position={self.position!r} makes no sense; use one of "
-                    f"'none', 'absolute', 'sinusoidal', 'diet-abs' (DIET-ABS-LIN)")
+                    f"and position={self.position!r} makes no sense; use one of {allowed} ('diet-abs' is "
+                    f"DIET-ABS-LIN)")
             if self.segment == "per-head":
                 raise ConfigError("attention='linformer' cannot take segment='per-head' (projected keys have no "
                                   "segment); use segment='input' or 'none'")

@@ -1,52 +1,20 @@
 """Builds a config's position and segment methods and merges their contributions per layer.
 
 `PositionEncoding` is the one place a model asks "what does position add here?": `embed` for the input
-entry point, `layer_terms` for attention. Which class serves which name is the table `POSITION_METHODS`;
-nothing downstream branches on the name.
+entry point, `layer_terms` for attention. Which class serves which name is the registry
+(`diet.positions.registry`); nothing downstream branches on the name.
 """
 
 from __future__ import annotations
-
-from typing import Callable
 
 import torch
 from torch import Tensor, nn
 
 from diet.config import DietConfig
 from diet.errors import InputError
-from diet.positions.absolute import LearnedAbsolute, NoPosition, Sinusoidal
-from diet.positions.alibi import ALiBi
 from diet.positions.base import Context, LayerTerms
-from diet.positions.diet import DietAbs, DietRel
-from diet.positions.method import PositionMethod
-from diet.positions.rotary import Rotary
+from diet.positions.registry import REGISTRY
 from diet.positions.segments import InputSegments, PerHeadSegments
-from diet.positions.shaw import Shaw
-from diet.positions.t5 import T5
-from diet.positions.tupe import TUPE
-from diet.positions.xlnet import XLNet
-
-
-def _tupe(c: DietConfig, relative: bool) -> TUPE:
-    return TUPE(c.hidden_size, c.num_attention_heads, c.max_position_embeddings, c.layer_norm_eps,
-                c.tupe_reset, relative, c.t5_num_buckets, c.t5_max_distance)
-
-
-POSITION_METHODS: dict[str, Callable[[DietConfig], PositionMethod]] = {
-    "none": lambda c: NoPosition(),
-    "absolute": lambda c: LearnedAbsolute(c.max_position_embeddings, c.hidden_size),
-    "sinusoidal": lambda c: Sinusoidal(c.hidden_size),
-    "shaw": lambda c: Shaw(c.num_hidden_layers, c.head_size, c.shaw_max_distance),
-    "xlnet": lambda c: XLNet(c.num_hidden_layers, c.hidden_size, c.num_attention_heads),
-    "t5": lambda c: T5(c.num_attention_heads, c.t5_num_buckets, c.t5_max_distance),
-    "tupe-a": lambda c: _tupe(c, relative=False),
-    "tupe-r": lambda c: _tupe(c, relative=True),
-    "diet-abs": lambda c: DietAbs(c.num_hidden_layers, c.num_attention_heads, c.max_position_embeddings, c.rank,
-                                  c.sharing, c.linformer_k if c.attention == "linformer" else None),
-    "diet-rel": lambda c: DietRel(c.num_hidden_layers, c.num_attention_heads, c.max_position_embeddings, c.sharing),
-    "rotary": lambda c: Rotary(c.head_size, c.rotary_base),
-    "alibi": lambda c: ALiBi(c.num_attention_heads),
-}
 
 
 class PositionEncoding(nn.Module):
@@ -54,7 +22,7 @@ class PositionEncoding(nn.Module):
 
     def __init__(self, config: DietConfig):
         super().__init__()
-        self.method = POSITION_METHODS[config.position](config)
+        self.method = REGISTRY[config.position].build(config)
         self.num_segments = config.type_vocab_size if config.segment != "none" else 0
         self.input_segments = (InputSegments(config.type_vocab_size, config.hidden_size)
                                if config.segment == "input" else None)
