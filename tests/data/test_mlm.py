@@ -82,3 +82,22 @@ def test_premasked_validation_is_reproducible_and_kept_by_the_collator():
     assert a != collate.premask(blocks, seed=8)
     batch = collate(a[:2])
     assert batch["labels"][0].tolist() == a[0]["labels"]  # already masked: only padded
+
+
+def test_an_example_seed_fixes_the_mask_whatever_the_batch_padding_and_global_rng():
+    """Masks from `example_seed` (diet.tasks.training.EpochExamples) are a pure function of that seed, so a
+    resumed run masks each example as the uninterrupted run did."""
+    from diet.tasks.training import EpochExamples
+
+    collate = MlmCollator(_Tok())
+    data = EpochExamples([{"input_ids": [CLS] + list(range(10, 10 + n)) + [SEP]} for n in (30, 5, 60)], seed=7)
+    alone = collate([data[3 + 0]])  # epoch 1, example 0
+    torch.manual_seed(123)
+    batch = collate([data[3 + 2], data[3 + 0]])  # padded to 62 now, other neighbour, other global RNG
+    n = len(data[0]["input_ids"])
+    assert torch.equal(batch["input_ids"][1, :n], alone["input_ids"][0])
+    assert torch.equal(batch["labels"][1, :n], alone["labels"][0])
+    assert (batch["labels"][1, n:] == IGNORE_INDEX).all()
+    other_epoch = collate([data[0]])
+    assert data[0]["example_seed"] != data[3]["example_seed"]
+    assert not torch.equal(other_epoch["labels"], alone["labels"])  # a new mask every epoch

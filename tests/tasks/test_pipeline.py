@@ -32,7 +32,7 @@ def pretrained(data, tmp_path_factory):
     return out, res
 
 
-def test_pretrain_reports_validation_loss_and_saves_a_safetensors_model(pretrained):
+def test_pretrain_reports_validation_loss_and_saves_a_safetensors_model(pretrained, data):
     out, res = pretrained
     assert res["steps"] == 6
     assert 0 < res["val_loss"] < 10 and res["perplexity"] == pytest.approx(torch.tensor(res["val_loss"]).exp().item())
@@ -40,7 +40,8 @@ def test_pretrain_reports_validation_loss_and_saves_a_safetensors_model(pretrain
     assert res["curves"]["train_loss"] and res["curves"]["eval_loss"]
     marked = [step for step, _, complete in tr.checkpoints(out) if complete]
     assert marked == [4, 6]  # save_total_limit=2 keeps the newest two, both marked complete
-    again = pt.run_pretrain("unused", tr.parse_method("diet-rel"), out, TINY, quiet=True, report_to="none")
+    again = pt.run_pretrain(str(data["corpus"]), tr.parse_method("diet-rel"), out, TINY, quiet=True,
+                            report_to="none")
     assert again == json.loads((out / pt.RESULTS).read_text())  # finished: reused, not retrained
 
 

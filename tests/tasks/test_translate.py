@@ -52,7 +52,7 @@ def test_train_lowers_validation_loss_then_eval_scores_bleu(data, tmp_path, caps
     summary = json.loads((out / "final" / "train_summary.json").read_text())
     evals = [row["eval_loss"] for row in summary["curves"] if "eval_loss" in row]
     assert summary["steps"] == 40 and len(evals) >= 4
-    assert evals[-1] < evals[0] - 0.5
+    assert evals[-1] < evals[0] - 0.3 and evals == sorted(evals, reverse=True)
     assert (out / "final" / "model.safetensors").is_file() and (out / "final" / "tokenizer.json").is_file()
     assert "validation loss" in capsys.readouterr().err
 
@@ -89,7 +89,7 @@ def test_a_killed_run_resumes_to_the_same_weights(data, tmp_path, capsys):
     # finished runs are not redone; a different method may not reuse the directory
     assert train(data, killed, *args) == 0 and "finished already" in capsys.readouterr().err
     assert train(data, killed, "--position", "t5", "--max-steps", "6") == 2
-    assert "different position" in capsys.readouterr().err
+    assert "position: 'shaw' -> 't5'" in capsys.readouterr().err
 
 
 def test_mismatched_files_fail_with_both_counts(data, tmp_path, capsys):

@@ -11,18 +11,14 @@ import argparse
 import json
 from pathlib import Path
 
+from diet import validate as V
 from diet.errors import DataError
 
 
 def find_checkpoint(path: str | Path) -> Path:
-    """The directory holding config.json: `path` itself, or `path/model` (a `diet pretrain` run directory)."""
-    path = Path(path)
-    for candidate in (path, path / "model"):
-        if (candidate / "config.json").is_file():
-            return candidate
-    if not path.exists():
-        raise DataError(f"{path}: no such checkpoint directory")
-    raise DataError(f"{path}: not a checkpoint (no config.json here or in {path / 'model'})")
+    """The directory holding config.json: `path` itself, or `path/model` (a `diet pretrain` run directory);
+    its config.json and weights are checked, so a damaged checkpoint is named before anything is loaded."""
+    return V.find_model_dir(path, "checkpoint")
 
 
 def model_class(checkpoint: Path):
@@ -48,7 +44,10 @@ def load_checkpoint(path: str | Path):
     """(model in eval mode, its checkpoint directory)."""
     import diet  # noqa: F401  registers the Auto classes
 
+    from transformers.utils import logging as hf_logging
+
     checkpoint = find_checkpoint(path)
+    hf_logging.disable_progress_bar()  # no "Loading weights" bar in the command's output
     model = model_class(checkpoint).from_pretrained(checkpoint)
     return model.eval(), checkpoint
 
@@ -82,9 +81,13 @@ def run(args: argparse.Namespace) -> int:
 
     if not Path(args.data).is_file():
         raise DataError(f"{args.data}: no such data file")
-    model, checkpoint = load_checkpoint(args.checkpoint)
+    checkpoint = find_checkpoint(args.checkpoint)
+    out = V.check_output_dir(args.out if args.out else checkpoint / "analysis", "--out")
     tokenizer = load_tokenizer_near(checkpoint, args.tokenizer)
-    out = Path(args.out) if args.out else checkpoint / "analysis"
+    from diet.data.corpus import read_file
+    if not any(read_file(args.data)):  # invalid UTF-8 or no text: named before the model is loaded
+        raise DataError(f"{args.data}: no text to sample a batch from")
+    model, checkpoint = load_checkpoint(checkpoint)
     index = report(model, tokenizer, out, data=args.data, title=args.title or model.config.position,
                    batch_size=args.batch_size, length=args.length, seed=args.seed, rtol=args.rtol)
     print(index)
@@ -99,11 +102,11 @@ def register(subparsers) -> None:
     p.add_argument("--data", required=True, help="text file (one paragraph per line) to sample the batch from")
     p.add_argument("--out", help="output directory (default: CHECKPOINT/analysis)")
     p.add_argument("--tokenizer", help="tokenizer directory or tokenizer.json (default: the checkpoint's)")
-    p.add_argument("--batch-size", type=int, default=8, help="sequences in the sampled batch (default 8)")
-    p.add_argument("--length", type=int, default=128,
+    p.add_argument("--batch-size", type=V.positive_int, default=8, help="sequences in the sampled batch (default 8)")
+    p.add_argument("--length", type=V.int_at_least(3, ": [CLS], a token and [SEP]"), default=128,
                    help="tokens per sequence, capped by the position table (default 128)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the sampled batch (default 0)")
-    p.add_argument("--rtol", type=float, default=None,
+    p.add_argument("--seed", type=V.seed, default=0, help="seed of the sampled batch (default 0)")
+    p.add_argument("--rtol", type=V.positive_float, default=None,
                    help="rank tolerance relative to the largest singular value (default max(M, N) · ε_float32)")
     p.add_argument("--title", help="title of the report (default: the position method)")
     p.set_defaults(func=run)

@@ -17,6 +17,7 @@ from dataclasses import asdict
 import torch
 
 from diet.bench import cost, report
+from diet import validate as V
 from diet.errors import ConfigError
 
 
@@ -30,8 +31,7 @@ def _ints(text: str) -> list[int]:
     return values
 
 
-def _names(text: str) -> list[str]:
-    return [x for x in text.split(",") if x]
+_names = V.names  # a comma-separated, non-empty list
 
 
 def register(subparsers) -> None:
@@ -47,16 +47,16 @@ def register(subparsers) -> None:
                    help="position methods, `+seg` for per-head segments (default: all, with diet-abs+seg and "
                         "diet-rel+seg); `none` is always added as the baseline")
     p.add_argument("--modes", type=_names, default=["train", "infer"], help="train, infer or both")
-    p.add_argument("--repeats", type=int, default=15, help="timed cycles (default: 15)")
-    p.add_argument("--warmup", type=int, default=2, help="untimed cycles first (default: 2)")
-    p.add_argument("--threads", type=int, default=2, help="torch intra-op threads (default: 2)")
+    p.add_argument("--repeats", type=V.positive_int, default=15, help="timed cycles (default: 15)")
+    p.add_argument("--warmup", type=V.non_negative_int, default=2, help="untimed cycles first (default: 2)")
+    p.add_argument("--threads", type=V.positive_int, default=2, help="torch intra-op threads (default: 2)")
     p.add_argument("--peers", action="store_true",
                    help="add Hugging Face BertModel (SDPA) and T5EncoderModel on the same shapes")
     p.add_argument("--no-memory", dest="memory", action="store_false",
                    help="skip peak memory (one fresh process per configuration)")
     p.add_argument("--long", action="store_true",
                    help="also: inference at --long-length tokens for the methods with no absolute table")
-    p.add_argument("--long-length", type=int, default=8192, help="length for --long (default: 8192)")
+    p.add_argument("--long-length", type=V.positive_int, default=8192, help="length for --long (default: 8192)")
     p.add_argument("--long-methods", type=_names, default=["none", "diet-rel", "diet-rel+seg", "t5", "alibi",
                                                            "rotary"],
                    help="methods for --long (default: none,diet-rel,diet-rel+seg,t5,alibi,rotary)")
@@ -80,6 +80,9 @@ def run(args) -> int:
     if args.repeats < 1 or args.warmup < 0 or args.threads < 1:
         raise ConfigError(f"--repeats ({args.repeats}) and --threads ({args.threads}) must be >= 1, "
                           f"--warmup ({args.warmup}) >= 0")
+    for path, option in ((args.json, "--json"), (args.markdown, "--markdown")):
+        if path:
+            V.check_output_file(path, option)  # before the timings, not after
     for mode in args.modes:
         if mode not in ("train", "infer"):
             raise ConfigError(f"--modes: {mode!r} is not one of 'train', 'infer'")

@@ -7,7 +7,11 @@ sentences. Local layouts:
 * `*.txt`: one paragraph per line, a blank line ends a document (WikiText's layout);
 * `*.jsonl`: one JSON object per line, its `text` field one document;
 * `*.tsv`: a header row with a `text` (or `sentence`) column, each row one document;
-* a directory: `train.*` and `valid.*` / `validation.*` / `dev.*` (and WikiText's `wiki.train.tokens`).
+* a directory: `train.*` and `valid.*` / `validation.*` / `dev.*`, or the same with a name in front
+  (`ptb.train.txt`, WikiText's `wiki.train.tokens` / `wiki.valid.raw`, `name-train.txt`), or such a directory
+  as its only sub-directory (an unpacked archive).
+
+Files are UTF-8 (a leading byte-order mark is dropped); an invalid byte is reported with its file and line.
 
 Anything else that looks like `owner/name[:config]` is loaded with `datasets.load_dataset`; without a
 network that fails with a message saying so.
@@ -22,6 +26,7 @@ import os
 import re
 from pathlib import Path
 
+from diet.data.text import iter_lines
 from diet.errors import DataError
 
 Document = list[str]
@@ -34,6 +39,7 @@ SPLIT_NAMES = {
 EXTENSIONS = (".txt", ".jsonl", ".tsv", ".tokens", ".raw")
 # Sentence ends: ., ! or ? then space (WikiText writes " . " between tokens, plain text ". ").
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=\S)")
+_NAMED_SPLIT = re.compile(r"^.+[._-](?P<split>[a-z]+)(?P<ext>\.[a-z]+)$")
 _HF_NAME = re.compile(r"^[A-Za-z0-9][\w.\-]*(/[\w.\-]+)?(:[\w.\-]+)?$")
 
 
@@ -61,45 +67,43 @@ def group_documents(paragraphs: Iterable[str | None]) -> list[Document]:
 
 def read_text_file(path: Path) -> list[Document]:
     """`*.txt`: a line is a paragraph, a blank line ends a document."""
-    with open_text(path) as f:
-        return group_documents(f)
+    return group_documents(iter_lines(path))
 
 
 def read_jsonl_file(path: Path, field: str = "text") -> list[Document]:
     docs = []
-    with open_text(path) as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
-            if not isinstance(record, dict) or not isinstance(record.get(field), str):
-                raise DataError(f"{path}:{lineno}: expected an object with a string field {field!r}")
-            sentences = [s for para in record[field].splitlines() for s in split_sentences(para)]
-            if sentences:
-                docs.append(sentences)
+    for lineno, line in enumerate(iter_lines(path), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
+        if not isinstance(record, dict) or not isinstance(record.get(field), str):
+            raise DataError(f"{path}:{lineno}: expected an object with a string field {field!r}")
+        sentences = [s for para in record[field].splitlines() for s in split_sentences(para)]
+        if sentences:
+            docs.append(sentences)
     return docs
 
 
 def read_tsv_file(path: Path) -> list[Document]:
     docs = []
-    with open_text(path) as f:
-        header = f.readline().rstrip("\n").split("\t")
-        column = next((c for c in ("text", "sentence") if c in header), None)
-        if column is None:
-            raise DataError(f"{path}:1: the header needs a 'text' or 'sentence' column, found {header}")
-        index = header.index(column)
-        for lineno, line in enumerate(f, 2):
-            cells = line.rstrip("\n").split("\t")
-            if not line.strip():
-                continue
-            if len(cells) <= index:
-                raise DataError(f"{path}:{lineno}: {len(cells)} columns, the header names {len(header)}")
-            sentences = split_sentences(cells[index])
-            if sentences:
-                docs.append(sentences)
+    lines = iter_lines(path)
+    header = next(lines, "").rstrip("\r\n").split("\t")
+    column = next((c for c in ("text", "sentence") if c in header), None)
+    if column is None:
+        raise DataError(f"{path}:1: the header needs a 'text' or 'sentence' column, found {header}")
+    index = header.index(column)
+    for lineno, line in enumerate(lines, 2):
+        cells = line.rstrip("\r\n").split("\t")
+        if not line.strip():
+            continue
+        if len(cells) <= index:
+            raise DataError(f"{path}:{lineno}: {len(cells)} columns, the header names {len(header)}")
+        sentences = split_sentences(cells[index])
+        if sentences:
+            docs.append(sentences)
     return docs
 
 
@@ -117,24 +121,40 @@ def read_file(path: str | Path) -> list[Document]:
     path = Path(path)
     if not path.exists():
         raise DataError(f"{path}: no such file")
-    try:
-        if path.suffix == ".jsonl":
-            return read_jsonl_file(path)
-        if path.suffix == ".tsv":
-            return read_tsv_file(path)
-        return read_text_file(path)
-    except UnicodeDecodeError as e:
-        raise DataError(f"{path}: not UTF-8 text (byte {e.start})") from None
+    if path.suffix == ".jsonl":
+        return read_jsonl_file(path)
+    if path.suffix == ".tsv":
+        return read_tsv_file(path)
+    return read_text_file(path)
 
 
-def find_split_file(directory: Path, split: str) -> Path | None:
-    """The file of `split` in a corpus directory (`train.txt`, `valid.txt`, `wiki.valid.tokens`, ...)."""
+def find_split_file(directory: Path, split: str, depth: int = 1) -> Path | None:
+    """The file of `split` in a corpus directory: `train.txt`, `valid.jsonl`, ..., or one with a name in front
+    (`ptb.train.txt`, `wiki.valid.tokens`, `corpus-dev.txt`); else the same in its only sub-directory."""
     for name in SPLIT_NAMES[split]:
         for ext in EXTENSIONS:
             for candidate in (directory / f"{name}{ext}", directory / f"wiki.{name}{ext}"):
                 if candidate.is_file():
                     return candidate
+    entries = sorted(directory.iterdir())
+    named = [p for p in entries if p.is_file() and (m := _NAMED_SPLIT.match(p.name))
+             and m["split"] in SPLIT_NAMES[split] and m["ext"] in EXTENSIONS]
+    if len(named) > 1:
+        raise DataError(f"{directory}: several {split} files ({', '.join(p.name for p in named)}); pass the one "
+                        f"to use as a file")
+    if named:
+        return named[0]
+    subdirs = [p for p in entries if p.is_dir() and not p.name.startswith(".")]
+    if depth > 0 and len(subdirs) == 1 and not any(p.is_file() for p in entries):
+        return find_split_file(subdirs[0], split, depth - 1)
     return None
+
+
+def _listing(directory: Path) -> str:
+    names = sorted(p.name + ("/" if p.is_dir() else "") for p in directory.iterdir())
+    if not names:
+        return "the folder is empty"
+    return "the folder holds " + ", ".join(names[:8]) + (", ..." if len(names) > 8 else "")
 
 
 def is_hf_name(source: str) -> bool:
@@ -151,9 +171,8 @@ def read_corpus(source: str, split: str = "train") -> tuple[list[Document], str]
         found = find_split_file(path, split)
         if found is None:
             if split == "train":
-                names = ", ".join(f"{n}{EXTENSIONS[0]}" for n in SPLIT_NAMES[split])
-                raise DataError(f"{path}: no {split} file found (looked for {names} and other "
-                                f"extensions {', '.join(EXTENSIONS)})")
+                raise DataError(f"{path}: no {split} file found (looked for train.txt, <name>.train.txt, "
+                                f"wiki.train.tokens and the extensions {', '.join(EXTENSIONS)}); {_listing(path)}")
             return [], f"{path} (no {split} file)"
         docs, origin = read_file(found), str(found)
     elif path.is_file():

@@ -5,7 +5,9 @@ added to a block of `max_length` tokens, `[CLS] s1 s2 ... [SEP]`, crossing docum
 `[SEP]`; no next-sentence task, one segment. A sentence longer than a block is cut into block-sized pieces.
 
 Masking (Devlin et al. 2019, 3.1): 15% of the non-special tokens are chosen; of those 80% become `[MASK]`,
-10% a random word, 10% stay. Labels are the original ids at chosen positions and -100 elsewhere.
+10% a random word, 10% stay. Labels are the original ids at chosen positions and -100 elsewhere. An example
+carrying `example_seed` (`diet.tasks.training.EpochExamples`) is masked by its own generator over its own
+length, so its mask is a pure function of that seed: independent of the batch, the padding and the global RNG.
 """
 
 from __future__ import annotations
@@ -104,6 +106,16 @@ class MlmCollator:
                  "token_type_ids": torch.zeros_like(ids)}
         if "labels" in features[0]:
             batch["labels"] = self.pad([f["labels"] for f in features], IGNORE_INDEX)
+        elif "example_seed" in features[0]:
+            labels = torch.full_like(ids, IGNORE_INDEX)
+            for i, f in enumerate(features):
+                n = len(f["input_ids"])
+                row = ids[i:i + 1, :n]
+                g = torch.Generator().manual_seed(int(f["example_seed"]))
+                masked, row_labels = mask_tokens(row, torch.isin(row, self.special_ids), self.mask_id,
+                                                 self.first_word_id, self.vocab_size, self.probability, g)
+                ids[i, :n], labels[i, :n] = masked[0], row_labels[0]
+            batch["input_ids"], batch["labels"] = ids, labels
         else:
             special = torch.isin(ids, self.special_ids)
             batch["input_ids"], batch["labels"] = mask_tokens(

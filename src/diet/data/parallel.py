@@ -19,10 +19,12 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
 
+from diet.data.text import read_text
 from diet.data.tokenizer import read_tokenizer_json
+from diet.data.vocab import count_words, learn_subwords
 from diet.errors import DataError
 
 PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
@@ -40,13 +42,7 @@ def read_lines(path: str | Path) -> list[str]:
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{path}: no such file")
-    data = path.read_bytes()
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = data[: e.start].count(b"\n") + 1
-        raise DataError(f"{path}:{line}: not UTF-8 ({e.reason} at byte {e.start})") from None
-    lines = text.split("\n")
+    lines = read_text(path).split("\n")  # invalid UTF-8: DataError naming file:line; a BOM is dropped
     if lines and lines[-1] == "":
         lines.pop()  # the newline that ends the last line
     return [line.strip() for line in lines]
@@ -79,18 +75,23 @@ def find_split(data_dir: str | Path, split: str, lang: str) -> Path:
 # -- the joint vocabulary ------------------------------------------------------------------------------------
 
 def train_joint_bpe(texts: Iterable[str], vocab_size: int = 8000, min_frequency: int = 2) -> PreTrainedTokenizerFast:
-    """BPE over source and target text together; encodes a sentence as its pieces followed by `</s>`."""
+    """BPE over source and target text together; encodes a sentence as its pieces followed by `</s>`.
+
+    The merges are learned by `diet.data.vocab`, a pure function of the text (`tokenizers`' BpeTrainer breaks
+    ties between equal counts in an order that changes from process to process)."""
     if vocab_size <= len(SPECIAL_TOKENS):
         raise DataError(f"vocab_size={vocab_size} must exceed the {len(SPECIAL_TOKENS)} special tokens")
-    tok = Tokenizer(models.BPE(unk_token=UNK))
-    tok.normalizer = normalizers.NFKC()
-    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always", split=True)
-    tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always", split=True)
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency,
-                                  special_tokens=list(SPECIAL_TOKENS), show_progress=False)
-    tok.train_from_iterator(texts, trainer=trainer)
-    if tok.get_vocab_size() <= len(SPECIAL_TOKENS):
+    normalizer = normalizers.NFKC()
+    pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always", split=True)
+    tokens, merges = learn_subwords(count_words(texts, normalizer, pre_tokenizer), vocab_size, SPECIAL_TOKENS,
+                                    min_frequency)
+    if len(tokens) <= len(SPECIAL_TOKENS):
         raise DataError("the joint vocabulary learned nothing: the training text is empty")
+    tok = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges, unk_token=UNK))
+    tok.normalizer = normalizer
+    tok.pre_tokenizer = pre_tokenizer
+    tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always", split=True)
+    tok.add_special_tokens(list(SPECIAL_TOKENS))
     tok.post_processor = processors.TemplateProcessing(single=f"$A:0 {EOS}:0",
                                                        special_tokens=[(EOS, tok.token_to_id(EOS))])
     return wrap(tok)

@@ -11,10 +11,33 @@ from collections import defaultdict
 import numpy as np
 
 from diet.data.tasks import QAExample
+from diet.errors import ConfigError
+
+SPECIAL = 3  # [CLS] question [SEP] context [SEP]
+
+
+def check_windows(examples: list[QAExample], tokenizer, max_length: int, doc_stride: int) -> None:
+    """Every question must leave room for context in a window, and the stride (the overlap of windows) must be
+    smaller than that room; otherwise the tokenizer stops with an error or a Rust panic. Names the question."""
+    if not examples:
+        return
+    lengths = [len(ids) for ids in tokenizer([e.question for e in examples], add_special_tokens=False)["input_ids"]]
+    i = max(range(len(examples)), key=lengths.__getitem__)
+    room = max_length - SPECIAL - lengths[i]
+    if room < 1:
+        raise ConfigError(f"{examples[i].where}: the question is {lengths[i]} tokens, leaving no room for the "
+                          f"context within --ft-max-length {max_length} ({SPECIAL} special tokens); raise "
+                          f"--ft-max-length")
+    if doc_stride >= room:
+        raise ConfigError(f"--doc-stride {doc_stride} must be less than {room}, the room for context that "
+                          f"--ft-max-length {max_length} leaves after {SPECIAL} special tokens and the longest "
+                          f"question ({lengths[i]} tokens, {examples[i].where}); lower --doc-stride or raise "
+                          f"--ft-max-length")
 
 
 def encode_train(examples: list[QAExample], tokenizer, max_length: int, doc_stride: int) -> list[dict]:
     """Training features: windows with the first answer's token span (or [CLS] when the window lacks it)."""
+    check_windows(examples, tokenizer, max_length, doc_stride)
     enc = tokenizer([e.question for e in examples], [e.context for e in examples], truncation="only_second",
                     max_length=max_length, stride=doc_stride, return_overflowing_tokens=True,
                     return_offsets_mapping=True)
@@ -37,6 +60,7 @@ def encode_train(examples: list[QAExample], tokenizer, max_length: int, doc_stri
 
 def encode_eval(examples: list[QAExample], tokenizer, max_length: int, doc_stride: int):
     """Evaluation features and, per feature, (example index, offsets with None outside the context)."""
+    check_windows(examples, tokenizer, max_length, doc_stride)
     enc = tokenizer([e.question for e in examples], [e.context for e in examples], truncation="only_second",
                     max_length=max_length, stride=doc_stride, return_overflowing_tokens=True,
                     return_offsets_mapping=True)

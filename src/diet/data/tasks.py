@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Literal
 
 from diet.data.corpus import load_hf_dataset, is_hf_name
+from diet.data.text import read_text
 from diet.errors import DataError
 
 Kind = Literal["classification", "regression", "qa"]
@@ -111,10 +112,7 @@ def read_tsv(path: str | Path, spec: TaskSpec, with_labels: bool = True) -> list
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{path}: no such file")
-    try:
-        lines = path.read_text(encoding="utf-8").split("\n")
-    except UnicodeDecodeError as e:
-        raise DataError(f"{path}: not UTF-8 text (byte {e.start})") from None
+    lines = read_text(path).split("\n")  # DataError with file:line for invalid UTF-8; a BOM is dropped
     start, header = 0, None
     if spec.header:
         if not lines or not lines[0].strip():
@@ -171,28 +169,35 @@ def read_squad(path: str | Path, require_answers: bool = True) -> list[QAExample
     if not path.is_file():
         raise DataError(f"{path}: no such file")
     try:
-        root = json.loads(path.read_text(encoding="utf-8"))
+        root = json.loads(read_text(path))
     except json.JSONDecodeError as e:
         raise DataError(f"{path}:{e.lineno}: not valid JSON ({e.msg})") from None
     if not isinstance(root, dict) or not isinstance(root.get("data"), list):
-        raise DataError(f"{path}: expected SQuAD JSON, an object with a 'data' list")
+        raise DataError(f"{path}: expected SQuAD JSON, an object with a 'data' list, found {_kind(root)}"
+                        + (f" with keys {sorted(root)[:6]}" if isinstance(root, dict) else ""))
     out = []
     for a, article in enumerate(root["data"]):
-        for p, para in enumerate(article.get("paragraphs", [])):
+        _expect(article, dict, f"{path}: data[{a}]", "an object (an article with 'paragraphs')")
+        paragraphs = _expect(article.get("paragraphs", []), list, f"{path}: data[{a}].paragraphs", "a list")
+        for p, para in enumerate(paragraphs):
             where_p = f"{path}: data[{a}].paragraphs[{p}]"
+            _expect(para, dict, where_p, "an object with 'context' and 'qas'")
             context = para.get("context")
             if not isinstance(context, str):
                 raise DataError(f"{where_p}: no 'context' string")
-            for q, qa in enumerate(para.get("qas", [])):
+            for q, qa in enumerate(_expect(para.get("qas", []), list, f"{where_p}.qas", "a list")):
                 where = f"{where_p}.qas[{q}]"
+                _expect(qa, dict, where, "an object with 'id', 'question' and 'answers'")
                 if not isinstance(qa.get("question"), str) or "id" not in qa:
                     raise DataError(f"{where}: needs 'id' and 'question'")
-                answers = qa.get("answers", [])
+                answers = _expect(qa.get("answers", []), list, f"{where}.answers", "a list")
                 if require_answers and not answers:
                     raise DataError(f"{where}: no answers (SQuAD v1.1 questions all have one)")
-                for ans in answers:
-                    if not isinstance(ans.get("text"), str) or not isinstance(ans.get("answer_start"), int):
-                        raise DataError(f"{where}: an answer needs 'text' and an integer 'answer_start'")
+                for k, ans in enumerate(answers):
+                    if not isinstance(ans, dict) or not isinstance(ans.get("text"), str) \
+                            or not isinstance(ans.get("answer_start"), int):
+                        raise DataError(f"{where}.answers[{k}]: an answer needs 'text' and an integer "
+                                        f"'answer_start', found {json.dumps(ans)[:80]}")
                     start = ans["answer_start"]
                     if context[start:start + len(ans["text"])] != ans["text"]:
                         raise DataError(f"{where}: answer {ans['text']!r} is not at answer_start={start} "
@@ -201,6 +206,17 @@ def read_squad(path: str | Path, require_answers: bool = True) -> list[QAExample
     if not out:
         raise DataError(f"{path}: no questions")
     return out
+
+
+def _kind(value) -> str:
+    return {dict: "an object", list: "a list", str: "a string", type(None): "null", bool: "a boolean"}.get(
+        type(value), "a number")
+
+
+def _expect(value, kind: type, where: str, what: str):
+    if not isinstance(value, kind):
+        raise DataError(f"{where}: expected {what}, found {_kind(value)}")
+    return value
 
 
 # -- finding a task's files ----------------------------------------------------------------------------------
@@ -256,13 +272,14 @@ def guess_task(path: Path) -> str:
 
 def generic_spec(train_file: Path, name: str) -> TaskSpec:
     """A user's own TSV with a header `sentence[1] [sentence2] label`; classes are the training labels."""
-    header = train_file.read_text(encoding="utf-8").split("\n", 1)[0].rstrip("\r").split("\t")
+    text = read_text(train_file)
+    header = text.split("\n", 1)[0].rstrip("\r").split("\t")
     a = "sentence" if "sentence" in header else "sentence1"
     b = "sentence2" if "sentence2" in header else None
     if "label" not in header:
         raise DataError(f"{train_file}:1: the header needs a 'label' column, found {header}")
     il = header.index("label")
-    raw = {line.split("\t")[il].strip() for line in train_file.read_text(encoding="utf-8").splitlines()[1:]
+    raw = {line.split("\t")[il].strip() for line in text.split("\n")[1:]
            if line.strip() and len(line.split("\t")) > il}
     labels = tuple(sorted(raw))
     return TaskSpec(name, "classification", ("accuracy",), labels, text_a=a, text_b=b)

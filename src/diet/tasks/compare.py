@@ -23,11 +23,13 @@ from pathlib import Path
 
 from diet.config import LEARNED_ABSOLUTE
 from diet.data.tasks import load_task
-from diet.errors import ConfigError
+from diet import validate as V
+from diet.errors import ConfigError, DataError
 from diet.tasks import finetune as ft
 from diet.tasks import pretrain as pt
 from diet.tasks.training import (
-    Method, add_threads_option, is_main_process, set_threads, parse_methods, write_json_atomic,
+    Method, add_threads_option, check_run_settings, is_main_process, local_path, set_threads, parse_methods,
+    write_json_atomic,
 )
 
 INPUT_POSITIONS = ("absolute", "sinusoidal")  # the rest enter per head (logits, queries/keys or values)
@@ -48,11 +50,11 @@ def register(subparsers) -> None:
     p.add_argument("--train-split", default="train", help="file prefix of training splits (XNLI: dev)")
     p.add_argument("--eval-split", default="dev", help="file prefix of evaluation splits (XNLI: test)")
     p.add_argument("--train-language", default="en", help="cross-lingual tasks: the language fine-tuned on")
-    p.add_argument("--builtin-size", type=int, default=2000, help="training examples per built-in task")
+    p.add_argument("--builtin-size", type=V.positive_int, default=2000, help="training examples per built-in task")
     pt.add_pretrain_options(p, recipe_default=None)
     ft.add_finetune_options(p, recipe_default=None)
     add_threads_option(p, default=1)
-    p.add_argument("--jobs", type=int, help="methods trained side by side, one process each (default: CPU cores "
+    p.add_argument("--jobs", type=V.positive_int, help="methods trained side by side, one process each (default: CPU cores "
                                             "/ threads, e.g. 2 on 2 cores)")
     p.set_defaults(func=main)
 
@@ -207,6 +209,12 @@ position information) stays at chance (50); `topic` needs only the words, a cont
 # -- main ----------------------------------------------------------------------------------------------------
 
 def main(args) -> int:
+    out = V.check_output_dir(args.output_dir, "-o")
+    with V.created_only_on_success(out, disposable=("run_settings.json",)):
+        return _main(args)
+
+
+def _main(args) -> int:
     from diet.data.synthetic import write_builtin
 
     start = time.time()
@@ -225,7 +233,15 @@ def main(args) -> int:
             raise ConfigError(f"fine-tuning length {s_ft['max_length']} exceeds the pre-training length "
                               f"{s_pre['max_length']}, beyond what position={m.position!r} learns; lower "
                               f"--ft-max-length or raise --max-length")
+        pt.check_before_work(m, s_pre, args.device_batch_size)  # the model at this size, the batch layout
 
+    # What the shared data depends on, recorded before anything is written (each pre-training and fine-tuning
+    # folder inside records its own settings): a rerun with another corpus or vocabulary is refused.
+    check_run_settings(out, dict(
+        task="compare", builtin=builtin, builtin_size=args.builtin_size if builtin else None,
+        corpus=local_path(args.corpus), tokenizer=local_path(args.tokenizer), vocab_size=s_pre["vocab_size"],
+        max_length=s_pre["max_length"], max_documents=args.max_documents, max_validation=args.max_validation,
+        seed=args.seed), "another -o (or delete the folder)", products=("tokenizer", "pretrain", "finetune", "report.md"))
     if builtin:
         paths = write_builtin(out / "data", seed=args.seed, train=args.builtin_size,
                               dev=max(100, min(500, args.builtin_size // 4)))
@@ -243,6 +259,10 @@ def main(args) -> int:
             raise ConfigError(f"task {data.spec.name} given twice")
         tasks[data.spec.name] = data
     task_names = list(tasks)
+    for name, data in tasks.items():  # refused now rather than after every method's pre-training
+        if data.spec.kind != "qa" and len(data.train) < s_ft["batch_size"]:
+            raise DataError(f"{data.source}: {len(data.train)} training examples of {name}, fewer than one "
+                            f"fine-tuning batch of {s_ft['batch_size']} (--ft-batch-size)")
 
     log = (lambda m: print(f"[compare] {m}", file=sys.stderr)) if is_main_process() else (lambda m: None)
     out.mkdir(parents=True, exist_ok=True)

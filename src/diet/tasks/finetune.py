@@ -6,13 +6,17 @@ segments. A grid of learning rates x N seeds; each run is evaluated after every 
 score is the median over seeds, and the best learning rate is reported. Cross-lingual zero-shot: train on
 English, evaluate every language given; the checkpoint is chosen on English where English is evaluated.
 
-A finished run writes `result.json` atomically; a rerun skips finished runs, so a killed grid loses at most
-the run in progress.
+A finished run writes `result.json` atomically; a rerun skips finished runs. A run in progress is checkpointed
+at each evaluation (kill-safe, `diet.tasks.training`) and resumed exactly: a killed grid loses at most one
+evaluation interval, and ends bit-identical to an uninterrupted one. The grid's settings (model fingerprint,
+task, hyper-parameters) are recorded in the output folder; a rerun with other settings is refused.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
+import shutil
 import statistics
 import sys
 import time
@@ -25,10 +29,13 @@ from diet.data import metrics as M
 from diet.data.qa import best_answers, encode_eval, encode_train
 from diet.data.tasks import TaskData, load_task
 from diet.data.tokenizer import load_tokenizer
+from diet import validate as V
 from diet.errors import ConfigError, DataError
 from diet.tasks.training import (
-    FINETUNE_RECIPES, ListDataset, ProgressBar, add_threads_option, batch_layout, check_length, is_main_process,
-    read_json, replace_progress, set_threads, write_json_atomic,
+    FINETUNE_RECIPES, CompleteCheckpoints, ListDataset, ProgressBar, SeededTrainer, add_threads_option,
+    batch_layout, check_length, check_run_settings, checkpoints, file_fingerprint, is_main_process, local_path,
+    read_json, replace_progress, resumable_checkpoint, set_threads, train_resumable, world_size,
+    write_json_atomic,
 )
 
 RESULT = "result.json"
@@ -40,21 +47,25 @@ def add_finetune_options(p: argparse.ArgumentParser, recipe_default: str = "cpu"
     g.add_argument("--ft-recipe", choices=sorted(FINETUNE_RECIPES), default=recipe_default,
                    help="'paper' is DIET Table 7 (lr {1,2,3,4}e-5 x 5 seeds, 5 epochs, batch 32, warm-up 0.1)")
     g.add_argument("--lrs", help="comma-separated learning rates (default: the recipe's grid)")
-    g.add_argument("--seeds", type=int, help="runs per learning rate (seeds 0..N-1); the median is reported")
-    g.add_argument("--epochs", type=float, help="training epochs per run")
-    g.add_argument("--ft-batch-size", type=int, help="global fine-tuning batch")
-    g.add_argument("--ft-max-length", type=int, help="maximum tokens per example (pairs: both segments)")
-    g.add_argument("--eval-steps", type=int, help="evaluate every N steps instead of every epoch")
-    g.add_argument("--max-train", type=int, help="use only the first N training examples")
-    g.add_argument("--max-eval", type=int, help="use only the first N examples of each evaluation set")
-    g.add_argument("--doc-stride", type=int, default=64, help="QA: overlap of context windows, in tokens")
+    g.add_argument("--seeds", type=V.positive_int,
+                   help="runs per learning rate (seeds 0..N-1); the median is reported")
+    g.add_argument("--epochs", type=V.positive_float, help="training epochs per run")
+    g.add_argument("--ft-batch-size", type=V.positive_int, help="global fine-tuning batch")
+    g.add_argument("--ft-max-length", type=V.int_at_least(5, ": [CLS] A [SEP] B [SEP]"),
+                   help="maximum tokens per example (pairs: both segments)")
+    g.add_argument("--eval-steps", type=V.positive_int, help="evaluate every N steps instead of every epoch")
+    g.add_argument("--max-train", type=V.positive_int, help="use only the first N training examples")
+    g.add_argument("--max-eval", type=V.positive_int, help="use only the first N examples of each evaluation set")
+    g.add_argument("--doc-stride", type=V.non_negative_int, default=64,
+                   help="QA: overlap of context windows, in tokens; less than the room the question leaves")
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("finetune", help="fine-tune a pre-trained model on GLUE/XNLI/QA (lr grid x seeds)",
                               description=__doc__.splitlines()[0],
                               formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("model", help="a pre-trained model directory (diet pretrain's <output>/model)")
+    p.add_argument("model", help="a pre-trained model directory, or a `diet pretrain` run folder (its model/ is "
+                                 "used)")
     p.add_argument("task", help="a task directory in its official layout (e.g. glue/CoLA, xnli, xquad) or a "
                                 "Hugging Face name such as nyu-mll/glue:cola")
     p.add_argument("--task-name", dest="task_type",
@@ -74,21 +85,33 @@ def register(subparsers) -> None:
 
 def settings(args) -> dict:
     r = FINETUNE_RECIPES[args.ft_recipe]
-    try:
-        lrs = tuple(float(x) for x in args.lrs.split(",")) if args.lrs else r.learning_rates
-    except ValueError:
-        raise ConfigError(f"--lrs={args.lrs!r} is not a comma-separated list of numbers") from None
-    s = dict(lrs=lrs, seeds=args.seeds or r.seeds, epochs=args.epochs or r.epochs,
-             batch_size=args.ft_batch_size or r.batch_size, max_length=args.ft_max_length or r.max_length,
+
+    def given(value, default):  # 0 is a value to check, never "unset": only None takes the recipe's
+        return default if value is None else value
+
+    lrs = r.learning_rates
+    if args.lrs is not None:
+        try:
+            lrs = tuple(float(x) for x in args.lrs.split(","))
+        except ValueError:
+            raise ConfigError(f"--lrs {args.lrs!r} is not a comma-separated list of numbers (e.g. 1e-4,3e-4)") \
+                from None
+        bad = [lr for lr in lrs if not (lr > 0 and math.isfinite(lr))]
+        if bad:
+            raise ConfigError(f"--lrs {args.lrs!r}: {bad[0]:g} is not a positive learning rate (must be > 0)")
+    s = dict(lrs=lrs, seeds=given(args.seeds, r.seeds), epochs=given(args.epochs, r.epochs),
+             batch_size=given(args.ft_batch_size, r.batch_size), max_length=given(args.ft_max_length, r.max_length),
              warmup=r.warmup, weight_decay=r.weight_decay, max_grad_norm=r.max_grad_norm,
              eval_steps=args.eval_steps, max_eval=args.max_eval, doc_stride=args.doc_stride)
-    if not lrs or any(lr <= 0 for lr in lrs):
-        raise ConfigError(f"learning rates {lrs} must be positive")
-    for key in ("seeds", "batch_size", "max_length"):
-        if s[key] < 1:
-            raise ConfigError(f"{key}={s[key]} must be a positive integer")
-    if s["epochs"] <= 0:
+    options = dict(seeds="--seeds", batch_size="--ft-batch-size", max_length="--ft-max-length",
+                   eval_steps="--eval-steps", max_eval="--max-eval")
+    for key, option in options.items():
+        if s[key] is not None and s[key] < 1:
+            raise ConfigError(f"{option}={s[key]} must be a positive integer (>= 1)")
+    if not (s["epochs"] > 0 and math.isfinite(s["epochs"])):
         raise ConfigError(f"--epochs={s['epochs']} must be positive")
+    if s["doc_stride"] < 0:
+        raise ConfigError(f"--doc-stride={s['doc_stride']} must be >= 0")
     return s
 
 
@@ -139,15 +162,29 @@ class Scorer:
 
 
 def make_trainer_class():
-    from transformers import Trainer
+    from transformers import TrainerCallback
+    from transformers.trainer_callback import ExportableState
 
-    class TaskTrainer(Trainer):
+    class EvalHistory(TrainerCallback, ExportableState):
+        """The run's evaluations, saved in each checkpoint's trainer state and restored on resume."""
+
+        def __init__(self, history: list | None = None):
+            self.history = list(history or [])
+
+        def state(self) -> dict:
+            return {"args": {"history": self.history}, "attributes": {}}
+
+    class TaskTrainer(SeededTrainer):
         """Trainer whose evaluation scores every evaluation set with the task's official metrics."""
 
-        def __init__(self, *a, scorer: Scorer, **kw):
-            super().__init__(*a, **kw)
+        def __init__(self, *a, scorer: Scorer, callbacks=None, **kw):
+            super().__init__(*a, callbacks=[*(callbacks or []), EvalHistory()], **kw)
             self.scorer = scorer
-            self.history: list[dict] = []
+
+        @property
+        def history(self) -> list[dict]:
+            """The evaluations so far (the callback object is replaced when a checkpoint is resumed)."""
+            return next(cb for cb in self.callback_handler.callbacks if isinstance(cb, EvalHistory)).history
 
         def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix="eval"):
             per_set = {}
@@ -199,7 +236,9 @@ def run_one(model_dir: Path, data: TaskData, train_set: ListDataset, scorer: Sco
         per_device_train_batch_size=per_device, per_device_eval_batch_size=128,
         gradient_accumulation_steps=accumulation,
         eval_strategy="steps" if s["eval_steps"] else "epoch", eval_steps=s["eval_steps"],
-        save_strategy="no", logging_steps=max(1, steps_per_epoch // 5), seed=seed, data_seed=seed,
+        save_strategy="steps" if s["eval_steps"] else "epoch", save_steps=s["eval_steps"], save_total_limit=2,
+        restore_callback_states_from_checkpoint=True,
+        logging_steps=max(1, steps_per_epoch // 5), seed=seed, data_seed=seed,
         report_to=[report_to] if report_to != "none" else [], use_cpu=not torch.cuda.is_available(),
         disable_tqdm=quiet, remove_unused_columns=False, log_level="warning", ddp_find_unused_parameters=False)
     set_seed(seed)  # the new head's initialisation and dropout differ per seed
@@ -209,10 +248,13 @@ def run_one(model_dir: Path, data: TaskData, train_set: ListDataset, scorer: Sco
     model = quiet_load(model_class(spec.kind), model_dir, **kwargs)
     first_eval = next(iter(scorer.sets.values()))[0]  # Trainer insists on one; evaluate() scores them all
     trainer = make_trainer_class()(model=model, args=args, train_dataset=train_set, eval_dataset=first_eval,
-                                   data_collator=DataCollatorWithPadding(tokenizer), scorer=scorer)
+                                   data_collator=DataCollatorWithPadding(tokenizer), scorer=scorer,
+                                   callbacks=[CompleteCheckpoints()])
     replace_progress(trainer, ProgressBar(description, score_key="eval_score"))
+    resume = resumable_checkpoint(out, remove_incomplete=is_main_process())
+    trainer.accelerator.wait_for_everyone()
     start = time.time()
-    trainer.train()
+    train_resumable(trainer, resume)
     if not trainer.history:  # fewer steps than one evaluation interval
         trainer.evaluate()
     best = max(trainer.history, key=lambda h: h["score"])
@@ -259,6 +301,13 @@ def run_finetune(model_dir: str | Path, data: TaskData, output_dir: str | Path, 
     check_length(config, s["max_length"], str(model_dir))
     tokenizer = load_tokenizer(model_dir)
     spec = data.spec
+    run = dict(task="finetune", model=local_path(str(model_dir)),
+               model_sha256=file_fingerprint(model_dir / "model.safetensors"),
+               tokenizer_sha256=file_fingerprint(model_dir / "tokenizer.json"), data=local_path(data.source),
+               task_name=spec.name, train_examples=len(data.train),
+               eval_sets={name: len(examples) for name, examples in data.evals.items()},
+               train_language=train_language, settings=s, processes=world_size())
+    check_run_settings(output_dir, run, "another -o (or delete the folder)", products=(SUMMARY, "lr*-seed*"))
     if spec.kind == "qa":
         train_set = ListDataset(encode_train(data.train, tokenizer, s["max_length"], s["doc_stride"]))
     else:
@@ -281,6 +330,8 @@ def run_finetune(model_dir: str | Path, data: TaskData, output_dir: str | Path, 
                              f"{label}{spec.name} lr={lr:g} seed={seed}", report_to)
             if is_main_process():
                 write_json_atomic(out / RESULT, result)
+                for _, folder, _ in checkpoints(out):  # finished: its checkpoints are no longer needed
+                    shutil.rmtree(folder, ignore_errors=True)
             runs.append(result)
     summary = summarise(runs, spec, scorer.select_on)
     summary["runs"] = [{k: r[k] for k in ("lr", "seed", "best", "seconds")} for r in runs]
@@ -294,9 +345,12 @@ def run_finetune(model_dir: str | Path, data: TaskData, output_dir: str | Path, 
 def main(args) -> int:
     set_threads(args.threads)
     s = settings(args)
+    out = V.check_output_dir(args.output_dir, "-o")
     data = load_task(args.task, args.task_type, args.train_file, args.eval_files, args.train_split,
                      args.eval_split, args.train_language, args.max_train)
-    summary = run_finetune(args.model, data, args.output_dir, s, train_language=args.train_language)
+    model_dir = V.find_model_dir(args.model)  # MODEL or a `diet pretrain` run folder holding MODEL/model
+    with V.created_only_on_success(out):
+        summary = run_finetune(model_dir, data, out, s, train_language=args.train_language)
     if is_main_process():
         print(f"{summary['task']}\tbest lr {summary['best_lr']:g}")
         for name, values in summary["per_set"].items():

@@ -11,6 +11,7 @@ on a validation set masked once with a fixed seed, so every method is scored on 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import math
 import shutil
 import sys
@@ -21,12 +22,15 @@ import torch
 
 from diet.data.corpus import read_corpus
 from diet.data.mlm import MlmCollator, pack_sentences
-from diet.data.tokenizer import load_tokenizer, train_wordpiece
+from diet.data.tokenizer import load_tokenizer, save_tokenizer, train_wordpiece
+from diet import validate as V
 from diet.errors import ConfigError, DataError
+from diet.config import LEARNED_ABSOLUTE
 from diet.tasks.training import (
-    PRETRAIN_RECIPES, SIZES, CompleteCheckpoints, ListDataset, Method, ProgressBar, add_threads_option,
-    batch_layout, build_config, is_main_process, log_history_curves, parse_method, read_json,
-    replace_progress, resumable_checkpoint, set_threads, write_json_atomic,
+    PRETRAIN_RECIPES, SIZES, CompleteCheckpoints, EpochExamples, ListDataset, Method, ProgressBar, SeededTrainer,
+    add_threads_option, batch_layout, build_config, check_run_settings, file_fingerprint, is_main_process,
+    local_path, log_history_curves, parse_method, read_json, replace_progress, resumable_checkpoint, set_threads,
+    train_resumable, world_size, write_json_atomic,
 )
 
 RESULTS = "pretrain_results.json"
@@ -42,19 +46,21 @@ def add_pretrain_options(p: argparse.ArgumentParser, recipe_default: str = "cpu"
     g.add_argument("--size", choices=sorted(SIZES), help="model size preset (default: the recipe's)")
     g.add_argument("--tokenizer", help="an existing tokenizer (directory or tokenizer.json); default: train "
                                        "WordPiece on the corpus")
-    g.add_argument("--vocab-size", type=int, help="WordPiece vocabulary size when training one")
-    g.add_argument("--max-length", type=int, help="block length in tokens ([CLS] and [SEP] included)")
-    g.add_argument("--steps", type=int, help="optimizer steps")
-    g.add_argument("--batch-size", type=int, help="global batch (all processes, after accumulation)")
-    g.add_argument("--device-batch-size", type=int, default=64,
+    g.add_argument("--vocab-size", type=V.int_at_least(6, ": 5 special tokens and a word"),
+                   help="WordPiece vocabulary size when training one")
+    g.add_argument("--max-length", type=V.int_at_least(3, ": [CLS], a token and [SEP]"),
+                   help="block length in tokens ([CLS] and [SEP] included)")
+    g.add_argument("--steps", type=V.positive_int, help="optimizer steps")
+    g.add_argument("--batch-size", type=V.positive_int, help="global batch (all processes, after accumulation)")
+    g.add_argument("--device-batch-size", type=V.positive_int, default=64,
                    help="largest batch one process computes at once; the rest is gradient accumulation")
-    g.add_argument("--lr", type=float, help="peak learning rate")
-    g.add_argument("--warmup", type=float, help="warm-up fraction of the steps")
-    g.add_argument("--save-steps", type=int, help="checkpoint interval in steps")
-    g.add_argument("--max-documents", type=int, help="use only the first N documents of the corpus")
-    g.add_argument("--max-validation", type=int,
+    g.add_argument("--lr", type=V.positive_float, help="peak learning rate")
+    g.add_argument("--warmup", type=V.fraction, help="warm-up fraction of the steps, in [0, 1)")
+    g.add_argument("--save-steps", type=V.positive_int, help="checkpoint interval in steps")
+    g.add_argument("--max-documents", type=V.positive_int, help="use only the first N documents of the corpus")
+    g.add_argument("--max-validation", type=V.positive_int,
                    help="score validation MLM loss on the first N validation blocks only (faster evaluations)")
-    g.add_argument("--seed", type=int, default=0, help="seed of initialisation and data order")
+    g.add_argument("--seed", type=V.seed, default=0, help="seed of initialisation and data order")
 
 
 def register(subparsers) -> None:
@@ -77,19 +83,23 @@ def register(subparsers) -> None:
 def settings(args) -> dict:
     """The recipe with the command line's overrides applied."""
     r = PRETRAIN_RECIPES[args.recipe]
-    s = dict(size=args.size or r.size, vocab_size=args.vocab_size or r.vocab_size,
-             max_length=args.max_length or r.max_length, steps=args.steps or r.max_steps,
-             batch_size=args.batch_size or r.batch_size, lr=args.lr if args.lr is not None else r.learning_rate,
-             warmup=args.warmup if args.warmup is not None else r.warmup,
-             save_steps=args.save_steps or min(r.save_steps, args.steps or r.max_steps),
+
+    def given(value, default):  # 0 is a value to check, never "unset": only None takes the recipe's
+        return default if value is None else value
+
+    steps = given(args.steps, r.max_steps)
+    s = dict(size=given(args.size, r.size), vocab_size=given(args.vocab_size, r.vocab_size),
+             max_length=given(args.max_length, r.max_length), steps=steps,
+             batch_size=given(args.batch_size, r.batch_size), lr=given(args.lr, r.learning_rate),
+             warmup=given(args.warmup, r.warmup), save_steps=given(args.save_steps, min(r.save_steps, steps)),
              weight_decay=r.weight_decay, adam_epsilon=r.adam_epsilon, max_grad_norm=r.max_grad_norm)
     for key in ("vocab_size", "max_length", "steps", "batch_size", "save_steps"):
         if s[key] < 1:
             raise ConfigError(f"--{key.replace('_', '-')}={s[key]} must be a positive integer")
     if not 0 <= s["warmup"] < 1:
         raise ConfigError(f"--warmup={s['warmup']} must be a fraction in [0, 1)")
-    if s["lr"] <= 0:
-        raise ConfigError(f"--lr={s['lr']} must be positive")
+    if not (s["lr"] > 0 and math.isfinite(s["lr"])):
+        raise ConfigError(f"--lr={s['lr']} must be positive and finite")
     return s
 
 
@@ -175,8 +185,10 @@ def run_pretrain(corpus: str, method: Method, output_dir: str | Path, s: dict, *
                  quiet: bool = False, report_to: str = "tensorboard", description: str | None = None, prepared=None) -> dict:
     """Pre-train one model; resumes from a complete checkpoint and returns the results (also in RESULTS).
 
-    `prepared`: (tokenizer, train blocks, validation blocks) already made, shared by compared methods."""
-    from transformers import Trainer, TrainingArguments, set_seed
+    `prepared`: (tokenizer, train blocks, validation blocks) already made, shared by compared methods.
+    The run is a pure function of its settings and seed (see `diet.tasks.training`); they are recorded in the
+    output folder before anything else, and a rerun with other settings is refused."""
+    from transformers import TrainingArguments, set_seed
 
     from diet import DietForMaskedLM
 
@@ -185,13 +197,22 @@ def run_pretrain(corpus: str, method: Method, output_dir: str | Path, s: dict, *
                                                                                       file=sys.stderr))
     if overwrite and output_dir.exists() and is_main_process():
         shutil.rmtree(output_dir)
+    per_device, accumulation = batch_layout(s["batch_size"], device_batch_size)
+    tokenizer_file = Path(tokenizer) / "tokenizer.json" if tokenizer and Path(tokenizer).is_dir() else tokenizer
+    run = dict(task="pretrain", method=method.name, config=method.config_fields(), settings=s, seed=seed,
+               corpus=local_path(corpus), validation=local_path(validation), tokenizer=local_path(tokenizer),
+               tokenizer_sha256=file_fingerprint(tokenizer_file) if tokenizer else None,
+               max_documents=max_documents, max_validation=max_validation, device_batch_size=per_device,
+               accumulation=accumulation, processes=world_size())
+    if prepared is not None:  # compare's shared data: the vocabulary itself identifies it
+        run["vocabulary_sha256"] = hashlib.sha256(prepared[0].backend_tokenizer.to_str().encode()).hexdigest()[:16]
+    check_run_settings(output_dir, run, "--overwrite", products=("model", "tokenizer", RESULTS))
     done = output_dir / RESULTS
     if done.is_file() and (output_dir / "model" / "config.json").is_file():
         log(f"{output_dir}: finished earlier, reusing it (--overwrite to redo)")
         return read_json(done)
     output_dir.mkdir(parents=True, exist_ok=True)
 
-    per_device, accumulation = batch_layout(s["batch_size"], device_batch_size)
     args = TrainingArguments(
         output_dir=str(output_dir), max_steps=s["steps"], learning_rate=s["lr"], warmup_steps=s["warmup"],
         lr_scheduler_type="linear", weight_decay=s["weight_decay"], adam_epsilon=s["adam_epsilon"],
@@ -212,7 +233,7 @@ def run_pretrain(corpus: str, method: Method, output_dir: str | Path, s: dict, *
                                                          max_validation)
     collator = MlmCollator(tok)
     val_set = ListDataset(collator.premask(val_blocks, VALIDATION_SEED))
-    train_set = ListDataset([{"input_ids": b} for b in train_blocks])
+    train_set = EpochExamples([{"input_ids": b} for b in train_blocks], seed)  # masks: f(seed, epoch, index)
 
     config = build_config(method, s["size"], len(tok), s["max_length"], tok.pad_token_id)
     set_seed(seed)  # identical initialisation of the parameters all methods share
@@ -220,7 +241,7 @@ def run_pretrain(corpus: str, method: Method, output_dir: str | Path, s: dict, *
     log(f"{method.name}: {sum(p.numel() for p in model.parameters()):,} parameters, {s['steps']:,} steps of "
         f"batch {s['batch_size']} ({per_device} x {accumulation} accumulation x {args.world_size} process(es))")
 
-    trainer = Trainer(model=model, args=args, train_dataset=train_set, eval_dataset=val_set,
+    trainer = SeededTrainer(model=model, args=args, train_dataset=train_set, eval_dataset=val_set,
                       data_collator=collator, callbacks=[CompleteCheckpoints()])
     replace_progress(trainer, ProgressBar(description or f"pretrain {method.name}"))
     resume = None if overwrite else resumable_checkpoint(output_dir, remove_incomplete=is_main_process())
@@ -228,7 +249,7 @@ def run_pretrain(corpus: str, method: Method, output_dir: str | Path, s: dict, *
     if resume:
         log(f"resuming from {resume}")
     start = time.time()
-    trainer.train(resume_from_checkpoint=str(resume) if resume else None)
+    train_resumable(trainer, resume)
     seconds = time.time() - start
 
     results = None
@@ -238,7 +259,7 @@ def run_pretrain(corpus: str, method: Method, output_dir: str | Path, s: dict, *
         tmp = output_dir / "model.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         trainer.model.save_pretrained(tmp, safe_serialization=True)
-        tok.save_pretrained(tmp)
+        save_tokenizer(tok, tmp, config.max_position_embeddings if method.position in LEARNED_ABSOLUTE else None)
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
         results = dict(method=method.name, position=method.position, segment=method.segment,
@@ -254,11 +275,26 @@ def run_pretrain(corpus: str, method: Method, output_dir: str | Path, s: dict, *
     return results if results is not None else read_json(done)
 
 
+def check_before_work(method: Method, s: dict, device_batch_size: int) -> None:
+    """What can be refused without reading data: the model's shape at this size, the batch layout."""
+    build_config(method, s["size"], s["vocab_size"], s["max_length"], 0)
+    batch_layout(s["batch_size"], device_batch_size)
+
+
 def main(args) -> int:
     set_threads(args.threads)
     method = parse_method(args.method)
     s = settings(args)
-    run_pretrain(args.corpus, method, args.output_dir, s, validation=args.validation, tokenizer=args.tokenizer,
-                 seed=args.seed, device_batch_size=args.device_batch_size, max_documents=args.max_documents, max_validation=args.max_validation,
-                 overwrite=args.overwrite)
+    check_before_work(method, s, args.device_batch_size)
+    out = V.check_output_dir(args.output_dir, "-o")
+    if args.tokenizer:
+        load_tokenizer(args.tokenizer)
+    if args.overwrite and out.exists():  # --overwrite deletes the old run: read the new data first
+        read_corpus(args.corpus, "train")
+        if args.validation:
+            read_corpus(args.validation, "train")
+    with V.created_only_on_success(out):
+        run_pretrain(args.corpus, method, out, s, validation=args.validation, tokenizer=args.tokenizer,
+                     seed=args.seed, device_batch_size=args.device_batch_size, max_documents=args.max_documents,
+                     max_validation=args.max_validation, overwrite=args.overwrite)
     return 0

@@ -5,10 +5,18 @@ Kill safety: `Trainer` (transformers 5) writes `checkpoint-N/` in place, so a ki
 directory that `get_last_checkpoint` would pick up. `CompleteCheckpoints` writes a marker into the checkpoint
 after every file (model, optimizer, scheduler, RNG states, trainer state) is written, and resuming uses only
 the newest checkpoint with a marker; unmarked ones are deleted first, so they can never be loaded.
+
+Exact resume: a run is a pure function of its settings and seed, and a resumed run ends bit-identical to an
+uninterrupted one. Data order comes from `SeededSampler` (a permutation seeded by (seed, epoch), not the
+global RNG), MLM masks from per-example seeds (seed, epoch, index) (`EpochExamples`), so the only consumer of
+the global RNG is dropout, whose state `Trainer` saves in each checkpoint and restores. `train_resumable` does
+not run an extra step from a checkpoint at the last step, and `check_run_settings` refuses to resume (or reuse)
+an output folder made with other settings.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -19,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from transformers import TrainerCallback
+from transformers import Trainer, TrainerCallback
 
 from diet.config import LEARNED_ABSOLUTE, PRESETS, DietConfig
 from diet.errors import ConfigError
@@ -98,9 +106,22 @@ def parse_method(spec: str) -> Method:
     if unknown:
         raise ConfigError(f"method {spec!r}: unknown field(s) {unknown}; use segment=, sharing= or a DietConfig "
                           f"field such as position_rank=")
+    for key, source in RUN_FIELDS.items():
+        if key in fields:
+            raise ConfigError(f"method {spec!r}: {key} is set by the run from {source}; remove it from the method")
+    for key, value in fields.items():
+        if ("dropout" in key or key.endswith("_prob")) and not (isinstance(value, (int, float))
+                                                               and not isinstance(value, bool) and 0 <= value < 1):
+            raise ConfigError(f"method {spec!r}: {key}={value!r} must be a probability in [0, 1)")
     method = Method(position, segment, sharing, tuple(sorted(fields.items())))
     DietConfig.from_preset("bert-tiny", vocab_size=8, **method.config_fields())  # raises ConfigError
     return method
+
+
+# DietConfig fields a run sets itself; a method spec may override any other field, the size preset's
+# (hidden_size, num_hidden_layers, ...) included.
+RUN_FIELDS = {"vocab_size": "the tokenizer (--vocab-size)", "max_position_embeddings": "--max-length",
+              "pad_token_id": "the tokenizer"}
 
 
 def parse_methods(text: str) -> list[Method]:
@@ -140,8 +161,9 @@ def build_config(method: Method, size: str, vocab_size: int, max_length: int, pa
                           f"position={method.position!r} learns one vector per position up to that limit")
     if dropout is not None:
         overrides = {**overrides, "hidden_dropout_prob": dropout, "attention_probs_dropout_prob": dropout}
-    return DietConfig.from_preset(preset, **overrides, **method.config_fields(), vocab_size=vocab_size,
-                                  max_position_embeddings=max_positions, pad_token_id=pad_token_id)
+    fields = {**overrides, **method.config_fields()}  # a method's fields override the size preset's
+    return DietConfig.from_preset(preset, **fields, vocab_size=vocab_size, max_position_embeddings=max_positions,
+                                  pad_token_id=pad_token_id)
 
 
 def check_length(config: DietConfig, max_length: int, where: str) -> None:
@@ -259,6 +281,177 @@ def resumable_checkpoint(output_dir: str | Path, remove_incomplete: bool = True)
     return done[-1] if done else None
 
 
+# -- determinism and exact resume -----------------------------------------------------------------------------
+
+_MASK64 = (1 << 64) - 1
+
+
+def mix_seed(*parts: int) -> int:
+    """A well-mixed 63-bit seed from integers (SplitMix64 steps): a pure function, unlike Python's `hash`."""
+    x = 0x9E3779B97F4A7C15
+    for part in parts:
+        x = (x ^ (int(part) & _MASK64)) & _MASK64
+        x = (x + 0x9E3779B97F4A7C15) & _MASK64
+        x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+        x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+        x ^= x >> 31
+    return x >> 1
+
+
+class EpochExamples(torch.utils.data.Dataset):
+    """A training set whose items carry `example_seed`, a pure function of (seed, epoch, index).
+
+    `SeededSampler` yields `epoch * len + index` for such a dataset, so the seed of an example's MLM mask is
+    known from the index alone: it does not depend on the global RNG, on what ran before, or on a resume."""
+
+    def __init__(self, items: list[dict], seed: int):
+        self.items, self.seed = items, seed
+
+    def __len__(self):
+        return len(self.items)
+
+    def __getitem__(self, i):
+        epoch, index = divmod(int(i), len(self.items))
+        return {**self.items[index], "example_seed": mix_seed(self.seed, epoch, index)}
+
+
+class SeededSampler(torch.utils.data.Sampler):
+    """Training order as a pure function of (seed, epoch): a permutation from a generator seeded by both, or
+    with `lengths` the length grouping of `Trainer`'s `group_by_length` (mega-batches sorted by length).
+
+    `Trainer` calls `set_epoch` before each epoch (accelerate's DataLoaderShard forwards it, also after the
+    skip of a resume), so the order of the resumed epoch is the order the uninterrupted run had."""
+
+    def __init__(self, size: int, seed: int, lengths: list[int] | None = None, batch_size: int = 1,
+                 tag_epoch: bool = False):
+        self.size, self.seed, self.lengths, self.batch_size, self.tag_epoch = size, seed, lengths, batch_size, tag_epoch
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    def __len__(self):
+        return self.size
+
+    def __iter__(self):
+        generator = torch.Generator().manual_seed(mix_seed(self.seed, self.epoch))
+        if self.lengths is not None:
+            from transformers.trainer_pt_utils import get_length_grouped_indices
+            order = get_length_grouped_indices(self.lengths, self.batch_size, generator=generator)
+        else:
+            order = torch.randperm(self.size, generator=generator).tolist()
+        offset = self.epoch * self.size if self.tag_epoch else 0
+        return iter([offset + int(i) for i in order])
+
+
+class SeededTrainer(Trainer):
+    """`Trainer` whose training order is a `SeededSampler` seeded with `data_seed` (else `seed`)."""
+
+    def _get_train_sampler(self, train_dataset=None):
+        dataset = self.train_dataset if train_dataset is None else train_dataset
+        seed = self.args.data_seed if self.args.data_seed is not None else self.args.seed
+        lengths = None
+        if self.args.train_sampling_strategy == "group_by_length":
+            lengths = [len(dataset[i]["input_ids"]) for i in range(len(dataset))]
+        return SeededSampler(len(dataset), seed, lengths,
+                             self.args.train_batch_size * self.args.gradient_accumulation_steps,
+                             tag_epoch=isinstance(dataset, EpochExamples))
+
+
+def train_resumable(trainer, resume: Path | None):
+    """`trainer.train()`, resuming from `resume` if given. A checkpoint at (or past) the last step is loaded, not
+    trained on: `Trainer` would run one more step before noticing (41 steps for `--steps 40`). Returns the
+    `TrainOutput`, or None when nothing was left to train."""
+    if resume is not None:
+        saved = read_json(Path(resume) / "trainer_state.json")
+        if saved.get("max_steps") and saved["global_step"] >= saved["max_steps"]:
+            from transformers import TrainerState
+            # the checkpoint's weights, trainer state and callbacks' states, as train() would restore them
+            trainer._load_from_checkpoint(str(resume))
+            trainer.state = TrainerState.load_from_json(str(Path(resume) / "trainer_state.json"))
+            trainer._load_callback_state()
+            return None
+    return trainer.train(resume_from_checkpoint=str(resume) if resume else None)
+
+
+# -- run settings --------------------------------------------------------------------------------------------
+
+RUN_SETTINGS = "run_settings.json"
+
+
+def _plain(value):
+    """JSON's view of a value (tuples become lists), so saved and new settings compare equal."""
+    return json.loads(json.dumps(value, default=str))
+
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+    """{"settings": {"lr": 1}} -> {"settings.lr": 1}, so a difference is named by its field."""
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def file_fingerprint(path: str | Path) -> str:
+    """sha256 of a file's bytes (first 16 hex digits), or '' if there is no such file."""
+    path = Path(path)
+    if not path.is_file():
+        return ""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()[:16]
+
+
+def local_path(text: str | None) -> str | None:
+    """An absolute path for a local file or folder (the same run from another directory), else the text."""
+    if text is None:
+        return None
+    path = Path(text)
+    return str(path.resolve()) if path.exists() else text
+
+
+def check_run_settings(output_dir: str | Path, settings: dict, fresh_hint: str = "--overwrite",
+                       products: tuple[str, ...] = ()) -> None:
+    """Record `settings` in `output_dir` (atomically) before a run writes anything else, or, if the folder holds
+    results of an earlier run, refuse to go on with different settings: a ConfigError names each differing
+    field, old -> new, and says how to start afresh.
+
+    `products` are glob patterns of what a run leaves (checkpoints count too). Results without a settings file
+    come from an unknown run and are refused; a settings file alone (a run that failed before producing
+    anything) is simply replaced."""
+    output_dir = Path(output_dir)
+    path = output_dir / RUN_SETTINGS
+    new = _plain(settings)
+    found = sorted({p.name for pattern in products for p in output_dir.glob(pattern)})
+    found += [folder.name for _, folder, _ in checkpoints(output_dir)]
+    if found and path.is_file():
+        try:
+            old = read_json(path)
+        except (OSError, ValueError):
+            old = None
+        if not isinstance(old, dict):
+            raise ConfigError(f"{path}: unreadable run settings; to start afresh use {fresh_hint} or another "
+                              f"output folder")
+        old, flat = _flatten(old), _flatten(new)
+        diff = [k for k in sorted(set(old) | set(flat)) if old.get(k) != flat.get(k)]
+        if diff:
+            changes = "; ".join(f"{k}: {old.get(k)!r} -> {flat.get(k)!r}" for k in diff)
+            raise ConfigError(f"{output_dir} holds a run with other settings ({changes}); to start afresh use "
+                              f"{fresh_hint}, or give another output folder")
+        return
+    if found:
+        raise ConfigError(f"{output_dir} holds an earlier run ({', '.join(found[:3])}) without {RUN_SETTINGS}, "
+                          f"so its settings are unknown; to start afresh use {fresh_hint}, or give another "
+                          f"output folder")
+    if is_main_process():
+        write_json_atomic(path, new)
+
+
 # -- progress ------------------------------------------------------------------------------------------------
 
 class ProgressBar(TrainerCallback):
@@ -319,7 +512,9 @@ class ListDataset(torch.utils.data.Dataset):
 
 
 def add_threads_option(p, default: int | None = None) -> None:
-    p.add_argument("--threads", type=int, default=default,
+    from diet.validate import positive_int
+
+    p.add_argument("--threads", type=positive_int, default=default,
                    help="CPU threads per process (default: torch's choice); 1 is much faster for small models "
                         "on a busy machine, where more threads than free cores stall each other")
 

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 from torch import nn
-from transformers import Trainer, TrainerCallback, TrainingArguments
+from transformers import TrainerCallback, TrainingArguments
 
 from diet.config import LEARNED_ABSOLUTE, POSITIONS
 from diet.data.parallel import (
@@ -38,22 +38,28 @@ from diet.data.parallel import (
     read_parallel,
     train_joint_bpe,
 )
+from diet import validate as V
 from diet.errors import ConfigError, DataError
 from diet.models.seq2seq import SEQ2SEQ_PRESETS, DietForConditionalGeneration, DietSeq2SeqConfig, shift_right
+from diet.data.tokenizer import save_tokenizer
 from diet.tasks.training import (
     CompleteCheckpoints,
     ListDataset,
     ProgressBar,
+    SeededTrainer,
+    check_run_settings,
+    file_fingerprint,
     parse_value,
-    read_json,
     replace_progress,
     resumable_checkpoint,
+    train_resumable,
     write_json_atomic,
 )
 
-RUN_FILE = "run.json"
-# what must agree between a run directory and a command resuming it
-RUN_KEYS = ("train_source", "train_target", "position", "preset", "config", "vocab_size", "max_length")
+# what changes the trained model: recorded in the run directory, and a rerun with other values is refused
+RESULT_ARGS = ("position", "preset", "vocab_size", "max_length", "bad_lines", "batch_size", "grad_accum",
+               "learning_rate", "warmup_steps", "label_smoothing", "dropout", "max_grad_norm", "epochs", "max_steps",
+               "eval_steps", "max_train_pairs", "max_valid_pairs", "seed")
 
 
 # -- shared helpers ------------------------------------------------------------------------------------------
@@ -112,7 +118,7 @@ class TranslationCollator:
                     decoder_input_ids=shift_right(labels, self.start_id, self.pad_id))
 
 
-class TranslationTrainer(Trainer):
+class TranslationTrainer(SeededTrainer):
     """Label-smoothed cross-entropy per target token while training; plain cross-entropy when evaluating, so
     the validation loss is a log-perplexity."""
 
@@ -175,20 +181,18 @@ def run_train(args) -> int:
     set_threads(args.threads)
     out = Path(args.output_dir)
     train_src, train_tgt, valid_src, valid_tgt = _train_files(args)
-    run = dict(train_source=str(train_src), train_target=str(train_tgt), valid_source=str(valid_src),
-               valid_target=str(valid_tgt), position=args.position, preset=args.preset,
-               config=sorted(args.config or []), vocab_size=args.vocab_size, max_length=args.max_length)
-    if (out / RUN_FILE).is_file():
-        old = read_json(out / RUN_FILE)
-        diff = [k for k in RUN_KEYS if old.get(k) != run[k]]
-        if diff:
-            raise ConfigError(f"{out} holds a run with different {', '.join(diff)} "
-                              f"({', '.join(f'{k}={old.get(k)!r}' for k in diff)}); use a new --output-dir")
+    if getattr(args, "overwrite", False) and out.exists():
+        shutil.rmtree(out)
+    files = dict(train_source=train_src, train_target=train_tgt, valid_source=valid_src, valid_target=valid_tgt)
+    run = dict(task="translate train", **{k: str(Path(f).resolve()) for k, f in files.items()},
+               **{f"{k}_sha256": file_fingerprint(f) for k, f in files.items()},
+               config=sorted(args.config or []), **{k: getattr(args, k) for k in RESULT_ARGS})
+    # recorded before the tokenizer is trained, so a tokenizer left by a failed run is reused only by the same run
+    check_run_settings(out, run, "--overwrite", products=("final", "tokenizer", "run.json", "data_report.json"))
     if (out / "final" / "config.json").is_file():
         print(f"diet translate: {out}/final exists: training finished already", file=sys.stderr)
         return 0
     out.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(out / RUN_FILE, run)
 
     # data: never truncated; bad pairs are skipped and counted, or refused with --bad-lines error
     t0 = time.time()
@@ -244,7 +248,7 @@ def run_train(args) -> int:
     if resume is not None:
         print(f"diet translate: resuming from {resume}", file=sys.stderr)
     started = time.time()
-    result = trainer.train(resume_from_checkpoint=str(resume) if resume else None)
+    result = train_resumable(trainer, resume)
     last = trainer.state.log_history[-2:] if trainer.state.log_history else []
     done = [row for row in last if "eval_loss" in row and row.get("step") == trainer.state.global_step]
     metrics = done[-1] if done else trainer.evaluate()  # the last step was validated already, or now
@@ -252,11 +256,11 @@ def run_train(args) -> int:
 
     def write_final(tmp: Path) -> None:
         trainer.save_model(str(tmp))
-        (tmp / "training_args.bin").unlink(missing_ok=True)  # a pickle; the run's arguments are in run.json
-        tokenizer.save_pretrained(str(tmp))
+        (tmp / "training_args.bin").unlink(missing_ok=True)  # a pickle; the run's arguments are in run_settings.json
+        save_tokenizer(tokenizer, tmp, config.max_position_embeddings if args.position in LEARNED_ABSOLUTE else None)
         write_json_atomic(tmp / "train_summary.json", dict(
             position=args.position, preset=args.preset, steps=trainer.state.global_step,
-            train_loss=result.training_loss, eval_loss=metrics["eval_loss"],
+            train_loss=result.training_loss if result is not None else None, eval_loss=metrics["eval_loss"],
             seconds_this_session=round(time.time() - started, 1), parameters=n_params,
             curves=[{k: row[k] for k in ("step", "loss", "eval_loss") if k in row}
                     for row in trainer.state.log_history]))
@@ -356,14 +360,40 @@ def translate(model, tokenizer, ids: list[list[int]], batch_size: int, beams: in
     return hyps, timing
 
 
+def train_main(args) -> int:
+    """`diet translate train`: everything that can be refused is refused before the output folder is touched."""
+    from types import SimpleNamespace
+
+    out = V.check_output_dir(args.output_dir, "--output-dir")
+    build_config(args, args.vocab_size, SimpleNamespace(pad_token_id=0, bos_token_id=1, eos_token_id=2))
+    train_src, train_tgt, valid_src, valid_tgt = _train_files(args)
+    read_parallel(train_src, train_tgt)  # UTF-8, line counts: before --overwrite removes an earlier run
+    read_parallel(valid_src, valid_tgt)
+    with V.created_only_on_success(out):
+        return run_train(args)
+
+
+def eval_outputs(args, model_dir: Path) -> tuple[Path, Path]:
+    output = Path(args.output) if args.output else model_dir / f"translations.{Path(args.source).name}"
+    report = Path(args.report) if args.report else output.with_name(output.name + ".json")
+    return V.check_output_file(output, "--output"), V.check_output_file(report, "--report")
+
+
 def run_eval(args) -> int:
     import sacrebleu
 
     set_threads(args.threads)
     if args.beams < 1:
         raise ConfigError(f"--beams {args.beams} must be at least 1")
+    found = find_model_dir(args.model)
+    V.check_model_files(found)
+    eval_outputs(args, found)  # before hours of decoding
+    src_lines, ref_lines = read_parallel(args.source, args.reference)  # a bad file before the model loads
+    from transformers.utils import logging as hf_logging
+    hf_logging.disable_progress_bar()  # no "Loading weights" bar in the output
     model, tokenizer, model_dir = load_model(args.model)
-    src_lines, ref_lines = read_parallel(args.source, args.reference)
+    if args.max_new_tokens is not None:
+        new_tokens_for(model, 1, args.max_new_tokens)  # beyond a learned position table: refused now
     if args.limit:
         src_lines = src_lines[:args.limit]
         ref_lines = ref_lines[:args.limit] if ref_lines is not None else None
@@ -421,32 +451,33 @@ def register(subparsers) -> None:
     for name in ("train-source", "train-target", "valid-source", "valid-target"):
         t.add_argument(f"--{name}", help="explicit file instead of --data")
     t.add_argument("--output-dir", required=True, help="run directory: tokenizer/, checkpoints, final/")
+    t.add_argument("--overwrite", action="store_true", help="start afresh instead of resuming")
     t.add_argument("--position", default="sinusoidal", choices=POSITIONS)
     t.add_argument("--preset", default="transformer-small", choices=tuple(SEQ2SEQ_PRESETS),
                    help="model size (transformer-base is the paper's)")
     t.add_argument("--config", action="append", metavar="KEY=VALUE", help="override a config field (repeatable)")
-    t.add_argument("--vocab-size", type=int, default=8000, help="joint BPE vocabulary size")
-    t.add_argument("--max-length", type=int, default=128, help="longest source or target, tokens with </s>")
+    t.add_argument("--vocab-size", type=V.int_at_least(5, ": 4 special tokens and a piece"), default=8000, help="joint BPE vocabulary size")
+    t.add_argument("--max-length", type=V.int_at_least(2, ": a token and </s>"), default=128, help="longest source or target, tokens with </s>")
     t.add_argument("--bad-lines", choices=("skip", "error"), default="skip",
                    help="pairs with an empty side or over --max-length: skip and count (default) or stop")
-    t.add_argument("--batch-size", type=int, default=64, help="sentence pairs per step")
-    t.add_argument("--grad-accum", type=int, default=1)
-    t.add_argument("--learning-rate", type=float, default=1e-3, help="peak, reached at the end of warm-up")
-    t.add_argument("--warmup-steps", type=int, default=1000)
-    t.add_argument("--label-smoothing", type=float, default=0.1)
-    t.add_argument("--dropout", type=float, default=None, help="hidden and attention dropout (preset: 0.1)")
-    t.add_argument("--max-grad-norm", type=float, default=1.0)
-    t.add_argument("--epochs", type=int, default=10)
-    t.add_argument("--max-steps", type=int, default=None, help="overrides --epochs")
-    t.add_argument("--eval-steps", type=int, default=500)
-    t.add_argument("--save-steps", type=int, default=500)
-    t.add_argument("--save-total-limit", type=int, default=2)
-    t.add_argument("--logging-steps", type=int, default=50)
-    t.add_argument("--max-train-pairs", type=int, default=None, help="use only the first N training pairs")
-    t.add_argument("--max-valid-pairs", type=int, default=None, help="use only the first N validation pairs")
-    t.add_argument("--seed", type=int, default=1)
-    t.add_argument("--threads", type=int, default=None, help="torch CPU threads")
-    t.set_defaults(func=run_train)
+    t.add_argument("--batch-size", type=V.positive_int, default=64, help="sentence pairs per step")
+    t.add_argument("--grad-accum", type=V.positive_int, default=1)
+    t.add_argument("--learning-rate", type=V.positive_float, default=1e-3, help="peak, reached at the end of warm-up")
+    t.add_argument("--warmup-steps", type=V.non_negative_int, default=1000)
+    t.add_argument("--label-smoothing", type=V.fraction, default=0.1)
+    t.add_argument("--dropout", type=V.fraction, default=None, help="hidden and attention dropout (preset: 0.1)")
+    t.add_argument("--max-grad-norm", type=V.non_negative_float, default=1.0)
+    t.add_argument("--epochs", type=V.positive_int, default=10)
+    t.add_argument("--max-steps", type=V.positive_int, default=None, help="overrides --epochs")
+    t.add_argument("--eval-steps", type=V.positive_int, default=500)
+    t.add_argument("--save-steps", type=V.positive_int, default=500)
+    t.add_argument("--save-total-limit", type=V.positive_int, default=2)
+    t.add_argument("--logging-steps", type=V.positive_int, default=50)
+    t.add_argument("--max-train-pairs", type=V.positive_int, default=None, help="use only the first N training pairs")
+    t.add_argument("--max-valid-pairs", type=V.positive_int, default=None, help="use only the first N validation pairs")
+    t.add_argument("--seed", type=V.seed, default=1)
+    t.add_argument("--threads", type=V.positive_int, default=None, help="torch CPU threads")
+    t.set_defaults(func=train_main)
 
     e = sub.add_parser("eval", help="beam-search translation and SacreBLEU")
     e.add_argument("model", help="a run directory (uses final/ or the newest checkpoint) or a model directory")
@@ -454,13 +485,13 @@ def register(subparsers) -> None:
     e.add_argument("--reference", help="reference translations, line-aligned; gives BLEU")
     e.add_argument("--output", help="detokenised translations (default: MODEL/translations.SOURCE)")
     e.add_argument("--report", help="JSON report (default: OUTPUT.json)")
-    e.add_argument("--beams", type=int, default=10)
-    e.add_argument("--length-penalty", type=float, default=0.6, help="alpha in log P / len^alpha")
-    e.add_argument("--batch-size", type=int, default=32, help="sentences per generate() call")
-    e.add_argument("--max-new-tokens", type=int, default=None, help="default: 1.5 x source length + 10")
-    e.add_argument("--limit", type=int, default=None, help="translate only the first N lines (a fixed subset)")
+    e.add_argument("--beams", type=V.positive_int, default=10)
+    e.add_argument("--length-penalty", type=V.finite_float, default=0.6, help="alpha in log P / len^alpha")
+    e.add_argument("--batch-size", type=V.positive_int, default=32, help="sentences per generate() call")
+    e.add_argument("--max-new-tokens", type=V.positive_int, default=None, help="default: 1.5 x source length + 10")
+    e.add_argument("--limit", type=V.positive_int, default=None, help="translate only the first N lines (a fixed subset)")
     e.add_argument("--no-cache", action="store_true", help="rerun the whole prefix at every step")
     e.add_argument("--speed", action="store_true",
                    help="decode every batch with and without the cache, interleaved; report both speeds")
-    e.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    e.add_argument("--threads", type=V.positive_int, default=None, help="torch CPU threads")
     e.set_defaults(func=run_eval)
