@@ -248,8 +248,8 @@ CMP = ("compare --corpus {corpus} --tasks {order} -o {out} --threads 1 --jobs 1 
        "--ft-recipe toy --vocab-size 200 --max-length 24 --steps 2 --batch-size 4 --device-batch-size 4 --seeds 1 "
        "--ft-batch-size 8 --ft-max-length 24 --lrs 1e-3")
 TT = ("translate train --data {para} --source de --target en --output-dir {out} --threads 1 --vocab-size 60 "
-      "--max-length 32 --batch-size 8 --max-steps 2 --preset transformer-tiny --config hidden_size=16 "
-      "--config num_attention_heads=2 --config intermediate_size=32")
+      "--max-length 32 --batch-size 8 --max-steps 2 --preset transformer-tiny "
+      "--method sinusoidal:hidden_size=16:num_attention_heads=2:intermediate_size=32")
 TE = ("translate eval {mt} --source {para}/val.de --reference {para}/val.en --output {out}/hyp.txt --threads 1 "
       "--beams 2 --batch-size 4")
 BENCH = ("bench --shapes bert-tiny --lengths 16 --repeats 1 --warmup 0 --threads 1 --no-memory --methods diet-rel "
@@ -481,11 +481,15 @@ options("translate train", TT, [
     ("--threads", "0", POS), ("--threads", "-1", POS), ("--seed", "-1", NONNEG),
 ])
 case("translate train --vocab-size 3", f"{TT} --vocab-size 3", "--vocab-size", "3", "special tokens")
-case("translate train --config not key=value", f"{TT} --config hidden_size", "hidden_size", "key=value")
-case("translate train --config unknown", f"{TT} --config colour=red", "colour", "DietSeq2SeqConfig")
-case("translate train --config bad value", f"{TT} --config num_attention_heads=3", "hidden_size=16",
-     "num_attention_heads=3")
-case("translate train --position nope", f"{TT} --position rope", "--position", "rope", "absolute")
+case("translate train --method field not key=value", f"{TT} --method sinusoidal:hidden_size", "hidden_size",
+     "key=value")
+case("translate train --method unknown field", f"{TT} --method sinusoidal:colour=red", "colour",
+     "DietSeq2SeqConfig")
+case("translate train --method bad value", f"{TT} --method sinusoidal:hidden_size=16:num_attention_heads=3",
+     "hidden_size=16", "num_attention_heads=3")
+case("translate train --method tokenizer field", f"{TT} --method sinusoidal:vocab_size=9", "vocab_size",
+     "--vocab-size")
+case("translate train --position nope", f"{TT} --position rope", "rope", "absolute")
 case("translate train --preset nope", f"{TT} --preset huge", "--preset", "huge", "transformer-base")
 case("translate train --bad-lines nope", f"{TT} --bad-lines maybe", "--bad-lines", "maybe", "skip")
 case("translate train --data missing", TT.replace("--data {para}", "--data {root}/nope"), "nope", "train")

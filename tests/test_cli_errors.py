@@ -167,9 +167,10 @@ def test_finetune_takes_a_pretrain_run_folder_like_analyze(fixtures, monkeypatch
 
 
 def test_a_method_may_override_the_size_presets_fields(fixtures):
-    from diet.tasks import training as tr
+    from diet import methods
+    from diet.tasks import recipes
 
-    config = tr.build_config(tr.parse_method("absolute:hidden_size=128"), "toy", 100, 24, 0)
+    config = recipes.build_config(methods.parse_method("absolute:hidden_size=128"), "toy", 100, 24, 0)
     assert config.hidden_size == 128 and config.num_hidden_layers == 2  # the rest of `toy` stays
     paths, outs = fixtures
     with B.stubs():

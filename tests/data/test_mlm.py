@@ -85,9 +85,9 @@ def test_premasked_validation_is_reproducible_and_kept_by_the_collator():
 
 
 def test_an_example_seed_fixes_the_mask_whatever_the_batch_padding_and_global_rng():
-    """Masks from `example_seed` (diet.tasks.training.EpochExamples) are a pure function of that seed, so a
+    """Masks from `example_seed` (diet.tasks.seeding.EpochExamples) are a pure function of that seed, so a
     resumed run masks each example as the uninterrupted run did."""
-    from diet.tasks.training import EpochExamples
+    from diet.tasks.seeding import EpochExamples
 
     collate = MlmCollator(_Tok())
     data = EpochExamples([{"input_ids": [CLS] + list(range(10, 10 + n)) + [SEP]} for n in (30, 5, 60)], seed=7)

@@ -10,13 +10,14 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from diet import methods
 from diet.cli import main as cli
 from diet.data import synthetic
 from diet.data.tasks import load_task
 from diet.errors import ConfigError
+from diet.tasks import checkpoints as ckpt
 from diet.tasks import finetune as ft
 from diet.tasks import pretrain as pt
-from diet.tasks import training as tr
 
 TINY = dict(size="toy", vocab_size=300, max_length=24, steps=6, batch_size=8, lr=2e-3, warmup=0.1, save_steps=2,
             weight_decay=0.01, adam_epsilon=1e-6, max_grad_norm=1.0)
@@ -31,7 +32,7 @@ def data(tmp_path_factory):
 
 
 def pretrain(data, out, s=TINY, method="diet-rel", **kw):
-    return pt.run_pretrain(str(data["corpus"]), tr.parse_method(method), out, s, quiet=True, report_to="none", **kw)
+    return pt.run_pretrain(str(data["corpus"]), methods.parse_method(method), out, s, quiet=True, report_to="none", **kw)
 
 
 @pytest.fixture(scope="module")
@@ -58,13 +59,13 @@ def rewind(src, dst, keep_step, finals):
     """A copy of the finished run `src` as if killed after checkpoint `keep_step`: later checkpoints and the
     final outputs are gone."""
     shutil.copytree(src, dst)
-    for step, folder, _ in tr.checkpoints(dst):
+    for step, folder, _ in ckpt.checkpoints(dst):
         if step > keep_step:
             shutil.rmtree(folder)
     for name in finals:
         path = dst / name
         shutil.rmtree(path) if path.is_dir() else path.unlink()
-    assert [s for s, _, _ in tr.checkpoints(dst)][-1] == keep_step
+    assert [s for s, _, _ in ckpt.checkpoints(dst)][-1] == keep_step
 
 
 # -- pretrain ------------------------------------------------------------------------------------------------
@@ -88,7 +89,7 @@ def test_pretrain_resumed_after_a_kill_ends_bit_identical(data, steps_per_epoch,
         s, keep, device_batch = dict(TINY, steps=steps_per_epoch + 2, save_steps=steps_per_epoch), \
             steps_per_epoch, 64
     full = pretrain(data, tmp_path / "full", s, device_batch_size=device_batch)
-    assert [step for step, _, _ in tr.checkpoints(tmp_path / "full")] == [keep, s["steps"]]
+    assert [step for step, _, _ in ckpt.checkpoints(tmp_path / "full")] == [keep, s["steps"]]
     rewind(tmp_path / "full", tmp_path / "killed", keep, ("model", pt.RESULTS))
     kept = tmp_path / "killed" / f"checkpoint-{keep}" / "model.safetensors"
     stamp = kept.stat().st_mtime_ns
@@ -119,18 +120,18 @@ def test_other_settings_are_refused_naming_each_difference(data, finished, tmp_p
     left = tmp_path / "failed"
     left.mkdir()
     shutil.copytree(out / "tokenizer", left / "tokenizer")
-    shutil.copy(out / tr.RUN_SETTINGS, left / tr.RUN_SETTINGS)
+    shutil.copy(out / ckpt.RUN_SETTINGS, left / ckpt.RUN_SETTINGS)
     with pytest.raises(ConfigError, match="settings.vocab_size: 300 -> 200"):
         pretrain(data, left, dict(TINY, vocab_size=200))
-    (left / tr.RUN_SETTINGS).unlink()
+    (left / ckpt.RUN_SETTINGS).unlink()
     with pytest.raises(ConfigError, match="without run_settings.json"):
         pretrain(data, left, dict(TINY, vocab_size=200))
     fresh = pretrain(data, left, dict(TINY, vocab_size=200, steps=1, save_steps=1), overwrite=True)
-    assert fresh["steps"] == 1 and json.loads((left / tr.RUN_SETTINGS).read_text())["settings"]["vocab_size"] == 200
+    assert fresh["steps"] == 1 and json.loads((left / ckpt.RUN_SETTINGS).read_text())["settings"]["vocab_size"] == 200
     # settings alone (a run that failed before writing anything) protect nothing: a corrected command goes on
     early = tmp_path / "failed-early"
     early.mkdir()
-    shutil.copy(out / tr.RUN_SETTINGS, early / tr.RUN_SETTINGS)
+    shutil.copy(out / ckpt.RUN_SETTINGS, early / ckpt.RUN_SETTINGS)
     assert pretrain(data, early, dict(TINY, vocab_size=200, steps=1, save_steps=1))["steps"] == 1
 
 
@@ -152,7 +153,7 @@ def test_finetune_twice_and_after_a_kill_ends_bit_identical(data, finished, tmp_
     started: dict[str, int] = {}
 
     def watch(name, kill_at=None):
-        class Watch(tr.CompleteCheckpoints):
+        class Watch(ckpt.CompleteCheckpoints):
             def on_save(self, args, state, control, **kw):
                 super().on_save(args, state, control, **kw)
                 if state.global_step == kill_at:
@@ -179,7 +180,7 @@ def test_finetune_twice_and_after_a_kill_ends_bit_identical(data, finished, tmp_
         run = tmp_path / name / "lr0.001-seed0"
         results[name] = json.loads((run / ft.RESULT).read_text())
         results[name].pop("seconds")
-        assert not tr.checkpoints(run)  # a finished run's checkpoints are removed
+        assert not ckpt.checkpoints(run)  # a finished run's checkpoints are removed
     assert results["a"]["history"][-1]["step"] == 18 and started == {"a": 0, "b": 0, "killed": 8}
     assert results["a"] == results["b"] == results["killed"]
     for name in ("b", "killed"):
@@ -192,8 +193,7 @@ def test_finetune_twice_and_after_a_kill_ends_bit_identical(data, finished, tmp_
 # -- translate train -----------------------------------------------------------------------------------------
 
 WORDS = {f"w{i}": f"v{i}" for i in range(24)}
-SEQ2SEQ = ["--config", "hidden_size=32", "--config", "num_hidden_layers=1", "--config", "num_decoder_layers=1",
-           "--config", "num_attention_heads=2", "--config", "intermediate_size=64"]
+SEQ2SEQ = "absolute:hidden_size=32:num_hidden_layers=1:num_decoder_layers=1:num_attention_heads=2:intermediate_size=64"
 
 
 def test_translate_train_twice_and_resumed_is_bit_identical(tmp_path, capsys):
@@ -207,8 +207,8 @@ def test_translate_train_twice_and_resumed_is_bit_identical(tmp_path, capsys):
         # 96 pairs in steps of 2 x 16: 3 steps an epoch; dropout on (the preset's 0.1)
         return cli(["translate", "train", "--data", str(tmp_path), "--source", "xx", "--target", "yy",
                     "--output-dir", str(out), "--vocab-size", "60", "--batch-size", "16", "--grad-accum", "2",
-                    "--learning-rate", "3e-3", "--warmup-steps", "5", "--threads", "1", "--position", "absolute",
-                    "--max-steps", "20", "--save-steps", "7", "--eval-steps", "7", *SEQ2SEQ, *extra])
+                    "--learning-rate", "3e-3", "--warmup-steps", "5", "--threads", "1", "--method", SEQ2SEQ,
+                    "--max-steps", "20", "--save-steps", "7", "--eval-steps", "7", *extra])
 
     a, b = tmp_path / "a", tmp_path / "b"
     assert train(a) == 0 and train(b) == 0

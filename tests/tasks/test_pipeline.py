@@ -5,13 +5,14 @@ import json
 import pytest
 import torch
 
+from diet import methods
 from diet.cli import main as cli
 from diet.data import synthetic
 from diet.data.tasks import load_task
 from diet.errors import ConfigError
+from diet.tasks import checkpoints as ckpt
 from diet.tasks import finetune as ft
 from diet.tasks import pretrain as pt
-from diet.tasks import training as tr
 
 TINY = dict(size="toy", vocab_size=300, max_length=24, steps=6, batch_size=8, lr=2e-3, warmup=0.1, save_steps=2,
             weight_decay=0.01, adam_epsilon=1e-6, max_grad_norm=1.0)
@@ -28,7 +29,7 @@ def data(tmp_path_factory):
 @pytest.fixture(scope="module")
 def pretrained(data, tmp_path_factory):
     out = tmp_path_factory.mktemp("pt")
-    res = pt.run_pretrain(str(data["corpus"]), tr.parse_method("diet-rel"), out, TINY, quiet=True, report_to="none")
+    res = pt.run_pretrain(str(data["corpus"]), methods.parse_method("diet-rel"), out, TINY, quiet=True, report_to="none")
     return out, res
 
 
@@ -38,9 +39,9 @@ def test_pretrain_reports_validation_loss_and_saves_a_safetensors_model(pretrain
     assert 0 < res["val_loss"] < 10 and res["perplexity"] == pytest.approx(torch.tensor(res["val_loss"]).exp().item())
     assert (out / "model" / "model.safetensors").is_file() and (out / "model" / "tokenizer.json").is_file()
     assert res["curves"]["train_loss"] and res["curves"]["eval_loss"]
-    marked = [step for step, _, complete in tr.checkpoints(out) if complete]
+    marked = [step for step, _, complete in ckpt.checkpoints(out) if complete]
     assert marked == [4, 6]  # save_total_limit=2 keeps the newest two, both marked complete
-    again = pt.run_pretrain(str(data["corpus"]), tr.parse_method("diet-rel"), out, TINY, quiet=True,
+    again = pt.run_pretrain(str(data["corpus"]), methods.parse_method("diet-rel"), out, TINY, quiet=True,
                             report_to="none")
     assert again == json.loads((out / pt.RESULTS).read_text())  # finished: reused, not retrained
 
@@ -51,22 +52,22 @@ class _Killed(Exception):
 
 def test_a_kill_after_a_checkpoint_resumes_there_and_a_half_written_one_is_never_loaded(data, tmp_path, monkeypatch,
                                                                                         capsys):
-    class KillAfterStep4(tr.CompleteCheckpoints):
+    class KillAfterStep4(ckpt.CompleteCheckpoints):
         def on_save(self, args, state, control, **kw):
             super().on_save(args, state, control, **kw)
             if state.global_step == 4:
                 raise _Killed
 
     monkeypatch.setattr(pt, "CompleteCheckpoints", KillAfterStep4)
-    method = tr.parse_method("absolute")
+    method = methods.parse_method("absolute")
     with pytest.raises(_Killed):
         pt.run_pretrain(str(data["corpus"]), method, tmp_path, TINY, report_to="none")
-    assert [(s, c) for s, _, c in tr.checkpoints(tmp_path)] == [(2, True), (4, True)]
+    assert [(s, c) for s, _, c in ckpt.checkpoints(tmp_path)] == [(2, True), (4, True)]
     # a kill in the middle of writing checkpoint-6: a folder with partial files and no marker
     half = tmp_path / "checkpoint-6"
     half.mkdir()
     (half / "model.safetensors").write_bytes(b"\0" * 10)
-    monkeypatch.setattr(pt, "CompleteCheckpoints", tr.CompleteCheckpoints)
+    monkeypatch.setattr(pt, "CompleteCheckpoints", ckpt.CompleteCheckpoints)
     res = pt.run_pretrain(str(data["corpus"]), method, tmp_path, TINY, report_to="none")
     err = capsys.readouterr().err
     assert "removing incomplete checkpoint" in err and "resuming from" in err and "checkpoint-4" in err
@@ -137,7 +138,7 @@ def test_qa_finetune_reports_squad_f1_and_em(pretrained, tmp_path):
 
 
 def test_a_length_beyond_a_learned_table_is_refused_before_training(data, tmp_path):
-    res = pt.run_pretrain(str(data["corpus"]), tr.parse_method("absolute"), tmp_path / "abs",
+    res = pt.run_pretrain(str(data["corpus"]), methods.parse_method("absolute"), tmp_path / "abs",
                           dict(TINY, steps=1, save_steps=1), quiet=True, report_to="none")
     task = load_task(str(data["order"]))
     with pytest.raises(ConfigError, match="max_length=64 exceeds max_position_embeddings=24"):
@@ -146,17 +147,17 @@ def test_a_length_beyond_a_learned_table_is_refused_before_training(data, tmp_pa
 
 
 def test_method_specs():
-    m = tr.parse_method("diet-rel:segment=input:sharing=layer")
+    m = methods.parse_method("diet-rel:segment=input:sharing=layer")
     assert (m.position, m.segment, m.sharing) == ("diet-rel", "input", "layer")
-    assert tr.parse_method(m.name) == m
-    assert tr.parse_method("diet-abs").segment == "per-head" and tr.parse_method("t5").segment == "input"
-    assert [x.name for x in tr.parse_methods("papers")][:2] == ["absolute", "sinusoidal"]
+    assert methods.parse_method(m.name) == m
+    assert methods.parse_method("diet-abs").segment == "per-head" and methods.parse_method("t5").segment == "input"
+    assert [x.name for x in methods.parse_methods("papers")][:2] == ["absolute", "sinusoidal"]
     with pytest.raises(ConfigError, match="position='rope'"):
-        tr.parse_method("rope")
+        methods.parse_method("rope")
     with pytest.raises(ConfigError, match="key=value"):
-        tr.parse_method("diet-rel:layer")
+        methods.parse_method("diet-rel:layer")
     with pytest.raises(ConfigError, match="unknown field"):
-        tr.parse_method("diet-rel:colour=blue")
+        methods.parse_method("diet-rel:colour=blue")
 
 
 def test_cli_errors_are_one_line_before_training(tmp_path, capsys):
@@ -195,7 +196,7 @@ def test_compare_writes_the_report(tmp_path):
 def test_gradient_accumulation_keeps_the_loss_a_mean(data, tmp_path):
     """Batch 8 as 2 x 4: the logged loss is still a per-token mean (about ln V at the start), not 2x it."""
     s = dict(TINY, steps=2, save_steps=2)
-    res = pt.run_pretrain(str(data["corpus"]), tr.parse_method("t5"), tmp_path, s, device_batch_size=4,
+    res = pt.run_pretrain(str(data["corpus"]), methods.parse_method("t5"), tmp_path, s, device_batch_size=4,
                           quiet=True, report_to="none")
     first = res["curves"]["train_loss"][0][1]
     vocab = len(__import__("diet.data.tokenizer", fromlist=["x"]).load_tokenizer(res["model_dir"]))

@@ -13,11 +13,10 @@ from safetensors.torch import load_file
 from diet.cli import main
 from diet.data.parallel import train_joint_bpe
 from diet.models.seq2seq import DietForConditionalGeneration, DietSeq2SeqConfig
-from diet.tasks.training import COMPLETE
+from diet.tasks.checkpoints import COMPLETE
 
 WORDS = {f"w{i}": f"v{i}" for i in range(24)}
-TINY = ["--config", "hidden_size=32", "--config", "num_hidden_layers=1", "--config", "num_decoder_layers=1",
-        "--config", "num_attention_heads=2", "--config", "intermediate_size=64"]
+TINY = ":hidden_size=32:num_hidden_layers=1:num_decoder_layers=1:num_attention_heads=2:intermediate_size=64"
 
 
 def corpus(path, name, n, seed):
@@ -42,12 +41,12 @@ def data(tmp_path_factory):
 def train(data, out, *extra):
     return main(["translate", "train", "--data", str(data), "--source", "xx", "--target", "yy",
                  "--output-dir", str(out), "--vocab-size", "80", "--batch-size", "16", "--learning-rate", "3e-3",
-                 "--warmup-steps", "5", "--dropout", "0", "--threads", "1", *TINY, *extra])
+                 "--warmup-steps", "5", "--dropout", "0", "--threads", "1", "--method", "sinusoidal" + TINY, *extra])
 
 
 def test_train_lowers_validation_loss_then_eval_scores_bleu(data, tmp_path, capsys):
     out = tmp_path / "run"
-    assert train(data, out, "--position", "diet-rel", "--max-steps", "40", "--eval-steps", "10",
+    assert train(data, out, "--method", "diet-rel" + TINY, "--max-steps", "40", "--eval-steps", "10",
                  "--save-steps", "20") == 0
     summary = json.loads((out / "final" / "train_summary.json").read_text())
     evals = [row["eval_loss"] for row in summary["curves"] if "eval_loss" in row]
@@ -70,7 +69,7 @@ def test_train_lowers_validation_loss_then_eval_scores_bleu(data, tmp_path, caps
 
 
 def test_a_killed_run_resumes_to_the_same_weights(data, tmp_path, capsys):
-    args = ["--position", "shaw", "--max-steps", "6", "--save-steps", "3", "--eval-steps", "3",
+    args = ["--method", "shaw" + TINY, "--max-steps", "6", "--save-steps", "3", "--eval-steps", "3",
             "--max-train-pairs", "120"]
     full, killed = tmp_path / "full", tmp_path / "killed"
     assert train(data, full, *args) == 0
@@ -88,8 +87,8 @@ def test_a_killed_run_resumes_to_the_same_weights(data, tmp_path, capsys):
         torch.testing.assert_close(a[key], b[key], msg=key)
     # finished runs are not redone; a different method may not reuse the directory
     assert train(data, killed, *args) == 0 and "finished already" in capsys.readouterr().err
-    assert train(data, killed, "--position", "t5", "--max-steps", "6") == 2
-    assert "position: 'shaw' -> 't5'" in capsys.readouterr().err
+    assert train(data, killed, "--method", "t5" + TINY, "--max-steps", "6") == 2
+    assert "method: 'shaw:" in (err := capsys.readouterr().err) and "-> 't5:" in err
 
 
 def test_mismatched_files_fail_with_both_counts(data, tmp_path, capsys):

@@ -16,9 +16,10 @@ from dataclasses import asdict
 
 import torch
 
-from diet.bench import cost, report
 from diet import validate as V
+from diet.bench import cost, report
 from diet.errors import ConfigError
+from diet.tasks.runtime import set_threads
 
 
 def _ints(text: str) -> list[int]:
@@ -101,7 +102,7 @@ def run(args) -> int:
         except ImportError:
             print("diet bench: transformers is not installed; no peers", file=sys.stderr)
             peers = []
-    torch.set_num_threads(args.threads)
+    set_threads(args.threads)
 
     def log(msg: str) -> None:
         print(f"[bench] {msg}", file=sys.stderr, flush=True)

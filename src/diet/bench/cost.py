@@ -26,6 +26,7 @@ from torch import Tensor, nn
 
 from diet.config import POSITIONS, PRESETS, DietConfig
 from diet.errors import ConfigError
+from diet.positions.registry import REGISTRY
 
 
 @dataclass(frozen=True)
@@ -50,10 +51,11 @@ class Variant:
 
 
 BASELINE = Variant("none")
-DEFAULT_METHODS = ("none", "absolute", "sinusoidal", "shaw", "xlnet", "t5", "tupe-a", "tupe-r", "diet-abs",
-                   "diet-abs+seg", "diet-rel", "diet-rel+seg", "rotary", "alibi")
+# every method of the registry; DIET's (shareable, per-head) ones also with per-head segments (`+seg`)
+DEFAULT_METHODS = tuple(label for name, m in REGISTRY.items()
+                        for label in ((name, name + "+seg") if m.shareable else (name,)))
 # methods without a table indexed by absolute position: the only ones that run past max_position_embeddings
-LENGTH_FREE = ("none", "sinusoidal", "t5", "diet-rel", "diet-rel+seg", "rotary", "alibi")
+LENGTH_FREE = tuple(label for label in DEFAULT_METHODS if not REGISTRY[label.split("+")[0]].learned_table)
 
 
 def model_config(shape: str, variant: Variant, max_length: int = 512, **overrides) -> DietConfig:

@@ -6,7 +6,7 @@ added to a block of `max_length` tokens, `[CLS] s1 s2 ... [SEP]`, crossing docum
 
 Masking (Devlin et al. 2019, 3.1): 15% of the non-special tokens are chosen; of those 80% become `[MASK]`,
 10% a random word, 10% stay. Labels are the original ids at chosen positions and -100 elsewhere. An example
-carrying `example_seed` (`diet.tasks.training.EpochExamples`) is masked by its own generator over its own
+carrying `example_seed` (`diet.tasks.seeding.EpochExamples`) is masked by its own generator over its own
 length, so its mask is a pure function of that seed: independent of the batch, the padding and the global RNG.
 """
 

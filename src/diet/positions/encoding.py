@@ -17,6 +17,16 @@ from diet.positions.registry import REGISTRY
 from diet.positions.segments import InputSegments, PerHeadSegments
 
 
+def check_length(position: str, length: int, limit: int, what: str = "sequence length ",
+                 hint: str = "use shorter inputs or a relative method", error: type = InputError) -> None:
+    """The one length check: a method with a learned table (`learned_table` in the registry) serves at most
+    `limit` (= max_position_embeddings) positions; any other accepts any length. The message names the value,
+    the limit and the method; `what` prefixes the value (e.g. "max_length=", "--max-length ")."""
+    if REGISTRY[position].learned_table and length > limit:
+        raise error(f"{what}{length} exceeds max_position_embeddings={limit}, the size of the learned position "
+                    f"table of position={position!r}; {hint}")
+
+
 class PositionEncoding(nn.Module):
     """The position method and the segment method of one stack of attention layers."""
 
@@ -40,11 +50,8 @@ class PositionEncoding(nn.Module):
         """Refuse inputs the learned tables cannot serve, naming the value and the limit. `positions`: the
         caller's own position ids (else 0 .. length-1). While compiling only what needs no look at the data
         is checked (reading it would break the graph)."""
-        if self.max_length is not None and positions is None and length > self.max_length:
-            raise InputError(
-                f"sequence length {length} exceeds max_position_embeddings={self.max_length}, the size of "
-                f"the learned position table of position={self.position_name!r}; use shorter inputs or a "
-                f"relative method")
+        if self.max_length is not None and positions is None:
+            check_length(self.position_name, length, self.max_length)
         if torch.compiler.is_compiling():
             return
         if self.max_length is not None and positions is not None and positions.numel():

@@ -11,6 +11,7 @@ Traits:
     learned_table   a table indexed by absolute position: positions beyond max_position_embeddings are refused
     key_positions   needs each key's position (relative or untied terms): impossible after Linformer's projection
     probabilities   a value term reads the attention probabilities: only the eager backend serves it
+    query_terms     its logit term reads the query (Shaw's key term, XLNet): built per layer and batch
     shareable       DIET's per-head tables, which `sharing` applies to (DIET Tables 5, 8, 9)
     segment         the segment mode of its row in DIET's tables (DIET rows: per head, eq. 2; others: input)
     paper_row       its spec in the papers' comparison (DIET Table 2 rows, plus rotary and ALiBi), or None
@@ -45,6 +46,7 @@ class MethodInfo:
     learned_table: bool = False
     key_positions: bool = False
     probabilities: bool = False
+    query_terms: bool = False
     shareable: bool = False
     segment: str = "input"
     paper_row: str | None = None
@@ -66,9 +68,9 @@ REGISTRY: dict[str, MethodInfo] = {m.name: m for m in (
                learned_table=True, paper_row="absolute"),
     MethodInfo("sinusoidal", lambda c: Sinusoidal(c.hidden_size), ("input",), paper_row="sinusoidal"),
     MethodInfo("shaw", lambda c: Shaw(c.num_hidden_layers, c.head_size, c.shaw_max_distance), ("logits", "values"),
-               key_positions=True, probabilities=True, paper_row="shaw"),
+               key_positions=True, probabilities=True, query_terms=True, paper_row="shaw"),
     MethodInfo("xlnet", lambda c: XLNet(c.num_hidden_layers, c.hidden_size, c.num_attention_heads),
-               ("qk", "logits"), key_positions=True, paper_row="xlnet"),
+               ("qk", "logits"), key_positions=True, query_terms=True, paper_row="xlnet"),
     MethodInfo("t5", lambda c: T5(c.num_attention_heads, c.t5_num_buckets, c.t5_max_distance), ("logits",),
                key_positions=True, paper_row="t5"),
     MethodInfo("tupe-a", lambda c: _tupe(c, relative=False), ("logits",), learned_table=True, key_positions=True,

@@ -21,18 +21,16 @@ import sys
 import time
 from pathlib import Path
 
-from diet.config import LEARNED_ABSOLUTE
-from diet.data.tasks import load_task
 from diet import validate as V
+from diet.data.tasks import load_task
 from diet.errors import ConfigError, DataError
+from diet.methods import Method, parse_methods
+from diet.positions.encoding import check_length
+from diet.positions.registry import REGISTRY
 from diet.tasks import finetune as ft
 from diet.tasks import pretrain as pt
-from diet.tasks.training import (
-    Method, add_threads_option, check_run_settings, is_main_process, local_path, set_threads, parse_methods,
-    write_json_atomic,
-)
-
-INPUT_POSITIONS = ("absolute", "sinusoidal")  # the rest enter per head (logits, queries/keys or values)
+from diet.tasks.checkpoints import check_run_settings, local_path, write_json_atomic
+from diet.tasks.runtime import add_threads_option, is_main_process, set_threads
 
 
 def register(subparsers) -> None:
@@ -64,7 +62,7 @@ def register(subparsers) -> None:
 def position_place(method: Method) -> str:
     if method.position == "none":
         return "none"
-    return "input" if method.position in INPUT_POSITIONS else "per-head"
+    return "per-head" if REGISTRY[method.position].per_head else "input"
 
 
 def cell(summary: dict) -> str:
@@ -229,10 +227,9 @@ def _main(args) -> int:
     s_pre = pt.settings(args)
     s_ft = ft.settings(args)
     for m in methods:
-        if m.position in LEARNED_ABSOLUTE and s_ft["max_length"] > s_pre["max_length"]:
-            raise ConfigError(f"fine-tuning length {s_ft['max_length']} exceeds the pre-training length "
-                              f"{s_pre['max_length']}, beyond what position={m.position!r} learns; lower "
-                              f"--ft-max-length or raise --max-length")
+        # the pre-trained models' tables end at the pre-training length
+        check_length(m.position, s_ft["max_length"], s_pre["max_length"], "fine-tuning length ",
+                     "lower --ft-max-length or raise --max-length", ConfigError)
         pt.check_before_work(m, s_pre, args.device_batch_size)  # the model at this size, the batch layout
 
     # What the shared data depends on, recorded before anything is written (each pre-training and fine-tuning
@@ -362,7 +359,7 @@ def analyze_method(model_dir, prepared, folder: Path, title: str, batch_size: in
 
 def _runs(folder: Path, summary: dict):
     """The best learning rate's seed-0 run (its full history), for the curves."""
-    from diet.tasks.training import read_json
+    from diet.tasks.checkpoints import read_json
     path = folder / f"lr{float(summary['best_lr']):g}-seed0" / ft.RESULT
     if path.is_file():
         yield read_json(path)

@@ -7,7 +7,7 @@ score is the median over seeds, and the best learning rate is reported. Cross-li
 English, evaluate every language given; the checkpoint is chosen on English where English is evaluated.
 
 A finished run writes `result.json` atomically; a rerun skips finished runs. A run in progress is checkpointed
-at each evaluation (kill-safe, `diet.tasks.training`) and resumed exactly: a killed grid loses at most one
+at each evaluation (kill-safe, `diet.tasks.checkpoints`) and resumed exactly: a killed grid loses at most one
 evaluation interval, and ends bit-identical to an uninterrupted one. The grid's settings (model fingerprint,
 task, hyper-parameters) are recorded in the output folder; a rerun with other settings is refused.
 """
@@ -25,18 +25,35 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from diet import validate as V
 from diet.data import metrics as M
 from diet.data.qa import best_answers, encode_eval, encode_train
 from diet.data.tasks import TaskData, load_task
 from diet.data.tokenizer import load_tokenizer
-from diet import validate as V
 from diet.errors import ConfigError, DataError
-from diet.tasks.training import (
-    FINETUNE_RECIPES, CompleteCheckpoints, ListDataset, ProgressBar, SeededTrainer, add_threads_option,
-    batch_layout, check_length, check_run_settings, checkpoints, file_fingerprint, is_main_process, local_path,
-    read_json, replace_progress, resumable_checkpoint, set_threads, train_resumable, world_size,
+from diet.tasks.checkpoints import (
+    CompleteCheckpoints,
+    check_run_settings,
+    checkpoints,
+    file_fingerprint,
+    local_path,
+    read_json,
+    resumable_checkpoint,
+    train_resumable,
     write_json_atomic,
 )
+from diet.tasks.recipes import FINETUNE_RECIPES, check_model_length
+from diet.tasks.runtime import (
+    ListDataset,
+    ProgressBar,
+    add_threads_option,
+    batch_layout,
+    is_main_process,
+    replace_progress,
+    set_threads,
+    world_size,
+)
+from diet.tasks.seeding import SeededTrainer
 
 RESULT = "result.json"
 SUMMARY = "summary.json"
@@ -298,7 +315,7 @@ def run_finetune(model_dir: str | Path, data: TaskData, output_dir: str | Path, 
                         f"<output>/model")
     from diet import DietConfig
     config = DietConfig.from_pretrained(model_dir)
-    check_length(config, s["max_length"], str(model_dir))
+    check_model_length(config, s["max_length"], str(model_dir))
     tokenizer = load_tokenizer(model_dir)
     spec = data.spec
     run = dict(task="finetune", model=local_path(str(model_dir)),

@@ -4,7 +4,7 @@ decay, gradient clipping, the hyper-parameters of its Table 7 as the `paper` rec
 
 Runs on the Hugging Face `Trainer`, so `torchrun --nproc_per_node N` or `accelerate launch` distribute it
 (gloo on CPU). Checkpoints are marked complete after they are written and a rerun resumes from the newest
-complete one (see `diet.tasks.training`). Reports validation MLM loss (mean over masked tokens) and perplexity
+complete one (see `diet.tasks.seeding`). Reports validation MLM loss (mean over masked tokens) and perplexity
 on a validation set masked once with a fixed seed, so every method is scored on the same positions.
 """
 
@@ -20,18 +20,36 @@ from pathlib import Path
 
 import torch
 
+from diet import validate as V
+from diet.config import LEARNED_ABSOLUTE
 from diet.data.corpus import read_corpus
 from diet.data.mlm import MlmCollator, pack_sentences
 from diet.data.tokenizer import load_tokenizer, save_tokenizer, train_wordpiece
-from diet import validate as V
 from diet.errors import ConfigError, DataError
-from diet.config import LEARNED_ABSOLUTE
-from diet.tasks.training import (
-    PRETRAIN_RECIPES, SIZES, CompleteCheckpoints, EpochExamples, ListDataset, Method, ProgressBar, SeededTrainer,
-    add_threads_option, batch_layout, build_config, check_run_settings, file_fingerprint, is_main_process,
-    local_path, log_history_curves, parse_method, read_json, replace_progress, resumable_checkpoint, set_threads,
-    train_resumable, world_size, write_json_atomic,
+from diet.methods import Method, parse_method
+from diet.tasks.checkpoints import (
+    CompleteCheckpoints,
+    check_run_settings,
+    file_fingerprint,
+    local_path,
+    read_json,
+    resumable_checkpoint,
+    train_resumable,
+    write_json_atomic,
 )
+from diet.tasks.recipes import PRETRAIN_RECIPES, SIZES, build_config
+from diet.tasks.runtime import (
+    ListDataset,
+    ProgressBar,
+    add_threads_option,
+    batch_layout,
+    is_main_process,
+    log_history_curves,
+    replace_progress,
+    set_threads,
+    world_size,
+)
+from diet.tasks.seeding import EpochExamples, SeededTrainer
 
 RESULTS = "pretrain_results.json"
 VALIDATION_SEED = 1234  # the masking of the validation set, shared by all methods
@@ -186,7 +204,7 @@ def run_pretrain(corpus: str, method: Method, output_dir: str | Path, s: dict, *
     """Pre-train one model; resumes from a complete checkpoint and returns the results (also in RESULTS).
 
     `prepared`: (tokenizer, train blocks, validation blocks) already made, shared by compared methods.
-    The run is a pure function of its settings and seed (see `diet.tasks.training`); they are recorded in the
+    The run is a pure function of its settings and seed (see `diet.tasks.seeding`); they are recorded in the
     output folder before anything else, and a rerun with other settings is refused."""
     from transformers import TrainingArguments, set_seed
 

@@ -5,7 +5,7 @@ warm-up, label smoothing 0.1; beam 10, length penalty 0.6 at test time; BLEU by 
 
 train: line-aligned files -> joint BPE vocabulary (saved as `tokenizer/`) -> DietForConditionalGeneration on the
     Hugging Face `Trainer`. Checkpoints are marked complete only once fully written, and a rerun of the same
-    command resumes from the newest complete one (`diet.tasks.training.CompleteCheckpoints`); the finished model
+    command resumes from the newest complete one (`diet.tasks.checkpoints.CompleteCheckpoints`); the finished model
     goes to `final/` (written to a temporary directory, then renamed). Validation loss (plain cross-entropy,
     no smoothing) every `--eval-steps`.
 eval: batched beam search with `generate()`, detokenised output to a file, SacreBLEU with its signature;
@@ -29,7 +29,8 @@ import torch
 from torch import nn
 from transformers import TrainerCallback, TrainingArguments
 
-from diet.config import LEARNED_ABSOLUTE, POSITIONS
+from diet import validate as V
+from diet.config import LEARNED_ABSOLUTE
 from diet.data.parallel import (
     encode_pairs,
     encode_sources,
@@ -38,45 +39,39 @@ from diet.data.parallel import (
     read_parallel,
     train_joint_bpe,
 )
-from diet import validate as V
-from diet.errors import ConfigError, DataError
-from diet.models.seq2seq import SEQ2SEQ_PRESETS, DietForConditionalGeneration, DietSeq2SeqConfig, shift_right
 from diet.data.tokenizer import save_tokenizer
-from diet.tasks.training import (
+from diet.errors import ConfigError, DataError
+from diet.methods import Method, parse_method
+from diet.models.seq2seq import SEQ2SEQ_PRESETS, DietForConditionalGeneration, DietSeq2SeqConfig, shift_right
+from diet.positions.encoding import check_length
+from diet.tasks.checkpoints import (
     CompleteCheckpoints,
-    ListDataset,
-    ProgressBar,
-    SeededTrainer,
     check_run_settings,
     file_fingerprint,
-    parse_value,
-    replace_progress,
     resumable_checkpoint,
     train_resumable,
     write_json_atomic,
 )
+from diet.tasks.runtime import ListDataset, ProgressBar, replace_progress, set_threads
+from diet.tasks.seeding import SeededTrainer
 
 # what changes the trained model: recorded in the run directory, and a rerun with other values is refused
-RESULT_ARGS = ("position", "preset", "vocab_size", "max_length", "bad_lines", "batch_size", "grad_accum",
+RESULT_ARGS = ("preset", "vocab_size", "max_length", "bad_lines", "batch_size", "grad_accum",
                "learning_rate", "warmup_steps", "label_smoothing", "dropout", "max_grad_norm", "epochs", "max_steps",
                "eval_steps", "max_train_pairs", "max_valid_pairs", "seed")
 
 
 # -- shared helpers ------------------------------------------------------------------------------------------
 
-def parse_overrides(items: list[str] | None) -> dict:
-    """`--config shaw_max_distance=16 --config num_decoder_layers=4` -> dict, names checked by the config."""
-    out = {}
-    allowed = set(DietSeq2SeqConfig(vocab_size=8, hidden_size=8, num_attention_heads=2).to_dict())
-    for item in items or []:
-        key, eq, value = item.partition("=")
-        key = key.strip().replace("-", "_")
-        if not eq or not key:
-            raise ConfigError(f"--config {item!r} is not key=value (e.g. --config shaw_max_distance=16)")
-        if key not in allowed:
-            raise ConfigError(f"--config {key}: not a DietSeq2SeqConfig field")
-        out[key] = parse_value(value.strip())
-    return out
+# config fields the run sets from its tokenizer; any other DietSeq2SeqConfig field may be set in --method
+TRANSLATION_RUN_FIELDS = {"vocab_size": "the tokenizer (--vocab-size)", "pad_token_id": "the tokenizer",
+                          "bos_token_id": "the tokenizer", "eos_token_id": "the tokenizer"}
+
+
+def parse_translation_method(spec: str) -> Method:
+    """A method spec for the encoder-decoder: `t5`, `shaw:shaw_max_distance=16:num_decoder_layers=4` (config
+    fields of DietSeq2SeqConfig, the preset's sizes included); no segments in translation."""
+    return parse_method(spec, DietSeq2SeqConfig, segment="none", run_fields=TRANSLATION_RUN_FIELDS)
 
 
 def save_dir_atomic(target: Path, write) -> None:
@@ -88,11 +83,6 @@ def save_dir_atomic(target: Path, write) -> None:
     if target.exists():
         shutil.rmtree(target)
     os.replace(tmp, target)
-
-
-def set_threads(n: int | None) -> None:
-    if n:
-        torch.set_num_threads(n)
 
 
 # -- training ------------------------------------------------------------------------------------------------
@@ -162,18 +152,17 @@ def _train_files(args) -> tuple[Path, Path, Path, Path]:
 
 
 def build_config(args, vocab_size: int, tokenizer) -> DietSeq2SeqConfig:
-    overrides = parse_overrides(args.config)
+    method = parse_translation_method(args.method)
+    overrides = method.config_fields()
     if args.dropout is not None:
         overrides.setdefault("hidden_dropout_prob", args.dropout)
         overrides.setdefault("attention_probs_dropout_prob", args.dropout)
     # a learned table must cover the longest sequence training admits
     overrides.setdefault("max_position_embeddings", max(args.max_length, 256))
-    if args.position in LEARNED_ABSOLUTE and overrides["max_position_embeddings"] < args.max_length:
-        raise ConfigError(f"--max-length {args.max_length} exceeds max_position_embeddings="
-                          f"{overrides['max_position_embeddings']}: position={args.position!r} learns one vector "
-                          f"per position up to that limit")
+    check_length(method.position, args.max_length, overrides["max_position_embeddings"], "--max-length ",
+                 "raise max_position_embeddings in --method or lower --max-length", ConfigError)
     return DietSeq2SeqConfig.from_preset(
-        args.preset, vocab_size=vocab_size, position=args.position, pad_token_id=tokenizer.pad_token_id,
+        args.preset, vocab_size=vocab_size, pad_token_id=tokenizer.pad_token_id,
         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, **overrides)
 
 
@@ -186,7 +175,7 @@ def run_train(args) -> int:
     files = dict(train_source=train_src, train_target=train_tgt, valid_source=valid_src, valid_target=valid_tgt)
     run = dict(task="translate train", **{k: str(Path(f).resolve()) for k, f in files.items()},
                **{f"{k}_sha256": file_fingerprint(f) for k, f in files.items()},
-               config=sorted(args.config or []), **{k: getattr(args, k) for k in RESULT_ARGS})
+               method=parse_translation_method(args.method).name, **{k: getattr(args, k) for k in RESULT_ARGS})
     # recorded before the tokenizer is trained, so a tokenizer left by a failed run is reused only by the same run
     check_run_settings(out, run, "--overwrite", products=("final", "tokenizer", "run.json", "data_report.json"))
     if (out / "final" / "config.json").is_file():
@@ -225,7 +214,7 @@ def run_train(args) -> int:
     steps_per_epoch = math.ceil(len(train) / (args.batch_size * args.grad_accum))
     max_steps = args.max_steps or steps_per_epoch * args.epochs
     n_params = sum(p.numel() for p in model.parameters())
-    print(f"diet translate: {args.preset} position={args.position}, {n_params / 1e6:.1f}M parameters, "
+    print(f"diet translate: {args.preset} method={args.method}, {n_params / 1e6:.1f}M parameters, "
           f"{len(train)} pairs, {max_steps} steps ({max_steps / steps_per_epoch:.2f} epochs)", file=sys.stderr)
 
     # transformers 5 writes safetensors only: no pickle checkpoints to opt out of
@@ -243,7 +232,7 @@ def run_train(args) -> int:
         data_collator=TranslationCollator(config.pad_token_id, config.decoder_start_token_id),
         processing_class=tokenizer, callbacks=[CompleteCheckpoints(), PrintEvaluations()],
         label_smoothing=args.label_smoothing)
-    replace_progress(trainer, ProgressBar(f"translate {args.position}"))
+    replace_progress(trainer, ProgressBar(f"translate {args.method}"))
     resume = resumable_checkpoint(out)
     if resume is not None:
         print(f"diet translate: resuming from {resume}", file=sys.stderr)
@@ -257,9 +246,9 @@ def run_train(args) -> int:
     def write_final(tmp: Path) -> None:
         trainer.save_model(str(tmp))
         (tmp / "training_args.bin").unlink(missing_ok=True)  # a pickle; the run's arguments are in run_settings.json
-        save_tokenizer(tokenizer, tmp, config.max_position_embeddings if args.position in LEARNED_ABSOLUTE else None)
+        save_tokenizer(tokenizer, tmp, config.max_position_embeddings if config.position in LEARNED_ABSOLUTE else None)
         write_json_atomic(tmp / "train_summary.json", dict(
-            position=args.position, preset=args.preset, steps=trainer.state.global_step,
+            position=config.position, method=args.method, preset=args.preset, steps=trainer.state.global_step,
             train_loss=result.training_loss if result is not None else None, eval_loss=metrics["eval_loss"],
             seconds_this_session=round(time.time() - started, 1), parameters=n_params,
             curves=[{k: row[k] for k in ("step", "loss", "eval_loss") if k in row}
@@ -452,10 +441,11 @@ def register(subparsers) -> None:
         t.add_argument(f"--{name}", help="explicit file instead of --data")
     t.add_argument("--output-dir", required=True, help="run directory: tokenizer/, checkpoints, final/")
     t.add_argument("--overwrite", action="store_true", help="start afresh instead of resuming")
-    t.add_argument("--position", default="sinusoidal", choices=POSITIONS)
+    t.add_argument("--method", "--position", dest="method", default="sinusoidal",
+                   help="position method spec, as for diet pretrain, with DietSeq2SeqConfig fields: e.g. t5, "
+                        "shaw:shaw_max_distance=16, diet-rel:num_decoder_layers=4:hidden_size=256")
     t.add_argument("--preset", default="transformer-small", choices=tuple(SEQ2SEQ_PRESETS),
                    help="model size (transformer-base is the paper's)")
-    t.add_argument("--config", action="append", metavar="KEY=VALUE", help="override a config field (repeatable)")
     t.add_argument("--vocab-size", type=V.int_at_least(5, ": 4 special tokens and a piece"), default=8000, help="joint BPE vocabulary size")
     t.add_argument("--max-length", type=V.int_at_least(2, ": a token and </s>"), default=128, help="longest source or target, tokens with </s>")
     t.add_argument("--bad-lines", choices=("skip", "error"), default="skip",
