@@ -10,8 +10,9 @@ For layer l and head h, with h_l the hidden states entering the layer and the la
 
 Methods that add position at the input (absolute, sinusoidal) have no position term here: position is
 inside `content`, which is what Theorem 1 bounds. Rotary enters through the qk terms, so it is in `content`
-too. The terms are rebuilt from the same `PositionEncoding` the model uses, so nothing forks the model's
-equation; `tests/analysis` checks softmax(full) against the model's own attention probabilities.
+too. The logits come from the equation itself (`diet.attention.backends.logits`, which the eager backend
+adds up) on the layer's own projections (`MultiHeadAttention.project`, Linformer included), so nothing forks
+the model's equation; `tests/analysis` checks softmax(full) against the model's own attention probabilities.
 """
 
 from __future__ import annotations
@@ -22,9 +23,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from diet.attention.backends import apply_qk
+from diet.attention.backends import logits as equation_logits
 from diet.errors import InputError
-from diet.positions.base import EMPTY, LayerTerms
 from diet.positions.encoding import PositionEncoding
 
 
@@ -92,11 +92,6 @@ def _heads(x: Tensor, num_heads: int) -> Tensor:
     return x.view(b, n, num_heads, d // num_heads).transpose(1, 2)  # (B, H, L, Dh)
 
 
-def _dense_sum(terms: LayerTerms, q: Tensor) -> Tensor | None:
-    dense = [t.dense(q) for t in terms.logits]
-    return sum(dense[1:], dense[0]) if dense else None
-
-
 @torch.no_grad()
 def attention_logits(model: nn.Module, batch: dict[str, Tensor]) -> list[LayerLogits]:
     """Per layer: the token-to-token, position, segment and full logits of `batch` (input_ids (B, L), optional
@@ -111,25 +106,12 @@ def attention_logits(model: nn.Module, batch: dict[str, Tensor]) -> list[LayerLo
     pe: PositionEncoding = encoder.positions
     length = batch["input_ids"].shape[1]
     pos = torch.arange(length, device=batch["input_ids"].device)
-    ctx = pe.context(pos, pos, segment_ids_for(encoder, batch))  # as the model's forward builds it
+    ctx = pe.context(pos, pos, segment_ids_for(encoder, batch), starts=(0, 0))  # as the model's forward builds it
     out = []
     for i, (layer, h) in enumerate(zip(encoder.layers, hidden)):
         attn = layer.attention
-        pos_terms = pe.method.layer_terms(ctx, i)
-        seg_terms = pe.head_segments.layer_terms(ctx, i) if pe.head_segments is not None else EMPTY
-        terms = pos_terms.merge(seg_terms)
-        q, k = _heads(attn.query(h), attn.num_heads), _heads(attn.key(h), attn.num_heads)
-        q2, k2 = apply_qk(q, k, terms)
-        if getattr(attn, "proj_k", None) is not None:  # Linformer: keys projected along the length (E·K)
-            mask = batch.get("attention_mask")
-            if mask is not None:
-                k2 = k2 * mask[:, None, :, None].to(k2.dtype)
-            k2 = torch.einsum("kn,bhnd->bhkd", attn.proj_k[:, :length].to(k2.dtype), k2)
-        content = (q2 @ k2.transpose(-1, -2)) * (attn.scale * terms.score_scale)  # (B, H, Lq, Lk)
-        position, segment = _dense_sum(pos_terms, q), _dense_sum(seg_terms, q)
-        full = content
-        for term in (position, segment):
-            if term is not None:
-                full = full + term
-        out.append(LayerLogits(content, position, segment, full))
+        # the attention's own projections (Linformer included) and the equation's own logits
+        q, k, _, _ = attn.project(h, key_padding=batch.get("attention_mask"))
+        parts = equation_logits(q, k, pe.layer_terms(ctx, i), attn.scale)
+        out.append(LayerLogits(parts.content, parts.of("position"), parts.of("segment"), parts.full))
     return out

@@ -2,10 +2,9 @@
 DIET (Chen et al. 2021) Fig. 4 and 7 (learned positional attention), Fig. 6 (segment attention), Fig. 5
 (cosine similarity of input position embeddings), and TUPE (Ke et al. 2021) Fig. 6 (positional correlation).
 
-Every method draws itself (STYLE 11): the position pattern of layer l for length n is the sum of the layer's
-logit terms from `PositionEncoding.layer_terms` on a Context of positions 0..n-1, with no tokens and no
-segments. Query-dependent terms (Shaw's key term, XLNet) are evaluated at q = 0, which keeps their
-query-independent part (XLNet's v·W_R R_{i-j}; Shaw's key term vanishes).
+Every method draws itself (STYLE 11): the position pattern of layer l for length n is the method's
+`draw(ctx, l)` on a Context of positions 0..n-1, with no tokens and no segments: the sum of its logit terms
+that need no query. XLNet draws its terms at q = 0 (v·W_R R_{i-j}); Shaw's key term vanishes without a query.
 
 Input-additive methods (absolute, sinusoidal) have no such term: position mixes with the tokens before the
 embedding LayerNorm, and the split is not separable after it. We define their pattern as the first layer's
@@ -25,7 +24,6 @@ from torch import Tensor, nn
 
 from diet.analysis.logits import _heads, encoder_of
 from diet.positions.encoding import PositionEncoding
-from diet.positions.tupe import TUPE
 
 
 def _expand_heads(term: Tensor, num_heads: int) -> Tensor:
@@ -41,20 +39,11 @@ def position_pattern(model: nn.Module, length: int) -> list[Tensor | None]:
     pe: PositionEncoding = encoder.positions
     num_heads = encoder.layers[0].attention.num_heads
     pos = torch.arange(length, device=next(encoder.parameters()).device)
-    ctx = pe.context(pos, pos, None)
+    ctx = pe.context(pos, pos, None, starts=(0, 0))
     out: list[Tensor | None] = []
-    for i, layer in enumerate(encoder.layers):
-        terms = pe.method.layer_terms(ctx, i)
-        if terms.logits:
-            lk = pe.method.p_k.shape[-2] if ctx.projected_keys else length  # DIET-ABS-LIN: k key slots
-            q0 = torch.zeros(1, num_heads, length, layer.attention.head_size, device=pos.device)
-            dense = [t.dense(q0).expand(1, -1, length, lk) for t in terms.logits]
-            pattern = _expand_heads(sum(dense[1:], dense[0]).float(), num_heads)
-            # Shaw's key term is q·a_{i-j}: nothing of it is left without a query, so there is no pattern to draw
-            only_query = all(t.query_dependent for t in terms.logits)
-            out.append(None if only_query and not pattern.any() else pattern)
-        else:
-            out.append(None)
+    for i in range(len(encoder.layers)):
+        drawn = pe.method.draw(ctx, i)  # each method draws itself
+        out.append(None if drawn is None else _expand_heads(drawn.float(), num_heads))
     if all(p is None for p in out):
         table = pe.method.embed(pos[None])  # (1, n, D) or None
         if table is not None:
@@ -126,12 +115,8 @@ def position_embeddings(model: nn.Module, length: int | None = None) -> Tensor |
     TUPE's p after the LayerNorm it is always used with. None for methods without one."""
     encoder = encoder_of(model)
     pe: PositionEncoding = encoder.positions
-    n = length or pe.max_length or 512
-    if isinstance(pe.method, TUPE):
-        return pe.method.norm(pe.method.p[:n]).float()
-    pos = torch.arange(n, device=next(encoder.parameters()).device)
-    table = pe.method.embed(pos[None])
-    return None if table is None else table[0].float()
+    table = pe.method.position_table(length or pe.max_length or 512)
+    return None if table is None else table.detach().float()
 
 
 def cosine_similarity_matrix(table: Tensor) -> Tensor:

@@ -12,6 +12,7 @@ Shapes: q (B, H, Lq, Dh), k and v (B, H, Lk, Dh), mask (B|1, 1, Lq|1, Lk) additi
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, Protocol
 
 import torch
@@ -34,13 +35,40 @@ def apply_qk(q: Tensor, k: Tensor, terms: LayerTerms) -> tuple[Tensor, Tensor]:
     return q, k
 
 
-def eager(q, k, v, terms: LayerTerms, mask, scale, dropout_p, need_probs=True):
-    """The reference: every term built densely and added to the logits."""
+@dataclass
+class Logits:
+    """The equation's logits, term by term (each (B|1, H|1, Lq, Lk)): what the eager backend adds up and what
+    the analysis (DIET Fig. 2, 8) takes apart. `parts` pairs each logit term's kind ("position" or "segment")
+    with its dense value."""
+
+    content: Tensor
+    parts: list[tuple[str, Tensor]]
+
+    def of(self, kind: str) -> Tensor | None:
+        """The sum of the parts of one kind, or None when there is none."""
+        found = [t for k, t in self.parts if k == kind]
+        return sum(found[1:], found[0]) if found else None
+
+    @property
+    def full(self) -> Tensor:
+        """content + Σ parts: what the softmax sees before the mask."""
+        out = self.content
+        for _, term in self.parts:
+            out = out + term.to(out.dtype)
+        return out
+
+
+def logits(q: Tensor, k: Tensor, terms: LayerTerms, scale: float) -> Logits:
+    """The logits of the one equation before the mask: (q'·k'ᵀ) · scale · score_scale and every logit term."""
     q_raw = q
     q, k = apply_qk(q, k, terms)
-    scores = (q @ k.transpose(-1, -2)) * (scale * terms.score_scale)  # (B, H, Lq, Lk)
-    for term in terms.logits:
-        scores = scores + term.dense(q_raw).to(scores.dtype)
+    content = (q @ k.transpose(-1, -2)) * (scale * terms.score_scale)  # (B, H, Lq, Lk)
+    return Logits(content, [(term.kind, term.dense(q_raw)) for term in terms.logits])
+
+
+def eager(q, k, v, terms: LayerTerms, mask, scale, dropout_p, need_probs=True):
+    """The reference: every term built densely and added to the logits."""
+    scores = logits(q, k, terms, scale).full
     if mask is not None:
         scores = scores + mask
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)

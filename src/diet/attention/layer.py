@@ -42,14 +42,11 @@ class MultiHeadAttention(nn.Module):
         """Project (B, Lk, D) to keys and values (B, H, Lk, Dh), e.g. for a decoder's cache."""
         return self._heads(self.key(source)), self._heads(self.value(source))
 
-    def forward(self, hidden: Tensor, terms: LayerTerms = EMPTY, mask: Tensor | None = None,
-                keys_from: Tensor | None = None, key_padding: Tensor | None = None,
-                past: tuple[Tensor, Tensor] | None = None, need_probs: bool = False,
-                kv: tuple[Tensor, Tensor] | None = None):
-        """hidden (B, Lq, D); keys_from (B, Lk, D) for cross-attention; key_padding (B, Lk) 1 = keep, used by
-        Linformer, which cannot mask after projecting; past: cached (k, v) to extend when decoding;
-        kv: keys and values already projected by `keys_values` (a decoder cache), used instead of projecting.
-        Returns out (B, Lq, D), probs (B, H, Lq, Lk) or None, and the (k, v) to cache."""
+    def project(self, hidden: Tensor, keys_from: Tensor | None = None, key_padding: Tensor | None = None,
+                past: tuple[Tensor, Tensor] | None = None, kv: tuple[Tensor, Tensor] | None = None):
+        """Queries, keys and values (B, H, L, Dh) as the equation reads them: keys and values extended by the
+        cache and, with Linformer, projected along the length (E·K, F·V, padded keys zeroed first). Returns
+        (q, k, v, (k, v) to cache)."""
         source = hidden if keys_from is None else keys_from
         q = self._heads(self.query(hidden))
         k, v = kv if kv is not None else self.keys_values(source)
@@ -63,7 +60,19 @@ class MultiHeadAttention(nn.Module):
                 k, v = k * keep, v * keep
             k = torch.einsum("kn,bhnd->bhkd", self.proj_k[:, :n].to(k.dtype), k)
             v = torch.einsum("kn,bhnd->bhkd", self.proj_v[:, :n].to(v.dtype), v)
-            mask = None
+        return q, k, v, present
+
+    def forward(self, hidden: Tensor, terms: LayerTerms = EMPTY, mask: Tensor | None = None,
+                keys_from: Tensor | None = None, key_padding: Tensor | None = None,
+                past: tuple[Tensor, Tensor] | None = None, need_probs: bool = False,
+                kv: tuple[Tensor, Tensor] | None = None):
+        """hidden (B, Lq, D); keys_from (B, Lk, D) for cross-attention; key_padding (B, Lk) 1 = keep, used by
+        Linformer, which cannot mask after projecting; past: cached (k, v) to extend when decoding;
+        kv: keys and values already projected by `keys_values` (a decoder cache), used instead of projecting.
+        Returns out (B, Lq, D), probs (B, H, Lq, Lk) or None, and the (k, v) to cache."""
+        q, k, v, present = self.project(hidden, keys_from, key_padding, past, kv)
+        if self.proj_k is not None:
+            mask = None  # the projected keys are slots, not tokens: padding was zeroed before the projection
         dropout_p = self.dropout_p if self.training else 0.0
         backend = eager if need_probs else self.backend  # probabilities asked for: the reference computes them
         out, probs = backend(q, k, v, terms, mask, self.scale, dropout_p, need_probs)

@@ -6,6 +6,7 @@ Entry point: input. Theorem 1 of DIET bounds the rank of every head's logits by 
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor, nn
 
 from diet.positions.functional import sinusoids
@@ -27,6 +28,9 @@ class LearnedAbsolute(PositionMethod):
     def embed(self, position_ids: Tensor) -> Tensor:
         return nn.functional.embedding(position_ids, self.weight)  # (1|B, L, D)
 
+    def position_table(self, length: int) -> Tensor:
+        return self.weight[:length]
+
 
 class Sinusoidal(PositionMethod):
     """`sinusoidal`: fixed, parameter-free, defined for any length."""
@@ -37,3 +41,6 @@ class Sinusoidal(PositionMethod):
 
     def embed(self, position_ids: Tensor) -> Tensor:
         return sinusoids(position_ids, self.hidden_size)  # (1|B, L, D), float32
+
+    def position_table(self, length: int) -> Tensor:
+        return sinusoids(torch.arange(length), self.hidden_size)

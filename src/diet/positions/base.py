@@ -106,6 +106,8 @@ class LogitTerm:
     """
 
     query_dependent = False
+    #: what the term carries, for the analysis's breakdown of the logits: "position" or "segment"
+    kind = "position"
     #: whether the dense form, once built, is kept for the other layers of the forward that share the term;
     #: off under activation checkpointing, where every layer must rebuild what it uses when it is recomputed
     reuse = True
@@ -159,6 +161,8 @@ class SegmentBias(LowRankBias):
     """DIET eq. 2: Ŝ[h, S(i), S(j)], a k×k table per head read at the two tokens' segments. As a product
     Ŝ[S(i), :] · onehot(S(j))ᵀ it is low rank (folded by sdpa); FlexAttention reads the table directly.
     table: (H|1, k, k); q_segments (B, Lq), k_segments (B, Lk)."""
+
+    kind = "segment"
 
     def __init__(self, table: Tensor, q_segments: Tensor, k_segments: Tensor):
         fq = table[:, q_segments].transpose(0, 1)  # (B, H|1, Lq, k): row S(i) of Ŝ

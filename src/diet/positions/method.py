@@ -29,6 +29,17 @@ class PositionMethod(nn.Module):
         """qk, logit and value contributions to attention layer `layer`."""
         return EMPTY
 
+    def draw(self, ctx: Context, layer: int) -> Tensor | None:
+        """The method's position-only logits in `layer` for the context's positions, (1, H|1, Lq, Lk): the sum
+        of its logit terms that need no query (DIET Fig. 4, 7; TUPE Fig. 6). None when it puts nothing
+        position-only into the logits (input methods, rotary, Shaw's query-times-offset key term)."""
+        dense = [t.dense(None) for t in self.layer_terms(ctx, layer).logits if not t.query_dependent]
+        return sum(dense[1:], dense[0]) if dense else None
+
+    def position_table(self, length: int) -> Tensor | None:
+        """The absolute position embeddings (n, D) the method has for positions 0..n-1 (DIET Fig. 5), or None."""
+        return None
+
     def reset_parameters(self, std: float) -> None:
         # HF's init helpers skip tensors already loaded from a checkpoint
         for p in self.parameters(recurse=False):

@@ -70,6 +70,10 @@ class TUPE(PositionMethod):
             fq, fk = torch.cat((fq, col_q), -1), torch.cat((fk, col_k), -1)
         return fq, fk
 
+    def position_table(self, length: int) -> Tensor:
+        """LN(p_i): TUPE's positional embeddings as its attention uses them."""
+        return self.norm(self.p[:length])
+
     def layer_terms(self, ctx: Context, layer: int) -> LayerTerms:
         def build():
             terms = [LowRankBias(*self.correlation_factors(ctx.q_pos, ctx.k_pos))]

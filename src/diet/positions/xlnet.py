@@ -40,6 +40,12 @@ class XLNet(PositionMethod):
         self.v = normal_parameter(num_layers, num_heads, head_size)
         self.scale = 1.0 / math.sqrt(head_size)
 
+    def draw(self, ctx: Context, layer: int) -> Tensor:
+        """The position terms at q = 0: v·W_R R_{i-j}, what is left of them without a query."""
+        (term,) = self.layer_terms(ctx, layer).logits
+        head_size = self.hidden_size // self.num_heads
+        return term.dense(torch.zeros(1, self.num_heads, ctx.q_pos.shape[-1], head_size, device=ctx.q_pos.device))
+
     def layer_terms(self, ctx: Context, layer: int) -> LayerTerms:
         def offsets():
             rel = relative_offsets(ctx.q_pos, ctx.k_pos)  # (Lq, Lk) or per example (B, Lq, Lk)
