@@ -85,3 +85,25 @@ def test_peak_memory_in_a_fresh_process():
     m = measure_peak({"shape": "bert-tiny", "method": "diet-rel+seg", "length": 16, "batch": 1, "mode": "infer",
                       "max_length": 512, "threads": 1})
     assert m["peak_mib"] >= m["idle_mib"] > 0 and m["step_mib"] >= 0
+
+
+def test_bench_writes_each_finished_phase_so_a_stopped_run_keeps_them(tmp_path, monkeypatch):
+    real, calls = cost.measure, []
+
+    def measure_then_stop(*args, **kwargs):
+        calls.append(args[:2])
+        if len(calls) == 3:  # the third phase never finishes (a time limit, a kill)
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(cost, "measure", measure_then_stop)
+    md, js = tmp_path / "bench.md", tmp_path / "bench.json"
+    with pytest.raises(KeyboardInterrupt):
+        main(["bench", "--shapes", "bert-tiny", "--lengths", "8,16", "--repeats", "1", "--warmup", "0",
+              "--threads", "1", "--methods", "diet-rel", "--no-memory", "--markdown", str(md), "--json", str(js)])
+    text = md.read_text()
+    assert "Partial results**: 2 of 4 phases done" in text
+    assert "bert-tiny, length 8" in text and "bert-tiny, length 16" not in text
+    rows = json.loads(js.read_text())["rows"]
+    assert {(r["length"], r["method"]) for r in rows} == {(8, "none"), (8, "diet-rel")}
+    assert all(r["train_ratio"] is not None and r["infer_ratio"] is not None for r in rows)

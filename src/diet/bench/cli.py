@@ -107,28 +107,57 @@ def run(args) -> int:
     def log(msg: str) -> None:
         print(f"[bench] {msg}", file=sys.stderr, flush=True)
 
-    rows: list[cost.Row] = []
-    for shape in args.shapes:
-        for length, batch in zip(args.lengths, _batches(args)):
-            found = cost.measure(shape, length, batch, variants, args.repeats, args.warmup, tuple(args.modes),
-                                 peers, log=log)
-            if args.memory:
-                cost.add_memory(found, args.modes, args.threads, log=log)
-            rows.extend(found)
-    long_rows = []
-    if long_variants:
-        long_rows = cost.measure_long(args.shapes[0], args.long_length, long_variants, max(3, args.repeats // 3),
-                                      1, args.threads, memory=True, log=log)
     settings = {"threads": args.threads, "repeats": args.repeats, "warmup": args.warmup,
                 "torch": torch.__version__, "machine": platform.machine(), "cpus": os.cpu_count(),
                 "command": "diet bench " + " ".join(sys.argv[2:]) if sys.argv[1:2] == ["bench"] else None}
-    text = report.markdown(rows, long_rows, settings)
-    print(text)
-    if args.markdown:
-        with open(args.markdown, "w") as f:
-            f.write(text)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"settings": settings, "rows": [asdict(r) for r in rows],
-                       "long": [asdict(r) for r in long_rows]}, f, indent=1)
+    # one phase per shape, length and mode (and memory, and long inputs): after each, the tables so far are
+    # written, so a run stopped by a time limit keeps every finished phase
+    phases = [(shape, length, batch, mode) for shape in args.shapes
+              for length, batch in zip(args.lengths, _batches(args)) for mode in args.modes]
+    total = len(phases) + (len(args.shapes) * len(args.lengths) if args.memory else 0) + bool(long_variants)
+    rows: dict[tuple[str, int, str], cost.Row] = {}
+    long_rows: list = []
+    done = 0
+
+    def write(final: bool) -> str:
+        status = {} if final else {"partial": f"{done} of {total} phases done"}
+        text = report.markdown(list(rows.values()), long_rows, {**settings, **status})
+        if args.markdown:
+            _write_atomic(args.markdown, text)
+        if args.json:
+            _write_atomic(args.json, json.dumps({"settings": {**settings, **status},
+                                                 "rows": [asdict(r) for r in rows.values()],
+                                                 "long": [asdict(r) for r in long_rows]}, indent=1))
+        if not final and (args.markdown or args.json):
+            log(f"{done}/{total} phases: tables so far in {' and '.join(p for p in (args.markdown, args.json) if p)}")
+        return text
+
+    for i, (shape, length, batch, mode) in enumerate(phases):
+        for row in cost.measure(shape, length, batch, variants, args.repeats, args.warmup, (mode,), peers, log=log):
+            key = (row.shape, row.length, row.method)
+            if key in rows:  # the other mode's figures join the row measured first
+                for field in (f"{mode}_ms", f"{mode}_ratio", f"{mode}_iqr"):
+                    setattr(rows[key], field, getattr(row, field))
+            else:
+                rows[key] = row
+        done += 1
+        write(final=False)
+        last_of_length = i + 1 == len(phases) or phases[i + 1][:2] != (shape, length)
+        if args.memory and last_of_length:
+            cost.add_memory([r for (s, n, _), r in rows.items() if (s, n) == (shape, length)], args.modes,
+                            args.threads, log=log)
+            done += 1
+            write(final=False)
+    if long_variants:
+        long_rows = cost.measure_long(args.shapes[0], args.long_length, long_variants, max(3, args.repeats // 3),
+                                      1, args.threads, memory=True, log=log)
+        done += 1
+    print(write(final=True))
     return 0
+
+
+def _write_atomic(path: str, text: str) -> None:
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)

@@ -76,6 +76,8 @@ def markdown(rows: list[Row], long_rows: list[LongRow], settings: dict) -> str:
              f"step's RSS high-water mark above the idle process, in a fresh process per configuration."]
     if settings.get("command"):
         parts += ["", f"`{settings['command']}`"]
+    if settings.get("partial"):
+        parts += ["", f"**Partial results**: {settings['partial']} (the run was still going, or was stopped)."]
     groups: dict[tuple[str, int], list[Row]] = {}
     for r in rows:
         groups.setdefault((r.shape, r.length), []).append(r)
