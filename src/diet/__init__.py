@@ -7,6 +7,9 @@ behind one attention equation, as Hugging Face models. See `diet.positions.base`
 from diet.config import PRESETS, DietConfig
 from diet.errors import ConfigError, DataError, DietError, InputError
 from diet.models import (
+    DietCausalConfig,
+    DietCausalModel,
+    DietForCausalLM,
     DietForConditionalGeneration,
     DietForMaskedLM,
     DietForQuestionAnswering,
@@ -20,4 +23,5 @@ __version__ = "0.1.0"
 
 __all__ = ["DietConfig", "PRESETS", "DietModel", "DietPreTrainedModel", "DietForMaskedLM",
            "DietForSequenceClassification", "DietForQuestionAnswering", "DietForConditionalGeneration",
-           "DietSeq2SeqConfig", "DietError", "ConfigError", "InputError", "DataError"]
+           "DietSeq2SeqConfig", "DietCausalConfig", "DietCausalModel", "DietForCausalLM", "DietError", "ConfigError",
+           "InputError", "DataError"]

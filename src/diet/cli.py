@@ -62,6 +62,7 @@ COMMANDS = {
     "translate": "diet.tasks.translate",
     "bench": "diet.bench.cli",
     "analyze": "diet.analysis.cli",
+    "lm": "diet.tasks.lm",
 }
 
 

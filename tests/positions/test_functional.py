@@ -62,3 +62,22 @@ def test_clipped_offsets_and_gather_scatter_adjoint():
     x, y = torch.randn(2, 3, 5, 5), torch.randn(2, 3, 5, 5)
     # <gather(x), y> == <x, scatter(y)>: the value term is the adjoint of the key term
     assert torch.allclose((relative_gather(x, idx) * y).sum(), (x * relative_scatter(y, idx, 5)).sum(), atol=1e-5)
+
+
+def test_t5_causal_bucket_equals_t5_decoder_reference():
+    from diet.positions.functional import t5_causal_bucket
+
+    rel = torch.arange(-300, 301)  # key minus query; positive ones (future keys) share bucket 0
+    for buckets, dist in ((32, 128), (8, 16), (64, 256)):
+        ours = t5_causal_bucket(rel, buckets, dist)
+        assert torch.equal(ours, T5Attention._relative_position_bucket(rel, False, buckets, dist))
+        assert set(ours[rel <= 0].tolist()) == set(range(buckets))  # a causal query meets every bucket
+
+
+def test_kerple_log_bias_is_the_papers_kernel():
+    from diet.positions.functional import kerple_log_bias
+
+    d = torch.arange(6)
+    r1, r2 = torch.tensor([[0.5], [2.0]]), torch.tensor([[0.1], [1.0]])
+    expected = torch.tensor([[-a * math.log(1 + b * x) for x in range(6)] for a, b in ((0.5, 0.1), (2.0, 1.0))])
+    torch.testing.assert_close(kerple_log_bias(d, r1, r2), expected)

@@ -10,8 +10,9 @@ import pytest
 import torch
 from transformers.models.t5.modeling_t5 import T5Attention
 
-from diet import DietModel
+from diet import DietCausalConfig, DietForCausalLM, DietModel
 from diet.config import POSITIONS
+from diet.models.causal import CAUSAL_POSITIONS
 from tests.conftest import batch, tiny
 
 L = 10
@@ -31,9 +32,14 @@ def sinusoid(pos, d):  # Vaswani §3.5, one position, loops over dimensions
     return out
 
 
-def t5_bucket(rel, cfg):  # HF's own T5 function, as an independent reference
-    return int(T5Attention._relative_position_bucket(torch.tensor(rel), True, cfg.t5_num_buckets,
-                                                     cfg.t5_max_distance))
+def t5_bucket(rel, cfg):  # HF's own T5 function, as an independent reference; unidirectional when causal
+    return int(T5Attention._relative_position_bucket(torch.tensor(rel), not getattr(cfg, "causal", False),
+                                                     cfg.t5_num_buckets, cfg.t5_max_distance))
+
+
+def kerple_log(h, dist, pe):  # Chi et al. 2022, log variant: -r1 log(1 + r2 |i - j|), r clamped to >= 0.01
+    r1, r2 = max(float(pe.r1[h]), 0.01), max(float(pe.r2[h]), 0.01)
+    return -r1 * math.log(1 + r2 * dist)
 
 
 def alibi_slope(h, n_heads):  # Press et al.: 2^(-8/n · (h+1)) for a power-of-two head count
@@ -100,6 +106,8 @@ def reference_logits(model, layer, q, k, segments, pos):
                             a = a + pe.r[lt, hd(h), i - j + cfg.max_position_embeddings - 1]
                         elif cfg.position == "alibi":
                             a = a - alibi_slope(h, H) * abs(i - j)
+                        elif cfg.position == "kerple":
+                            a = a + kerple_log(h, abs(i - j), pe)
                     if cfg.segment == "per-head":
                         t = model.positions.head_segments.table
                         a = a + t[lt, hd(h), segments[b, ii], segments[b, jj]]
@@ -107,14 +115,17 @@ def reference_logits(model, layer, q, k, segments, pos):
     return A
 
 
-def reference_layer(model, layer, hidden, mask, segments, pos):
-    """One BERT block with the reference attention; returns (probs, new hidden)."""
+def reference_layer(model, layer, hidden, mask, segments, pos, causal=False):
+    """One BERT block with the reference attention; returns (probs, new hidden). causal: query i sees keys
+    j <= i (sequence order)."""
     cfg, blk = model.config, model.layers[layer]
     att = blk.attention
     H = cfg.num_attention_heads
     q, k, v = (split_heads(f(hidden), H) for f in (att.query, att.key, att.value))
     A = reference_logits(model, layer, q, k, segments, pos)
     A = A.masked_fill(mask[:, None, None, :] == 0, float("-inf"))
+    if causal:
+        A = A.masked_fill(torch.ones(L, L, dtype=torch.bool).triu(1), float("-inf"))
     P = A.softmax(-1)
     o = P @ v
     if cfg.position == "shaw":  # o_i += Σ_j p_ij a^V_clip(i-j)
@@ -196,7 +207,31 @@ def test_diet_abs_lin_matches_eq4():
 
 
 def test_relative_methods_accept_lengths_beyond_training_length():
-    for position in ("diet-rel", "t5", "shaw", "xlnet", "rotary", "alibi", "sinusoidal"):
+    for position in ("diet-rel", "t5", "shaw", "xlnet", "rotary", "alibi", "kerple", "sinusoidal"):
         model = DietModel(tiny(position=position)).eval()
         ids = torch.randint(1, 50, (1, 40))  # max_position_embeddings is 24
         assert model(ids).last_hidden_state.shape == (1, 40, 16)
+
+
+@pytest.mark.parametrize("positions", ["default", "per-example"])
+@pytest.mark.parametrize("position", CAUSAL_POSITIONS)
+def test_causal_lm_matches_paper_equation(position, positions):
+    """The decoder-only LM: the same equations under a causal mask; `none` is NoPE (Kazemnejad et al. 2023:
+    no position term, the mask alone orders the tokens), T5's buckets the unidirectional ones of T5's
+    decoder (HF's `_relative_position_bucket(..., bidirectional=False)`)."""
+    cfg = tiny(position=position, attn_backend="eager").to_dict()
+    cfg.pop("model_type", None)
+    lm = DietForCausalLM(DietCausalConfig(**{**cfg, "segment": "none", "tupe_reset": False})).eval()
+    model = lm.diet
+    ids, _, segments = batch(L, pad_last=0)
+    mask = torch.ones_like(ids)
+    position_ids = POSITION_IDS[positions]
+    pos = (torch.arange(L) if position_ids is None else position_ids).expand(len(ids), L)
+    with torch.no_grad():
+        out = model(ids, position_ids=position_ids, output_attentions=True, output_hidden_states=True)
+        torch.testing.assert_close(out.hidden_states[0], reference_embeddings(model, ids, segments, pos),
+                                   atol=1e-5, rtol=1e-4)
+        for layer in range(model.config.num_hidden_layers):
+            probs, hidden = reference_layer(model, layer, out.hidden_states[layer], mask, segments, pos, causal=True)
+            torch.testing.assert_close(out.attentions[layer], probs, atol=1e-5, rtol=1e-4)
+            torch.testing.assert_close(out.hidden_states[layer + 1], hidden, atol=1e-5, rtol=1e-4)

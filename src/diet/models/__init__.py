@@ -3,6 +3,7 @@
 from transformers import (
     AutoConfig,
     AutoModel,
+    AutoModelForCausalLM,
     AutoModelForMaskedLM,
     AutoModelForQuestionAnswering,
     AutoModelForSeq2SeqLM,
@@ -18,6 +19,7 @@ from diet.models.modeling import (
     DietPreTrainedModel,
 )
 from diet.models.seq2seq import DietForConditionalGeneration, DietSeq2SeqConfig
+from diet.models.causal import DietCausalConfig, DietCausalModel, DietForCausalLM
 
 AutoConfig.register("diet", DietConfig, exist_ok=True)
 AutoModel.register(DietConfig, DietModel, exist_ok=True)
@@ -26,6 +28,10 @@ AutoModelForSequenceClassification.register(DietConfig, DietForSequenceClassific
 AutoModelForQuestionAnswering.register(DietConfig, DietForQuestionAnswering, exist_ok=True)
 AutoConfig.register("diet-seq2seq", DietSeq2SeqConfig, exist_ok=True)
 AutoModelForSeq2SeqLM.register(DietSeq2SeqConfig, DietForConditionalGeneration, exist_ok=True)
+AutoConfig.register("diet-causal", DietCausalConfig, exist_ok=True)
+AutoModel.register(DietCausalConfig, DietCausalModel, exist_ok=True)
+AutoModelForCausalLM.register(DietCausalConfig, DietForCausalLM, exist_ok=True)
 
 __all__ = ["DietModel", "DietPreTrainedModel", "DietForMaskedLM", "DietForSequenceClassification",
-           "DietForQuestionAnswering", "DietForConditionalGeneration", "DietSeq2SeqConfig"]
+           "DietForQuestionAnswering", "DietForConditionalGeneration", "DietSeq2SeqConfig", "DietCausalConfig",
+           "DietCausalModel", "DietForCausalLM"]

@@ -12,9 +12,11 @@ Post-LN throughout, as in Vaswani et al., which the paper follows. Also theirs (
 token embeddings N(0, 1/d) multiplied by √d at the input (`scale_embedding`), so an input position term of
 unit scale (sinusoids) does not drown the tokens, while the tied output projection gives unit-scale logits.
 The decoder owns a second `PositionEncoding` built from the same config (its parameters are separate from
-the encoder's): every method of `diet.positions` works causally. Cross-attention gets *no* position terms:
-its queries (target positions) and keys (source positions) index different sequences, so an offset i - j
-means nothing; position reaches cross-attention through the states, as in Vaswani et al. and T5.
+the encoder's): every method of `diet.positions` works causally. The decoder's view of the config is marked
+causal, so T5's buckets there (also TUPE-R's) are T5's decoder's unidirectional ones (`t5_causal_bucket`).
+Cross-attention gets *no* position terms: its queries (target positions) and keys (source positions) index
+different sequences, so an offset i - j means nothing; position reaches cross-attention through the states,
+as in Vaswani et al. and T5.
 Entry points used: all four, in encoder and decoder self-attention; none in cross-attention.
 
 Incremental decoding (`generate(use_cache=True)`): the cache (transformers' `EncoderDecoderCache`) holds the
@@ -110,9 +112,11 @@ class DietSeq2SeqConfig(DietConfig):
         return cls(**{**sizes, **overrides})
 
     def decoder_view(self) -> "DietSeq2SeqConfig":
-        """The same config with the decoder's depth, for what is sized per layer (Shaw, XLNet, DIET tables)."""
+        """The same config with the decoder's depth, for what is sized per layer (Shaw, XLNet, DIET tables),
+        marked causal, for what depends on the direction of attention (T5's buckets)."""
         view = copy.deepcopy(self)
         view.num_hidden_layers = self.num_decoder_layers
+        view.causal = True  # causal self-attention: T5's unidirectional buckets (diet.positions.registry.causal)
         return view
 
 

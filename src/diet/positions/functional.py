@@ -1,4 +1,5 @@
-"""Pure functions for the position math: sinusoids, relative offsets, T5 buckets, ALiBi slopes, rotary.
+"""Pure functions for the position math: sinusoids, relative offsets, T5 buckets (bidirectional and causal),
+ALiBi slopes, KERPLE's log kernel, rotary.
 
 No parameters live here; the method modules own parameters and call these.
 Notation: L positions, D width, H heads.
@@ -54,6 +55,32 @@ def t5_bucket(offsets: Tensor, num_buckets: int = 32, max_distance: int = 128) -
     ).long()
     large = large.clamp(max=num_buckets - 1)
     return bucket + torch.where(is_small, n, large)
+
+
+def t5_causal_bucket(offsets: Tensor, num_buckets: int = 32, max_distance: int = 128) -> Tensor:
+    """T5's unidirectional log-bucketing, the one T5's decoder self-attention uses (HF/mesh-tf
+    `_relative_position_bucket(..., bidirectional=False)`). offsets: (...) of j - i (key minus query).
+
+    A causal query sees only keys j <= i, so all `num_buckets` buckets go to distances n = i - j >= 0 (a key
+    after the query, n < 0, shares bucket 0 with n = 0; the causal mask hides it anyway): exact buckets for
+    n < num_buckets/2, log-spaced ones up to max_distance, the last bucket beyond. The bidirectional
+    `t5_bucket` would give a causal query only the half of its buckets that belong to j <= i.
+    """
+    n = (-offsets).clamp(min=0)
+    max_exact = num_buckets // 2
+    large = max_exact + (
+        torch.log(n.float().clamp(min=1) / max_exact) / math.log(max_distance / max_exact) * (num_buckets - max_exact)
+    ).long()
+    return torch.where(n < max_exact, n, large.clamp(max=num_buckets - 1))
+
+
+def kerple_log_bias(distance: Tensor, r1: Tensor, r2: Tensor) -> Tensor:
+    """KERPLE's logarithmic kernel (Chi et al. 2022, the 'log' variant of its conditionally positive definite
+    kernels): -r1 · log(1 + r2 · |i - j|), r1, r2 > 0.
+
+    distance: (...) of |i - j| (any dtype, cast to r1's); r1, r2: broadcastable to it (per head).
+    """
+    return -r1 * torch.log1p(r2 * distance.to(r1.dtype))
 
 
 def alibi_slopes(num_heads: int) -> Tensor:

@@ -15,6 +15,13 @@ Traits:
     shareable       DIET's per-head tables, which `sharing` applies to (DIET Tables 5, 8, 9)
     segment         the segment mode of its row in DIET's tables (DIET rows: per head, eq. 2; others: input)
     paper_row       its spec in the papers' comparison (DIET Table 2 rows, plus rotary and ALiBi), or None
+    causal_ok       meaningful in causal self-attention (a decoder-only LM, `DietCausalConfig`); the causal
+                    LM refuses the others when its config is built
+    cls_reset       resets the terms of position 0 as [CLS]'s (TUPE's reset_θ): an encoder's device, refused
+                    in a causal LM unless switched off (tupe_reset=False)
+
+Builders read `causal(config)`: whether the stack being built attends causally (the causal LM, the
+translation decoder). T5's buckets (also inside TUPE-R) are then T5's decoder's unidirectional ones.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from typing import TYPE_CHECKING, Callable
 from diet.positions.absolute import LearnedAbsolute, NoPosition, Sinusoidal
 from diet.positions.alibi import ALiBi
 from diet.positions.diet import DietAbs, DietRel
+from diet.positions.kerple import Kerple
 from diet.positions.method import PositionMethod
 from diet.positions.rotary import Rotary
 from diet.positions.shaw import Shaw
@@ -50,6 +58,8 @@ class MethodInfo:
     shareable: bool = False
     segment: str = "input"
     paper_row: str | None = None
+    causal_ok: bool = True
+    cls_reset: bool = False
 
     @property
     def per_head(self) -> bool:
@@ -57,9 +67,15 @@ class MethodInfo:
         return any(e != "input" for e in self.entry)
 
 
+def causal(c: "DietConfig") -> bool:
+    """Whether the stack built from `c` attends causally: a `DietCausalConfig`, or the translation decoder's
+    view of its config (`DietSeq2SeqConfig.decoder_view`)."""
+    return bool(getattr(c, "causal", False))
+
+
 def _tupe(c: "DietConfig", relative: bool) -> TUPE:
     return TUPE(c.hidden_size, c.num_attention_heads, c.max_position_embeddings, c.layer_norm_eps,
-                c.tupe_reset, relative, c.t5_num_buckets, c.t5_max_distance)
+                c.tupe_reset, relative, c.t5_num_buckets, c.t5_max_distance, causal(c))
 
 
 REGISTRY: dict[str, MethodInfo] = {m.name: m for m in (
@@ -71,12 +87,12 @@ REGISTRY: dict[str, MethodInfo] = {m.name: m for m in (
                key_positions=True, probabilities=True, query_terms=True, paper_row="shaw"),
     MethodInfo("xlnet", lambda c: XLNet(c.num_hidden_layers, c.hidden_size, c.num_attention_heads),
                ("qk", "logits"), key_positions=True, query_terms=True, paper_row="xlnet"),
-    MethodInfo("t5", lambda c: T5(c.num_attention_heads, c.t5_num_buckets, c.t5_max_distance), ("logits",),
-               key_positions=True, paper_row="t5"),
+    MethodInfo("t5", lambda c: T5(c.num_attention_heads, c.t5_num_buckets, c.t5_max_distance, causal(c)),
+               ("logits",), key_positions=True, paper_row="t5"),
     MethodInfo("tupe-a", lambda c: _tupe(c, relative=False), ("logits",), learned_table=True, key_positions=True,
-               paper_row="tupe-a"),
+               paper_row="tupe-a", cls_reset=True),
     MethodInfo("tupe-r", lambda c: _tupe(c, relative=True), ("logits",), learned_table=True, key_positions=True,
-               paper_row="tupe-r"),
+               paper_row="tupe-r", cls_reset=True),
     MethodInfo("diet-abs", lambda c: DietAbs(c.num_hidden_layers, c.num_attention_heads, c.max_position_embeddings,
                                              c.rank, c.sharing, c.linformer_k if c.attention == "linformer" else None),
                ("logits",), learned_table=True, shareable=True, segment="per-head",
@@ -87,6 +103,7 @@ REGISTRY: dict[str, MethodInfo] = {m.name: m for m in (
     MethodInfo("rotary", lambda c: Rotary(c.head_size, c.rotary_base), ("qk",), key_positions=True,
                paper_row="rotary"),
     MethodInfo("alibi", lambda c: ALiBi(c.num_attention_heads), ("logits",), key_positions=True, paper_row="alibi"),
+    MethodInfo("kerple", lambda c: Kerple(c.num_attention_heads), ("logits",), key_positions=True),
 )}
 
 

@@ -29,9 +29,10 @@ from diet.positions.t5 import t5_diagonals, t5_index, t5_offset_bucket
 
 class TUPE(PositionMethod):
     def __init__(self, hidden_size: int, num_heads: int, max_length: int, eps: float, reset: bool,
-                 relative: bool, num_buckets: int, max_distance: int):
+                 relative: bool, num_buckets: int, max_distance: int, causal: bool = False):
         super().__init__()
         self.max_length, self.num_heads, self.reset, self.relative = max_length, num_heads, reset, relative
+        self.causal = causal  # T5's unidirectional buckets in causal self-attention
         self.num_buckets, self.max_distance = num_buckets, max_distance
         self.head_size = hidden_size // num_heads
         self.p = normal_parameter(max_length, hidden_size)  # p_i
@@ -80,10 +81,10 @@ class TUPE(PositionMethod):
             if self.relative:
                 # on [CLS]'s row and column b_{j-i} gives way to the [CLS] buckets in θ
                 keep = (lambda qp, kp: (qp != 0) & (kp != 0)) if self.reset else None
-                terms.append(TableBias(self.bias, ctx.q_pos, ctx.k_pos,
-                                       t5_offset_bucket(self.num_buckets, self.max_distance),
-                                       lambda: t5_index(ctx, self.num_buckets, self.max_distance), keep,
-                                       t5_diagonals(ctx, self.num_buckets, self.max_distance)))
+                n, dist, causal = self.num_buckets, self.max_distance, self.causal
+                terms.append(TableBias(self.bias, ctx.q_pos, ctx.k_pos, t5_offset_bucket(n, dist, causal),
+                                       lambda: t5_index(ctx, n, dist, causal), keep,
+                                       t5_diagonals(ctx, n, dist, causal)))
             return LayerTerms(logits=terms, score_scale=1.0 / math.sqrt(2))
 
         return ctx.cached("tupe_terms", build)  # shared by all layers: computed once per forward

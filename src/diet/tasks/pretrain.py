@@ -93,6 +93,10 @@ def register(subparsers) -> None:
                    help="position method spec, e.g. absolute, diet-rel, diet-rel:segment=input:sharing=layer")
     p.add_argument("-o", "--output-dir", default="runs/pretrain", help="where checkpoints and the model go")
     p.add_argument("--overwrite", action="store_true", help="start afresh instead of resuming")
+    p.add_argument("--init", help="continue pre-training a BERT checkpoint (folder or hub name, safetensors): its "
+                                  "content weights and sizes, the method's position parameters fresh, BERT's input "
+                                  "positions kept only for 'absolute'; its tokenizer unless --tokenizer; the log "
+                                  "lists what was loaded, initialised and dropped")
     add_pretrain_options(p)
     add_threads_option(p)
     p.set_defaults(func=main)
@@ -200,7 +204,8 @@ def mlm_loss(model, dataset: ListDataset, collator: MlmCollator, batch_size: int
 def run_pretrain(corpus: str, method: Method, output_dir: str | Path, s: dict, *, validation: str | None = None,
                  tokenizer: str | None = None, seed: int = 0, device_batch_size: int = 64,
                  max_documents: int | None = None, max_validation: int | None = None, overwrite: bool = False,
-                 quiet: bool = False, report_to: str = "tensorboard", description: str | None = None, prepared=None) -> dict:
+                 quiet: bool = False, report_to: str = "tensorboard", description: str | None = None, prepared=None,
+                 init: str | None = None) -> dict:
     """Pre-train one model; resumes from a complete checkpoint and returns the results (also in RESULTS).
 
     `prepared`: (tokenizer, train blocks, validation blocks) already made, shared by compared methods.
@@ -222,6 +227,8 @@ def run_pretrain(corpus: str, method: Method, output_dir: str | Path, s: dict, *
                tokenizer_sha256=file_fingerprint(tokenizer_file) if tokenizer else None,
                max_documents=max_documents, max_validation=max_validation, device_batch_size=per_device,
                accumulation=accumulation, processes=world_size())
+    if init:  # recorded only when given, so runs made before --init existed still resume
+        run["init"] = local_path(init)
     if prepared is not None:  # compare's shared data: the vocabulary itself identifies it
         run["vocabulary_sha256"] = hashlib.sha256(prepared[0].backend_tokenizer.to_str().encode()).hexdigest()[:16]
     check_run_settings(output_dir, run, "--overwrite", products=("model", "tokenizer", RESULTS))
@@ -253,9 +260,19 @@ def run_pretrain(corpus: str, method: Method, output_dir: str | Path, s: dict, *
     val_set = ListDataset(collator.premask(val_blocks, VALIDATION_SEED))
     train_set = EpochExamples([{"input_ids": b} for b in train_blocks], seed)  # masks: f(seed, epoch, index)
 
-    config = build_config(method, s["size"], len(tok), s["max_length"], tok.pad_token_id)
     set_seed(seed)  # identical initialisation of the parameters all methods share
-    model = DietForMaskedLM(config)
+    if init:  # BERT's sizes and content weights; the method's position parameters fresh (diet.models.bert)
+        from diet.models.bert import from_bert, init_config
+
+        config = init_config(init, s["max_length"], **method.config_fields())
+        if len(tok) > config.vocab_size:
+            raise ConfigError(f"the tokenizer has {len(tok):,} tokens, the BERT checkpoint {init} "
+                              f"{config.vocab_size:,}; use the checkpoint's tokenizer (--tokenizer)")
+        model, report = from_bert(init, DietForMaskedLM, config=config)
+        log(f"--init {report.summary()}")
+    else:
+        config = build_config(method, s["size"], len(tok), s["max_length"], tok.pad_token_id)
+        model = DietForMaskedLM(config)
     log(f"{method.name}: {sum(p.numel() for p in model.parameters()):,} parameters, {s['steps']:,} steps of "
         f"batch {s['batch_size']} ({per_device} x {accumulation} accumulation x {args.world_size} process(es))")
 
@@ -312,7 +329,7 @@ def main(args) -> int:
         if args.validation:
             read_corpus(args.validation, "train")
     with V.created_only_on_success(out):
-        run_pretrain(args.corpus, method, out, s, validation=args.validation, tokenizer=args.tokenizer,
+        run_pretrain(args.corpus, method, out, s, validation=args.validation, tokenizer=args.tokenizer or args.init,
                      seed=args.seed, device_batch_size=args.device_batch_size, max_documents=args.max_documents,
-                     max_validation=args.max_validation, overwrite=args.overwrite)
+                     max_validation=args.max_validation, overwrite=args.overwrite, init=args.init)
     return 0

@@ -1,0 +1,70 @@
+"""`diet pretrain --init` from a BERT checkpoint (the log says what was loaded), `diet lm` (a causal LM per
+method, the length table with n/a beyond a learned table) and `diet lengths` on a masked-LM run."""
+
+import json
+
+import pytest
+import torch
+from transformers import BertConfig, BertForMaskedLM
+
+from diet.cli import main as cli
+from diet.data import synthetic
+from diet.data.corpus import read_corpus
+from diet.data.tokenizer import train_wordpiece
+from diet.tasks import lm
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    torch.set_num_threads(1)
+    return synthetic.write_builtin(tmp_path_factory.mktemp("data"), seed=0, documents=60, train=8, dev=8)
+
+
+def test_pretrain_init_from_bert_logs_what_was_loaded(data, tmp_path, capsys):
+    docs, _ = read_corpus(str(data["corpus"]), "train")
+    tok = train_wordpiece((s for d in docs for s in d), vocab_size=200)
+    bert = tmp_path / "bert"
+    BertForMaskedLM(BertConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                               intermediate_size=64, max_position_embeddings=64)).save_pretrained(bert)
+    tok.save_pretrained(bert)
+    out = tmp_path / "run"
+    assert cli(["pretrain", str(data["corpus"]), "--init", str(bert), "--method", "diet-rel:segment=input",
+                "--recipe", "toy", "--steps", "2", "--batch-size", "8", "--max-length", "24", "--save-steps", "2",
+                "--threads", "1", "-o", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "--init DietForMaskedLM(position='diet-rel') from" in err
+    assert "1 initialised, 1 dropped" in err and "initialised: diet.positions.method.r" in err
+    assert "dropped: bert.embeddings.position_embeddings.weight" in err
+    config = json.loads((out / "model" / "config.json").read_text())
+    assert config["hidden_size"] == 32 and config["position"] == "diet-rel"  # BERT's sizes, the new method
+
+
+def test_lm_trains_each_method_and_writes_the_length_table(data, tmp_path):
+    out = tmp_path / "lm"
+    assert cli(["lm", str(data["corpus"]), "--methods", "alibi,absolute", "--steps", "3", "--max-length", "8",
+                "--vocab-size", "100", "--batch-size", "4", "--lengths", "1,2", "-o", str(out)]) == 0
+    rows = {r["method"]: r for r in json.loads((out / "lengths.json").read_text())}
+    assert rows["alibi"]["ppl"]["2"] > 1 and rows["absolute"]["ppl"]["2"] is None
+    table = (out / "lengths.md").read_text()
+    assert "| absolute | causal |" in table and "n/a (beyond the table)" in table
+    assert (out / "lengths.png").stat().st_size > 0 and (out / "lengths.csv").is_file()
+    # `diet lengths` reads the saved runs again
+    assert cli(["lengths", str(out / "alibi"), "--data", str(data["corpus"]), "--lengths", "1,2",
+                "-o", str(tmp_path / "again")]) == 0
+    again = json.loads((tmp_path / "again" / "lengths.json").read_text())[0]
+    assert again["ppl"]["2"] == pytest.approx(rows["alibi"]["ppl"]["2"], rel=1e-5)
+
+
+def test_masked_lm_perplexity_at_lengths_uses_fixed_masks(data):
+    from diet import DietConfig, DietForMaskedLM
+
+    docs, _ = read_corpus(str(data["corpus"]), "train")
+    tok = train_wordpiece((s for d in docs for s in d), vocab_size=100)
+    stream = lm.token_stream(docs, tok)
+    model = DietForMaskedLM(DietConfig(vocab_size=len(tok), hidden_size=16, num_hidden_layers=1,
+                                       num_attention_heads=2, intermediate_size=32, position="alibi")).eval()
+    a = lm.length_perplexities(model, tok, stream, 8, (1, 2), tokens=256)
+    assert a == lm.length_perplexities(model, tok, stream, 8, (1, 2), tokens=256)  # same masks every time
+    table = DietForMaskedLM(DietConfig(vocab_size=len(tok), hidden_size=16, num_hidden_layers=1,
+                                       num_attention_heads=2, intermediate_size=32, max_position_embeddings=8))
+    assert lm.length_perplexities(table.eval(), tok, stream, 8, (1, 2), tokens=256)[2] is None
