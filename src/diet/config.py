@@ -55,6 +55,8 @@ class DietConfig(PretrainedConfig):
     segment: `input` (BERT's token-type embedding), `per-head` (DIET eq. 2), or `none`.
     sharing: of DIET's per-head parameters: `none`, `head` (heads of a layer share), `layer` (layers share).
     position_rank: d_p of DIET-ABS (default: the head size).
+    input_positions: also add BERT's learned input position table (DIET Fig. 5's DIET-ABS + input table;
+        what `diet pretrain --init BERT --init-keep-positions` keeps), for a per-head `position`.
     attention: `full` softmax attention or `linformer` (keys/values projected along the length to
         `linformer_k`; with `diet-abs` this is DIET-ABS-LIN, eq. 4).
     attn_backend: `auto` (SDPA unless the method needs the probabilities), `eager` (the reference),
@@ -89,6 +91,8 @@ class DietConfig(PretrainedConfig):
         t5_max_distance: int = 128,
         tupe_reset: bool = True,
         rotary_base: float = 10000.0,
+        input_positions: bool = False,
+        position_scale: float = 1.0,
         attn_backend: str = "auto",
         classifier_dropout: float | None = None,
         tie_word_embeddings: bool = True,
@@ -117,6 +121,8 @@ class DietConfig(PretrainedConfig):
         self.t5_max_distance = t5_max_distance
         self.tupe_reset = tupe_reset
         self.rotary_base = rotary_base
+        self.input_positions = input_positions
+        self.position_scale = position_scale
         self.attn_backend = attn_backend
         self.classifier_dropout = classifier_dropout
         self.tie_word_embeddings = tie_word_embeddings  # BERT ties the MLM decoder to the word embeddings
@@ -158,6 +164,17 @@ class DietConfig(PretrainedConfig):
                                   f"not {self.position!r}")
             if not isinstance(self.position_rank, int) or self.position_rank < 1:
                 raise ConfigError(f"position_rank={self.position_rank!r} must be a positive integer")
+        if isinstance(self.position_scale, bool) or not isinstance(self.position_scale, (int, float)) or \
+                not (0 < self.position_scale < float("inf")):
+            raise ConfigError(f"position_scale={self.position_scale!r} must be a positive finite number")
+        if self.position_scale != 1 and self.position != "sinusoidal":
+            raise ConfigError(f"position_scale={self.position_scale} only applies to position='sinusoidal' (a scale "
+                              f"on its fixed input sinusoids), not {self.position!r}")
+        if self.input_positions not in (True, False):
+            raise ConfigError(f"input_positions={self.input_positions!r} must be true or false")
+        if self.input_positions and not REGISTRY[self.position].per_head:
+            raise ConfigError(f"input_positions=True adds BERT's learned input position table to a per-head method; "
+                              f"position={self.position!r} has no per-head term (use position='absolute' for BERT)")
         if self.segment != "none" and self.type_vocab_size < 1:
             raise ConfigError(f"segment={self.segment!r} needs type_vocab_size >= 1")
         if self.sharing != "none" and self.position not in SHAREABLE_POSITIONS and self.segment != "per-head":

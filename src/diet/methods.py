@@ -24,8 +24,19 @@ TABLE5_METHODS = tuple(f"{p}:segment={s}:sharing={h}" for p in SHAREABLE_POSITIO
                        for s in ("input", "per-head") for h in ("none", "head", "layer"))
 
 
+# The built-in study (docs/study.md): the rows the claims of `diet.tasks.claims` compare, at the `study` size
+# (d_h = 8, so the default d_p of DIET-ABS is 8). DIET-ABS and DIET-REL take per-head segments unless told;
+# `sinusoidal` with its sinusoids scaled by 0.2, the best of {1, 0.2, 0.03} measured in docs/study.md (unit
+# sinusoids swamp BERT's 0.02 token embeddings; 0.03 is too weak to be used); the unscaled formula is in
+# `study+papers`.
+STUDY_METHODS = ("none", "absolute", "sinusoidal:position_scale=0.2", "tupe-r",
+                 "diet-abs", "diet-abs:segment=input", "diet-abs:sharing=layer", "diet-abs:sharing=head",
+                 "diet-abs:position_rank=2", "diet-abs:position_rank=32",
+                 "diet-rel", "diet-rel:segment=input", "diet-rel:sharing=layer", "diet-rel:sharing=head")
+
 METHOD_LISTS = {"papers": PAPER_METHODS, "table5": TABLE5_METHODS,
-                "papers+none": ("none",) + PAPER_METHODS}
+                "papers+none": ("none",) + PAPER_METHODS, "study": STUDY_METHODS,
+                "study+papers": STUDY_METHODS + tuple(m for m in PAPER_METHODS if m not in STUDY_METHODS)}
 
 
 @dataclass(frozen=True)

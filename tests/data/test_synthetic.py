@@ -56,3 +56,26 @@ def test_topic_is_decided_by_the_words(tmp_path):
     for ex in data.train:
         counts = {c: sum(w in ws for w in ex.text_a.split()) for c, ws in S.CATEGORIES.items()}
         assert data.spec.labels[ex.label] == max(counts, key=counts.get)
+
+
+def _index(words, vocabulary):
+    return next(i for i, w in enumerate(words) if w in vocabulary)
+
+
+def test_distance_and_start_labels_follow_positions_and_not_the_words(tmp_path):
+    paths = S.write_builtin(tmp_path, seed=0, documents=20, train=400, dev=20)
+    distance, start = load_task(str(paths["distance"])), load_task(str(paths["start"]))
+    for ex in distance.train:
+        words = ex.text_a.split()
+        gap = abs(_index(words, S.ANIMALS) - _index(words, S.FRUITS))
+        assert distance.spec.labels[ex.label] == ("near" if gap == 1 else "far") and (gap == 1 or gap >= 4)
+    for ex in start.train:
+        i = _index(ex.text_a.split(), S.ANIMALS)
+        assert start.spec.labels[ex.label] == ("start" if i == 0 else "later") and (i == 0 or i >= 3)
+    for data in (distance, start):
+        assert 150 < sum(ex.label for ex in data.train) < 250  # balanced
+        # the same kinds of words and lengths under both labels: no bag-of-words shortcut
+        by_label = [Counter(w for ex in data.train if ex.label == k for w in ex.text_a.split()) for k in (0, 1)]
+        for word in S.ANIMALS:
+            n0, n1 = by_label[0][word], by_label[1][word]
+            assert abs(n0 - n1) <= 0.6 * max(n0, n1) + 5

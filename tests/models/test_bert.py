@@ -85,12 +85,23 @@ def test_another_method_starts_from_bert_content_weights(tmp_path, caplog):
     assert any(n.startswith("cls.predictions") for n in report.dropped)
     _, report = from_bert(str(tmp_path / "bert"), DietForMaskedLM, keep_input_positions=False)
     assert report.initialised == ["diet.positions.method.weight"]
+    # kept beside another method: BERT's table becomes an input table besides DIET-REL's per-head terms
+    kept, report = from_bert(str(tmp_path / "bert"), DietForMaskedLM, position="diet-rel", keep_input_positions=True)
+    assert kept.config.input_positions and report.initialised == ["diet.positions.method.r"]
+    torch.testing.assert_close(kept.diet.positions.input_positions.weight,
+                               bert.bert.embeddings.position_embeddings.weight)
+    ids = torch.randint(0, 40, (1, 6))
+    with torch.no_grad():  # the input table is used: other positions, other outputs
+        a = kept(ids).logits
+        b = kept(ids, position_ids=torch.arange(6) + 3).logits
+    assert (a - b).abs().max() > 1e-4
 
 
 def test_refusals(tmp_path):
     BertModel(bert_config()).save_pretrained(tmp_path / "bert")
-    with pytest.raises(ConfigError, match="keep_input_positions=True needs position='absolute'"):
-        from_bert(str(tmp_path / "bert"), position="rotary", keep_input_positions=True)
+    with pytest.raises(ConfigError, match="input_positions=True adds BERT's learned input position table to a "
+                                          "per-head method; position='sinusoidal'"):
+        from_bert(str(tmp_path / "bert"), position="sinusoidal", keep_input_positions=True)
     model, _ = from_bert(str(tmp_path / "bert"), position="rotary")
     with pytest.raises(ConfigError, match="only position='absolute'"):
         to_bert(model, tmp_path / "out")

@@ -10,13 +10,15 @@ import torch
 from diet import DietForMaskedLM, DietModel
 from diet.attention import backends
 from diet.config import POSITIONS
+from diet.positions.registry import names
 from diet.errors import InputError
 from tests.conftest import batch, tiny
 
 L = 10
 # methods whose logits depend on positions only through pos_i - pos_j
-SHIFT_INVARIANT = ("none", "shaw", "xlnet", "t5", "diet-rel", "rotary", "alibi", "kerple")
-LEARNED_TABLES = ("absolute", "diet-abs", "tupe-a", "tupe-r")
+SHIFT_INVARIANT = names(relative=True)
+LEARNED_TABLES = names(learned_table=True)
+LENGTH_FREE = names(learned_table=False)
 
 
 def _segment(position):
@@ -136,7 +138,7 @@ def test_position_ids_beyond_a_learned_table_are_refused_naming_the_limit(positi
         model(batch(L)[0], position_ids=position_ids)
 
 
-@pytest.mark.parametrize("position", ["diet-rel", "t5", "shaw", "xlnet", "rotary", "alibi", "sinusoidal"])
+@pytest.mark.parametrize("position", LENGTH_FREE)
 def test_relative_methods_accept_positions_beyond_the_training_length(position):
     out = _model(position)(batch(L)[0], position_ids=(100 + 7 * torch.arange(L))[None]).last_hidden_state
     assert torch.isfinite(out).all()

@@ -12,6 +12,7 @@ from transformers.models.t5.modeling_t5 import T5Attention
 
 from diet import DietCausalConfig, DietForCausalLM, DietModel
 from diet.config import POSITIONS
+from diet.positions.registry import names
 from diet.models.causal import CAUSAL_POSITIONS
 from tests.conftest import batch, tiny
 
@@ -147,7 +148,8 @@ def reference_embeddings(model, ids, segments, pos):
     if cfg.position == "absolute":
         x = x + model.positions.method.weight[pos]
     elif cfg.position == "sinusoidal":
-        x = x + torch.stack([torch.stack([sinusoid(int(p), cfg.hidden_size) for p in row]) for row in pos])
+        x = x + cfg.position_scale * torch.stack([torch.stack([sinusoid(int(p), cfg.hidden_size) for p in row])
+                                                  for row in pos])
     if cfg.segment == "input":
         x = x + model.positions.input_segments.weight[segments]
     return model.embeddings.LayerNorm(x)
@@ -156,7 +158,7 @@ def reference_embeddings(model, ids, segments, pos):
 CASES = [(p, "per-head" if p in ("diet-abs", "diet-rel", "t5") else "input", "none") for p in POSITIONS] + [
     ("diet-abs", "per-head", "layer"), ("diet-abs", "per-head", "head"),
     ("diet-rel", "per-head", "layer"), ("diet-rel", "none", "head"),
-    ("none", "per-head", "layer"), ("tupe-a", "none", "none"),
+    ("none", "per-head", "layer"), ("tupe-a", "none", "none"), ("sinusoidal@0.03", "input", "none"),
 ]
 
 
@@ -175,6 +177,9 @@ POSITION_IDS = {
 @pytest.mark.parametrize("position,segment,sharing", CASES)
 def test_method_matches_paper_equation(position, segment, sharing, positions):
     extra = {"tupe_reset": False} if (position, segment) == ("tupe-a", "none") else {}
+    if "@" in position:  # scaled input sinusoids (position_scale)
+        position, scale = position.split("@")
+        extra["position_scale"] = float(scale)
     model = DietModel(tiny(position=position, segment=segment, sharing=sharing, attn_backend="eager", **extra)).eval()
     ids, mask, segments = batch(L)
     position_ids = POSITION_IDS[positions]
@@ -207,7 +212,7 @@ def test_diet_abs_lin_matches_eq4():
 
 
 def test_relative_methods_accept_lengths_beyond_training_length():
-    for position in ("diet-rel", "t5", "shaw", "xlnet", "rotary", "alibi", "kerple", "sinusoidal"):
+    for position in names(learned_table=False):
         model = DietModel(tiny(position=position)).eval()
         ids = torch.randint(1, 50, (1, 40))  # max_position_embeddings is 24
         assert model(ids).last_hidden_state.shape == (1, 40, 16)

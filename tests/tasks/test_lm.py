@@ -37,6 +37,14 @@ def test_pretrain_init_from_bert_logs_what_was_loaded(data, tmp_path, capsys):
     assert "dropped: bert.embeddings.position_embeddings.weight" in err
     config = json.loads((out / "model" / "config.json").read_text())
     assert config["hidden_size"] == 32 and config["position"] == "diet-rel"  # BERT's sizes, the new method
+    # the user asks to keep BERT's input positions beside DIET-REL: nothing is dropped
+    kept = tmp_path / "kept"
+    assert cli(["pretrain", str(data["corpus"]), "--init", str(bert), "--method",
+                "diet-rel:segment=input:input_positions=true", "--recipe", "toy", "--steps", "2", "--batch-size", "8",
+                "--max-length", "24", "--save-steps", "2", "--threads", "1", "-o", str(kept)]) == 0
+    err = capsys.readouterr().err
+    assert "1 initialised, 0 dropped" in err and "initialised: diet.positions.method.r" in err
+    assert json.loads((kept / "model" / "config.json").read_text())["input_positions"] is True
 
 
 def test_lm_trains_each_method_and_writes_the_length_table(data, tmp_path):

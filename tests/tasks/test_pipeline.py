@@ -176,21 +176,31 @@ def test_cli_errors_are_one_line_before_training(tmp_path, capsys):
     assert "sharing='sideways'" in capsys.readouterr().err
 
 
-def test_compare_writes_the_report(tmp_path):
+def test_compare_writes_the_report_with_claims_and_reruns_to_the_same_numbers(tmp_path):
     out = tmp_path / "cmp"
-    code = cli(["compare", "-o", str(out), "--methods", "none,diet-rel", "--steps", "3", "--save-steps", "3",
-                "--epochs", "1", "--seeds", "1", "--builtin-size", "48", "--max-documents", "60",
-                "--threads", "1"])
-    assert code == 0
+    command = ["compare", "-o", str(out), "--methods", "absolute,diet-rel", "--steps", "3", "--save-steps", "3",
+               "--epochs", "1", "--seeds", "1", "--lrs", "1e-3", "--builtin-size", "48", "--max-documents", "60",
+               "--pretrain-seeds", "2", "--threads", "1", "--jobs", "1"]
+    assert cli(command) == 0
     report = (out / "report.md").read_text()
-    assert "| none | none | input | none |" in report and "| diet-rel | per-head | per-head | none |" in report
-    assert "order" in report and "pair-order" in report and "topic" in report
+    assert report.index("## Claims") < report.index("## Results")
+    assert "`diet-rel − absolute`" in report and "rows not run: diet-abs" in report
+    assert "| absolute | input | input | none |" in report and "| diet-rel | per-head | per-head | none |" in report
+    for task in ("order", "pair-order", "topic", "distance", "start"):
+        assert f"finetune_{task}.png" in report
     results = json.loads((out / "results.json").read_text())
-    assert [m["method"] for m in results["methods"]] == ["none", "diet-rel"]
-    assert all(set(m["tasks"]) == {"order", "pair-order", "topic"} for m in results["methods"])
-    assert (out / "pretrain_loss.png").stat().st_size > 1000 and (out / "finetune_order.png").is_file()
+    assert [m["method"] for m in results["methods"]] == ["absolute", "diet-rel"]
+    assert all(sorted(m["seeds"]) == ["0", "1"] for m in results["methods"])
+    assert (out / "pretrain_loss.png").stat().st_size > 1000 and (out / "claims_forest.png").is_file()
     rows = (out / "runs.csv").read_text().splitlines()
-    assert len(rows) == 1 + 2 * 3  # header + methods x tasks x 1 lr x 1 seed x 1 metric
+    assert len(rows) == 1 + 2 * 2 * 5  # header + methods x pre-training seeds x tasks (1 lr, 1 seed, 1 metric)
+    # a rerun reuses every finished run and writes the same numbers
+    seeds, claims = (out / "seeds.csv").read_text(), report[report.index("## Claims"):report.index("## Results")]
+    (out / "report.md").unlink()
+    assert cli(command) == 0
+    again = (out / "report.md").read_text()
+    assert (out / "seeds.csv").read_text() == seeds
+    assert again[again.index("## Claims"):again.index("## Results")] == claims
 
 
 def test_gradient_accumulation_keeps_the_loss_a_mean(data, tmp_path):

@@ -11,6 +11,11 @@ The tasks are written as GLUE-style TSVs and go through the same readers as real
   segment and knowing which segment is which (segment information, or positions relative to [SEP]).
 * `topic` (one segment, control): which category (animals, fruits, tools) most words belong to; word order is
   irrelevant, so every method, position-free included, should solve it.
+* `distance` (one segment): an animal and a fruit among filler words, in either order; are they adjacent
+  (`near`) or at least four words apart (`far`)? The answer is a relative distance; the bag of words is the
+  same under both labels, so a position-free model is at chance.
+* `start` (one segment): one animal among filler words; is it the first word, right after [CLS] (`start`), or
+  the fourth word or later (`later`)? The answer is an absolute position near [CLS]; position-free: chance.
 """
 
 from __future__ import annotations
@@ -35,6 +40,8 @@ TASKS: dict[str, TaskSpec] = {
     "pair-order": TaskSpec("pair-order", "classification", ("accuracy",), ("first", "second"),
                            text_a="sentence1", text_b="sentence2"),
     "topic": TaskSpec("topic", "classification", ("accuracy",), ("animal", "fruit", "tool")),
+    "distance": TaskSpec("distance", "classification", ("accuracy",), ("near", "far")),
+    "start": TaskSpec("start", "classification", ("accuracy",), ("start", "later")),
 }
 
 
@@ -105,6 +112,27 @@ def topic_example(rng: random.Random) -> tuple[str, str]:
     return " ".join(_insert(rng, _filler(rng, 2, 6), items)), label
 
 
+def distance_example(rng: random.Random) -> tuple[str, str]:
+    words = _filler(rng, 6, 10)
+    items = [rng.choice(ANIMALS), rng.choice(FRUITS)]
+    rng.shuffle(items)
+    near = rng.random() < 0.5
+    gap = 1 if near else rng.randrange(4, len(words) + 1)  # j - i between the two items
+    i = rng.randrange(0, len(words) + 2 - gap)
+    out = list(words)
+    out.insert(i, items[0])
+    out.insert(i + gap, items[1])
+    return " ".join(out), "near" if near else "far"
+
+
+def start_example(rng: random.Random) -> tuple[str, str]:
+    words = _filler(rng, 5, 9)
+    first = rng.random() < 0.5
+    i = 0 if first else rng.randrange(3, len(words) + 1)
+    words.insert(i, rng.choice(ANIMALS))
+    return " ".join(words), "start" if first else "later"
+
+
 def write_builtin(root: str | Path, seed: int = 0, documents: int = 3000, train: int = 2000,
                   dev: int = 500) -> dict[str, Path]:
     """Write the corpus (`corpus/{train,valid}.txt`) and tasks (`<task>/{train,dev}.tsv`) under `root`.
@@ -120,7 +148,9 @@ def write_builtin(root: str | Path, seed: int = 0, documents: int = 3000, train:
         _write_atomic(paths["corpus"] / f"{name}.txt", "\n\n".join(" ".join(d) for d in part) + "\n")
     makers = {"order": (order_example, "sentence\tlabel"),
               "pair-order": (pair_order_example, "sentence1\tsentence2\tlabel"),
-              "topic": (topic_example, "sentence\tlabel")}
+              "topic": (topic_example, "sentence\tlabel"),
+              "distance": (distance_example, "sentence\tlabel"),
+              "start": (start_example, "sentence\tlabel")}
     for t, (name, (make, header)) in enumerate(makers.items()):
         rng = random.Random(seed * 1000 + t + 1)
         paths[name] = root / name

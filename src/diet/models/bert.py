@@ -66,6 +66,7 @@ HEAD_NAMES = (
 )
 # BERT's input position table: what `keep_input_positions` keeps or drops
 INPUT_POSITIONS = "positions.method.weight"
+KEPT_INPUT_POSITIONS = "positions.input_positions.weight"  # where it goes beside another method
 
 # Hugging Face BERT architecture -> diet class, and back
 DIET_CLASS = {"BertModel": DietModel, "BertForMaskedLM": DietForMaskedLM, "BertForPreTraining": DietForMaskedLM,
@@ -190,8 +191,9 @@ def from_bert(path_or_name: str, cls: type[DietPreTrainedModel] | None = None, p
     cls: the diet class (default: the one matching the checkpoint's architecture, e.g. BertForMaskedLM ->
     DietForMaskedLM). position (and `overrides`, any DietConfig field such as segment or sharing): the position
     method; every tensor BERT has a place for in it is loaded, the rest initialised (seed torch first).
-    keep_input_positions: load BERT's learned input position table (default: only when position='absolute';
-    other methods have no input table, so keeping it there is refused). config: a complete DietConfig instead of
+    keep_input_positions: load BERT's learned input position table (default: only when position='absolute').
+    With another (per-head) method, keeping it gives the model an input table besides its method
+    (`input_positions=True`, DIET Fig. 5's combination). config: a complete DietConfig instead of
     position/overrides; its sizes must be BERT's."""
     bert_config = _bert_config(path_or_name)
     if cls is None:
@@ -211,10 +213,9 @@ def from_bert(path_or_name: str, cls: type[DietPreTrainedModel] | None = None, p
             raise ConfigError(f"{path_or_name}: the config differs from the BERT checkpoint in "
                               + ", ".join(f"{k}={a} (BERT: {b})" for k, (a, b) in wrong.items()))
     if keep_input_positions is None:
-        keep_input_positions = config.position == "absolute"
-    if keep_input_positions and config.position != "absolute":
-        raise ConfigError(f"keep_input_positions=True needs position='absolute' (BERT's learned input table); "
-                          f"position={config.position!r} has no input position table, so BERT's is dropped")
+        keep_input_positions = config.position == "absolute" or bool(getattr(config, "input_positions", False))
+    if keep_input_positions and config.position != "absolute" and not config.input_positions:
+        config = DietConfig(**{**config.to_dict(), "input_positions": True})  # validated: per-head methods only
     model = cls(config)
     prefix = "" if isinstance(model, DietModel) else model.base_model_prefix + "."
     targets = model.state_dict()
@@ -222,8 +223,11 @@ def from_bert(path_or_name: str, cls: type[DietPreTrainedModel] | None = None, p
     mapped: dict[str, torch.Tensor] = {}
     for name, tensor in _state_dict(path_or_name).items():
         target = bert_to_diet_name(name, prefix)
-        if target == prefix + INPUT_POSITIONS and not keep_input_positions:
-            target = None
+        if target == prefix + INPUT_POSITIONS:
+            if not keep_input_positions:
+                target = None
+            elif config.position != "absolute":  # the input table besides the method
+                target = prefix + KEPT_INPUT_POSITIONS
         if target is None or target not in targets:
             report.dropped.append(name)
             continue

@@ -33,14 +33,18 @@ class LearnedAbsolute(PositionMethod):
 
 
 class Sinusoidal(PositionMethod):
-    """`sinusoidal`: fixed, parameter-free, defined for any length."""
+    """`sinusoidal`: fixed, parameter-free, defined for any length. `scale` (`position_scale`) multiplies the
+    sinusoids: 1 is Vaswani's formula as written; in BERT's layout, where token embeddings start at std 0.02,
+    unit sinusoids swamp the tokens, and a scale near initializer_range·√2 gives both the same RMS."""
 
-    def __init__(self, hidden_size: int):
+    def __init__(self, hidden_size: int, scale: float = 1.0):
         super().__init__()
-        self.hidden_size = hidden_size
+        self.hidden_size, self.scale = hidden_size, float(scale)
 
     def embed(self, position_ids: Tensor) -> Tensor:
-        return sinusoids(position_ids, self.hidden_size)  # (1|B, L, D), float32
+        table = sinusoids(position_ids, self.hidden_size)  # (1|B, L, D), float32
+        return table if self.scale == 1 else table * self.scale
 
     def position_table(self, length: int) -> Tensor:
-        return sinusoids(torch.arange(length), self.hidden_size)
+        table = sinusoids(torch.arange(length), self.hidden_size)
+        return table if self.scale == 1 else table * self.scale

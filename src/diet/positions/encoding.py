@@ -12,17 +12,21 @@ from torch import Tensor, nn
 
 from diet.config import DietConfig
 from diet.errors import InputError
+from diet.positions.absolute import LearnedAbsolute
 from diet.positions.base import Context, LayerTerms
 from diet.positions.registry import REGISTRY
 from diet.positions.segments import InputSegments, PerHeadSegments
 
 
 def check_length(position: str, length: int, limit: int, what: str = "sequence length ",
-                 hint: str = "use shorter inputs or a relative method", error: type = InputError) -> None:
-    """The one length check: a method with a learned table (`learned_table` in the registry) serves at most
-    `limit` (= max_position_embeddings) positions; any other accepts any length. The message names the value,
-    the limit and the method; `what` prefixes the value (e.g. "max_length=", "--max-length ")."""
-    if REGISTRY[position].learned_table and length > limit:
+                 hint: str = "use shorter inputs or a relative method", error: type = InputError,
+                 learned: bool | None = None) -> None:
+    """The one length check: a method with a learned table (`learned_table` in the registry, or `learned`:
+    a model with an input position table besides) serves at most `limit` (= max_position_embeddings)
+    positions; any other accepts any length. The message names the value, the limit and the method; `what`
+    prefixes the value (e.g. "max_length=", "--max-length ")."""
+    learned = REGISTRY[position].learned_table if learned is None else learned
+    if learned and length > limit:
         raise error(f"{what}{length} exceeds max_position_embeddings={limit}, the size of the learned position "
                     f"table of position={position!r}; {hint}")
 
@@ -39,19 +43,26 @@ class PositionEncoding(nn.Module):
         self.head_segments = (PerHeadSegments(config.num_hidden_layers, config.num_attention_heads,
                                               config.type_vocab_size, config.sharing)
                               if config.segment == "per-head" else None)
+        # BERT's learned input table besides a per-head method (DIET Fig. 5; kept from a BERT checkpoint)
+        self.input_positions = (LearnedAbsolute(config.max_position_embeddings, config.hidden_size)
+                                if getattr(config, "input_positions", False) else None)
         self.projected_keys = config.attention == "linformer"
         self.position_name = config.position
 
     @property
     def max_length(self) -> int | None:
-        return self.method.max_length
+        """The longest input the learned tables (the method's, an input table besides) serve; None: any."""
+        limits = [m.max_length for m in (self.method, self.input_positions) if m is not None and m.max_length]
+        return min(limits) if limits else None
 
     def check(self, length: int, segment_ids: Tensor | None, positions: Tensor | None = None) -> None:
         """Refuse inputs the learned tables cannot serve, naming the value and the limit. `positions`: the
         caller's own position ids (else 0 .. length-1). While compiling only what needs no look at the data
         is checked (reading it would break the graph)."""
         if self.max_length is not None and positions is None:
-            check_length(self.position_name, length, self.max_length)
+            hint = ("use shorter inputs or a relative method" if self.method.max_length else
+                    "the input position table (input_positions=True) ends there; use shorter inputs")
+            check_length(self.position_name, length, self.max_length, hint=hint, learned=True)
         if torch.compiler.is_compiling():
             return
         if self.max_length is not None and positions is not None and positions.numel():
@@ -93,6 +104,9 @@ class PositionEncoding(nn.Module):
     def embed(self, position_ids: Tensor, segment_ids: Tensor | None) -> Tensor | None:
         """Input entry point: the sum of what position and segments add to the token embeddings."""
         out = self.method.embed(position_ids)
+        if self.input_positions is not None:
+            table = self.input_positions.embed(position_ids)
+            out = table if out is None else out + table
         if self.input_segments is not None and segment_ids is not None:
             seg = self.input_segments.embed(segment_ids)
             out = seg if out is None else out + seg.to(out.dtype)

@@ -12,6 +12,8 @@ Traits:
     key_positions   needs each key's position (relative or untied terms): impossible after Linformer's projection
     probabilities   a value term reads the attention probabilities: only the eager backend serves it
     query_terms     its logit term reads the query (Shaw's key term, XLNet): built per layer and batch
+    relative        its terms depend on positions only through pos_i - pos_j: a shift of all positions changes
+                    nothing (the tests hold every such method to it)
     shareable       DIET's per-head tables, which `sharing` applies to (DIET Tables 5, 8, 9)
     segment         the segment mode of its row in DIET's tables (DIET rows: per head, eq. 2; others: input)
     paper_row       its spec in the papers' comparison (DIET Table 2 rows, plus rotary and ALiBi), or None
@@ -55,6 +57,7 @@ class MethodInfo:
     key_positions: bool = False
     probabilities: bool = False
     query_terms: bool = False
+    relative: bool = False
     shareable: bool = False
     segment: str = "input"
     paper_row: str | None = None
@@ -79,16 +82,16 @@ def _tupe(c: "DietConfig", relative: bool) -> TUPE:
 
 
 REGISTRY: dict[str, MethodInfo] = {m.name: m for m in (
-    MethodInfo("none", lambda c: NoPosition(), ()),
+    MethodInfo("none", lambda c: NoPosition(), (), relative=True),
     MethodInfo("absolute", lambda c: LearnedAbsolute(c.max_position_embeddings, c.hidden_size), ("input",),
                learned_table=True, paper_row="absolute"),
-    MethodInfo("sinusoidal", lambda c: Sinusoidal(c.hidden_size), ("input",), paper_row="sinusoidal"),
+    MethodInfo("sinusoidal", lambda c: Sinusoidal(c.hidden_size, c.position_scale), ("input",), paper_row="sinusoidal"),
     MethodInfo("shaw", lambda c: Shaw(c.num_hidden_layers, c.head_size, c.shaw_max_distance), ("logits", "values"),
-               key_positions=True, probabilities=True, query_terms=True, paper_row="shaw"),
+               key_positions=True, probabilities=True, query_terms=True, relative=True, paper_row="shaw"),
     MethodInfo("xlnet", lambda c: XLNet(c.num_hidden_layers, c.hidden_size, c.num_attention_heads),
-               ("qk", "logits"), key_positions=True, query_terms=True, paper_row="xlnet"),
+               ("qk", "logits"), key_positions=True, query_terms=True, relative=True, paper_row="xlnet"),
     MethodInfo("t5", lambda c: T5(c.num_attention_heads, c.t5_num_buckets, c.t5_max_distance, causal(c)),
-               ("logits",), key_positions=True, paper_row="t5"),
+               ("logits",), key_positions=True, relative=True, paper_row="t5"),
     MethodInfo("tupe-a", lambda c: _tupe(c, relative=False), ("logits",), learned_table=True, key_positions=True,
                paper_row="tupe-a", cls_reset=True),
     MethodInfo("tupe-r", lambda c: _tupe(c, relative=True), ("logits",), learned_table=True, key_positions=True,
@@ -99,11 +102,13 @@ REGISTRY: dict[str, MethodInfo] = {m.name: m for m in (
                paper_row="diet-abs:sharing=layer"),
     MethodInfo("diet-rel", lambda c: DietRel(c.num_hidden_layers, c.num_attention_heads, c.max_position_embeddings,
                                              c.sharing),
-               ("logits",), key_positions=True, shareable=True, segment="per-head", paper_row="diet-rel"),
-    MethodInfo("rotary", lambda c: Rotary(c.head_size, c.rotary_base), ("qk",), key_positions=True,
+               ("logits",), key_positions=True, relative=True, shareable=True, segment="per-head",
+               paper_row="diet-rel"),
+    MethodInfo("rotary", lambda c: Rotary(c.head_size, c.rotary_base), ("qk",), key_positions=True, relative=True,
                paper_row="rotary"),
-    MethodInfo("alibi", lambda c: ALiBi(c.num_attention_heads), ("logits",), key_positions=True, paper_row="alibi"),
-    MethodInfo("kerple", lambda c: Kerple(c.num_attention_heads), ("logits",), key_positions=True),
+    MethodInfo("alibi", lambda c: ALiBi(c.num_attention_heads), ("logits",), key_positions=True, relative=True,
+               paper_row="alibi"),
+    MethodInfo("kerple", lambda c: Kerple(c.num_attention_heads), ("logits",), key_positions=True, relative=True),
 )}
 
 

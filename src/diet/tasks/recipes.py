@@ -13,6 +13,9 @@ from diet.positions.encoding import check_length
 # `toy` is the built-in comparison's size (fits ~10 CPU minutes for 12 methods); the rest are diet's presets.
 SIZES: dict[str, tuple[str, dict]] = {
     "toy": ("bert-tiny", dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=256)),
+    # The built-in study (docs/study.md): the toy width with 8 heads of d_h = 8, so that 32-token windows are
+    # longer than d_h + d_p (DIET Theorem 1's gap can show) at the toy's cost.
+    "study": ("bert-tiny", dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=8, intermediate_size=256)),
     **{name: (name, {}) for name in PRESETS},
 }
 
@@ -51,6 +54,10 @@ class PretrainRecipe:
     max_grad_norm: float = 1.0
     vocab_size: int = 30000
     size: str = "bert-base"
+    position_lr_scale: float = 1.0  # learning rate of diet.positions parameters relative to learning_rate
+    # per position method, overriding position_lr_scale unless the command line sets one (docs/study.md: each
+    # method's best of {1, 10} by validation MLM loss over two seeds; methods not measured keep 1)
+    position_lr_scales: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -72,6 +79,10 @@ PRETRAIN_RECIPES = {
     "cpu": PretrainRecipe(1e-3, 0.06, 128, 32, 600, 100, size="bert-mini", vocab_size=8000),
     # The built-in comparison: the toy size on the generated corpus.
     "toy": PretrainRecipe(2e-3, 0.06, 32, 32, 800, 200, size="toy", vocab_size=1000),
+    # The built-in study (docs/study.md): 8 heads, 500 steps; the per-head scalar tables of DIET-ABS, DIET-REL
+    # and T5 at 10x the learning rate, which measurement found best for them (and worse for absolute, TUPE).
+    "study": PretrainRecipe(2e-3, 0.06, 32, 32, 500, 125, size="study", vocab_size=1000,
+                            position_lr_scales=(("diet-abs", 10.0), ("diet-rel", 10.0), ("t5", 10.0))),
 }
 
 
@@ -80,4 +91,6 @@ FINETUNE_RECIPES = {
     "paper": FinetuneRecipe((1e-5, 2e-5, 3e-5, 4e-5), 5, 5, 32, 128),
     "cpu": FinetuneRecipe((1e-4,), 1, 3, 32, 128),
     "toy": FinetuneRecipe((1e-3,), 2, 3, 32, 32),
+    # The built-in study: a two-point grid, one fine-tuning seed per pre-training seed (3 pre-training seeds).
+    "study": FinetuneRecipe((1e-3, 3e-3), 1, 3, 32, 32),
 }

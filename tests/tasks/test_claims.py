@@ -1,0 +1,58 @@
+"""Claims as data: verdicts from per-seed rows, missing rows, bounds and diminishing returns."""
+
+from diet.analysis import stats
+from diet.tasks import claims as CL
+
+
+def row(values, measure="score", head_size=8, position_rank=0):
+    return {"seeds": {s: {measure: v} for s, v in enumerate(values)}, "head_size": head_size,
+            "position_rank": position_rank}
+
+
+def test_a_difference_in_the_claimed_direction_is_supported_and_the_other_way_contradicted():
+    claim = CL.Claim("k", "a beats b", "src", (CL.C("a", "b"),))
+    rows = {"a": row([80, 82, 81]), "b": row([70, 71, 72])}
+    (r,) = CL.evaluate(claim, rows)
+    assert r.verdict == stats.SUPPORTED and r.values == [10, 11, 9]
+    rows = {"a": row([70, 71, 72]), "b": row([80, 82, 81])}
+    assert CL.evaluate(claim, rows)[0].verdict == stats.CONTRADICTED
+    rows = {"a": row([70, 90, 80]), "b": row([80, 82, 79])}
+    assert CL.evaluate(claim, rows)[0].verdict == stats.UNRESOLVED
+
+
+def test_losses_are_better_when_lower_and_missing_rows_are_named():
+    claim = CL.Claim("k", "a learns faster", "src", (CL.C("a", "b", "early_mlm"), CL.C("a", "c", "early_mlm")))
+    rows = {"a": row([1.0, 1.1, 1.05], "early_mlm"), "b": row([2.0, 2.2, 2.1], "early_mlm")}
+    first, second = CL.evaluate(claim, rows)
+    assert first.verdict == stats.SUPPORTED
+    assert second.missing == ["c"] and second.verdict == stats.UNRESOLVED
+    assert CL.overall([first, second]) == stats.UNRESOLVED
+    assert CL.overall([first]) == stats.SUPPORTED
+
+
+def test_a_bound_must_hold_in_every_seed_and_above_needs_an_interval():
+    bound = CL.Claim("k", "rank <= d_h", "src", (CL.C("a", None, "rank_max", kind="bound", bound="head_size"),))
+    assert CL.evaluate(bound, {"a": row([8, 8, 7], "rank_max")})[0].verdict == stats.SUPPORTED
+    assert CL.evaluate(bound, {"a": row([8, 9, 8], "rank_max")})[0].verdict == stats.CONTRADICTED
+    above = CL.Claim("k", "rank > d_h", "src", (CL.C("a", None, "rank", kind="above", bound="head_size"),))
+    assert CL.evaluate(above, {"a": row([12, 13, 12.5], "rank")})[0].verdict == stats.SUPPORTED
+    assert CL.evaluate(above, {"a": row([6, 7, 6], "rank")})[0].verdict == stats.CONTRADICTED
+
+
+def test_saturation_is_a_shrinking_gain():
+    claim = CL.Claim("k", "saturates", "src", (CL.C("r32", "r8", kind="gain-shrinks", third="r2"),))
+    rows = {"r2": row([60, 61, 62]), "r8": row([70, 72, 71]), "r32": row([71, 72, 72])}
+    (r,) = CL.evaluate(claim, rows)
+    # gains 8->32: 1, 0, 1; 2->8: 10, 11, 9 -> differences -9, -11, -8: the later gain is smaller
+    assert r.values == [-9, -11, -8] and r.verdict == stats.SUPPORTED
+    rows["r32"] = row([90, 95, 93])
+    assert CL.evaluate(claim, rows)[0].verdict == stats.CONTRADICTED
+
+
+def test_the_report_section_lists_every_claim_with_a_verdict():
+    md, forest = CL.claims_markdown({"absolute": row([1, 2, 3]), "diet-abs": row([2, 3, 5])})
+    assert md.startswith("## Claims")
+    for claim in CL.CLAIMS:
+        assert claim.text in md
+    assert "DIET costs nothing extra" in md and stats.RULE in md
+    assert [f[0] for f in forest] == ["per-head-position: diet-abs − absolute"]  # the mlm row has no data
