@@ -28,10 +28,9 @@ Shapes as in `diet.positions.base`.
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor, nn
 from transformers import GenerationMixin
-from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
+from transformers.cache_utils import Cache, DynamicCache
 from transformers.modeling_outputs import (
     BaseModelOutputWithPast,
     CausalLMOutputWithPast,
@@ -46,9 +45,8 @@ from diet.models.modeling import (
     DietModel,
     DietPreTrainedModel,
     check_kwargs,
-    padding_mask,
 )
-from diet.models.seq2seq import _add_masks, causal_mask
+from diet.models.seq2seq import ensure_layers, step_mask, step_positions
 from diet.positions.encoding import PositionEncoding
 from diet.positions.registry import REGISTRY, names
 
@@ -85,12 +83,6 @@ class DietCausalConfig(DietConfig):
         if self.segment != "none":
             raise ConfigError(f"segment={self.segment!r}: a causal LM generates text without segments; use "
                               f"segment='none'")
-
-
-def ensure_layers(cache: DynamicCache, n: int) -> None:
-    """A cache made without the config (or by another model) gets a layer per attention layer."""
-    while len(cache.layers) < n:
-        cache.layers.append(DynamicLayer())
 
 
 class DietCausalLayer(DietLayer):
@@ -157,22 +149,9 @@ class DietCausalModel(DietPreTrainedModel):
                 raise InputError(f"past_key_values must be a transformers Cache, got {type(cache).__name__}")
             ensure_layers(cache, self.config.num_hidden_layers)
         past = cache.get_seq_length() if cache is not None else 0
-        total = past + length
-        if position_ids is None:
-            self.positions.check(total, None)  # learned tables refuse lengths beyond them
-        # k_pos (Lk,) or (B, Lk): the cached keys' positions and the new ones'; q_pos: the new tokens only
-        k_pos, k_ids = self.positions.positions(position_ids, b, total, device)
-        q_pos, q_ids = k_pos[..., past:], k_ids[..., past:]
+        ctx, q_ids = step_positions(self.positions, position_ids, b, past, length, device)
         hidden = self.embeddings(input_ids, self.positions.embed(q_ids, None), inputs_embeds)
-        # position terms of the new queries only; earlier rows were built at their own steps
-        ctx = self.positions.context(q_pos, k_pos, None, starts=(past, 0) if position_ids is None else None)
-        k_index = torch.arange(total, device=device)
-        mask = causal_mask(k_index[past:], k_index, hidden.dtype) if length > 1 else None  # one new token sees all
-        if attention_mask is not None:
-            if tuple(attention_mask.shape) != (b, total):
-                raise InputError(f"attention_mask has shape {tuple(attention_mask.shape)}, but the model has {past} "
-                                 f"cached + {length} new tokens: give (batch, {total}) = ({b}, {total})")
-            mask = _add_masks(mask, padding_mask(attention_mask, hidden.dtype))
+        mask = step_mask(b, past, length, attention_mask, hidden.dtype, device)
         need_probs = bool(output_attentions)
         all_hidden, all_probs = [hidden] if output_hidden_states else None, [] if need_probs else None
         recompute = self.training and any(layer.gradient_checkpointing for layer in self.layers)

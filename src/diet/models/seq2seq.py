@@ -43,7 +43,7 @@ from diet.attention.layer import MultiHeadAttention
 from diet.config import PRESETS, DietConfig, _check
 from diet.errors import ConfigError, InputError
 from diet.models.modeling import DietModel, DietPreTrainedModel, check_kwargs, padding_mask
-from diet.positions.base import EMPTY
+from diet.positions.base import EMPTY, Context
 from diet.positions.encoding import PositionEncoding
 
 SEQ2SEQ_PRESETS: dict[str, dict] = {
@@ -144,6 +144,33 @@ def _add_masks(a: Tensor | None, b: Tensor | None) -> Tensor | None:
     return (a + b).clamp(min=torch.finfo(a.dtype).min)  # two "min"s must not overflow to -inf
 
 
+def step_positions(positions: PositionEncoding, position_ids: Tensor | None, batch: int, past: int, length: int,
+                   device: torch.device) -> tuple[Context, Tensor]:
+    """The positions of one causal step: `length` new tokens after `past` cached ones. position_ids cover cached
+    and new tokens (default 0 .. past + length - 1). Returns the context of the new queries against every key
+    (only the new rows are built; earlier ones were built at their own steps) and the new tokens' input
+    position ids (1|B, length)."""
+    if position_ids is None:
+        positions.check(past + length, None)  # learned tables refuse lengths beyond them
+    k_pos, k_ids = positions.positions(position_ids, batch, past + length, device)  # (Lk,) | (B, Lk); (1|B, Lk)
+    ctx = positions.context(k_pos[..., past:], k_pos, None, starts=(past, 0) if position_ids is None else None)
+    return ctx, k_ids[..., past:]
+
+
+def step_mask(batch: int, past: int, length: int, attention_mask: Tensor | None, dtype: torch.dtype,
+              device: torch.device, name: str = "attention_mask") -> Tensor | None:
+    """Causality (by sequence order) plus padding for `length` new tokens after `past` cached ones; None when
+    one new token sees every key. attention_mask: (B, past + length), 1 = keep."""
+    k_index = torch.arange(past + length, device=device)
+    mask = causal_mask(k_index[past:], k_index, dtype) if length > 1 else None
+    if attention_mask is not None:
+        if tuple(attention_mask.shape) != (batch, past + length):
+            raise InputError(f"{name} has shape {tuple(attention_mask.shape)}, but there are {past} cached + "
+                             f"{length} new tokens: give (batch, {past + length}) = ({batch}, {past + length})")
+        mask = _add_masks(mask, padding_mask(attention_mask, dtype))
+    return mask
+
+
 def shift_right(labels: Tensor, start_id: int, pad_id: int) -> Tensor:
     """Teacher forcing: decoder input = [start] + labels[:-1], with ignored (-100) labels read as padding."""
     out = labels.new_full(labels.shape, pad_id)
@@ -208,26 +235,14 @@ class DietDecoder(nn.Module):
         `attention_mask` (default 0 .. Lk-1)."""
         past = cache.get_seq_length() if cache is not None else 0
         batch, length = input_ids.shape
-        if position_ids is None:
-            self.positions.check(past + length, None)  # learned tables refuse decode lengths beyond them
-        # k_pos (Lk,) or (B, Lk): the cached keys' positions and the new ones'; q_pos: the new tokens only
-        k_pos, k_ids = self.positions.positions(position_ids, batch, past + length, input_ids.device)
-        q_pos, q_ids = k_pos[..., past:], k_ids[..., past:]
+        ctx, q_ids = step_positions(self.positions, position_ids, batch, past, length, input_ids.device)
         x = embed_tokens(input_ids)
         extra = self.positions.embed(q_ids, None)
         if extra is not None:
             x = x + extra.to(x.dtype)
         hidden = self.dropout(self.LayerNorm(x))
-        # position terms of the new queries only; earlier rows were built at their own steps
-        ctx = self.positions.context(q_pos, k_pos, None, starts=(past, 0) if position_ids is None else None)
-        # one new token sees every cached key: no mask needed
-        k_index = torch.arange(past + length, device=input_ids.device)
-        self_mask = causal_mask(k_index[past:], k_index, hidden.dtype) if length > 1 else None
-        if attention_mask is not None:
-            if attention_mask.shape[1] != past + length:
-                raise InputError(f"decoder_attention_mask covers {attention_mask.shape[1]} positions, but the "
-                                 f"decoder has {past} cached + {length} new")
-            self_mask = _add_masks(self_mask, padding_mask(attention_mask, hidden.dtype))
+        self_mask = step_mask(batch, past, length, attention_mask, hidden.dtype, input_ids.device,
+                              "decoder_attention_mask")
         all_hidden = [hidden] if output_hidden_states else None
         self_probs, cross_probs = [], []
         recompute = self.training and any(layer.gradient_checkpointing for layer in self.layers)
@@ -248,11 +263,11 @@ class DietDecoder(nn.Module):
 SEQ2SEQ_HARMLESS_KWARGS = frozenset({"cache_position"})
 
 
-def _ensure_layers(cache: EncoderDecoderCache, n: int) -> None:
-    """generate() sizes its caches from `num_hidden_layers` (the encoder's depth); the decoder may be deeper."""
-    for part in (cache.self_attention_cache, cache.cross_attention_cache):
-        while len(part.layers) < n:
-            part.layers.append(DynamicLayer())
+def ensure_layers(cache: DynamicCache, n: int) -> None:
+    """A cache made without the config (or by another model) gets a layer per attention layer: generate() sizes
+    an encoder-decoder's caches from `num_hidden_layers` (the encoder's depth), the decoder may be deeper."""
+    while len(cache.layers) < n:
+        cache.layers.append(DynamicLayer())
 
 
 class DietForConditionalGeneration(DietPreTrainedModel, GenerationMixin):
@@ -348,7 +363,8 @@ class DietForConditionalGeneration(DietPreTrainedModel, GenerationMixin):
         if cache is not None:
             if not isinstance(cache, EncoderDecoderCache):
                 raise InputError(f"past_key_values must be an EncoderDecoderCache, got {type(cache).__name__}")
-            _ensure_layers(cache, self.config.num_decoder_layers)
+            for part in (cache.self_attention_cache, cache.cross_attention_cache):
+                ensure_layers(part, self.config.num_decoder_layers)
         hidden, all_hidden, self_probs, cross_probs = self.decoder(
             decoder_input_ids, self.get_input_embeddings(), memory, padding_mask(attention_mask, memory.dtype),
             cache, decoder_attention_mask, bool(output_attentions), bool(output_hidden_states), decoder_position_ids)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 
 from diet.positions.base import Context, DistanceBias, LayerTerms
-from diet.positions.functional import alibi_slopes
+from diet.positions.functional import alibi_bias, alibi_slopes
 from diet.positions.method import PositionMethod
 
 
@@ -20,6 +20,6 @@ class ALiBi(PositionMethod):
         def build():
             slopes = alibi_slopes(self.num_heads).to(ctx.q_pos.device)  # (H,)
             # consecutive positions: a Toeplitz matrix, never built whole unless a backend asks for it
-            return DistanceBias(slopes, ctx.q_pos, ctx.k_pos, ctx.diagonal_offsets())
+            return DistanceBias(alibi_bias, (slopes,), ctx.q_pos, ctx.k_pos, ctx.diagonal_offsets())
 
         return LayerTerms(logits=[ctx.cached("alibi_term", build)])

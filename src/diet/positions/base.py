@@ -175,7 +175,27 @@ class SegmentBias(LowRankBias):
         return lambda b, h, qi, ki: table[head_at(table, h), qs[b, qi], ks[b, ki]]
 
 
-class TableBias(LogitTerm):
+class RowsTerm(LogitTerm):
+    """A position-only term built row block by row block (`_rows`), so long inputs never hold it whole; its
+    dense form is kept for the other layers that share it (unless `reuse` is off)."""
+
+    _dense: Tensor | None = None
+
+    def _rows(self, rows: slice) -> Tensor:
+        raise NotImplementedError
+
+    def dense(self, q: Tensor | None = None) -> Tensor:
+        if not self.reuse:
+            return self._rows(slice(None))
+        if self._dense is None:
+            self._dense = self._rows(slice(None))
+        return self._dense
+
+    def dense_block(self, q: Tensor | None, rows: slice) -> Tensor:
+        return self._dense[..., rows, :] if self._dense is not None else self._rows(rows)
+
+
+class TableBias(RowsTerm):
     """values[h, bucket(pos_i - pos_j)]: a per-head scalar for each (bucketed) offset. DIET-REL, T5, TUPE-R.
 
     values: (H|1, M); q_pos, k_pos: (Lq,), (Lk,) or per example (B, Lq), (B, Lk); bucket: offsets -> index
@@ -196,7 +216,6 @@ class TableBias(LogitTerm):
         self.keep, self.diagonals = keep, diagonals
         self.size = (q_pos.shape[-1], k_pos.shape[-1])
         self.batch = q_pos.shape[0] if q_pos.dim() == 2 else 1
-        self._dense: Tensor | None = None
 
     @property
     def index(self) -> Tensor:
@@ -222,16 +241,6 @@ class TableBias(LogitTerm):
         keep = self._keep(rows)
         return bias if keep is None else bias * keep.to(bias.dtype)
 
-    def dense(self, q: Tensor | None = None) -> Tensor:
-        if not self.reuse:
-            return self._rows(slice(None))
-        if self._dense is None:
-            self._dense = self._rows(slice(None))
-        return self._dense
-
-    def dense_block(self, q: Tensor | None, rows: slice) -> Tensor:
-        return self._dense[..., rows, :] if self._dense is not None else self._rows(rows)
-
     def score_mod(self, q: Tensor | None = None) -> ScoreMod:
         values, q_pos, k_pos, bucket, keep = self.values, self.q_pos, self.k_pos, self.bucket, self.keep
         diagonals, lk = self.diagonals, self.size[1]
@@ -248,38 +257,33 @@ class TableBias(LogitTerm):
         return mod
 
 
-class DistanceBias(LogitTerm):
-    """-m_h · |pos_i - pos_j|: ALiBi (Press et al. 2022), bidirectional. slopes: (H,); q_pos, k_pos as in
-    TableBias; diagonals: optional (Lq + Lk - 1,) offsets i - j for consecutive positions (Toeplitz)."""
+class DistanceBias(RowsTerm):
+    """f(|pos_i - pos_j|, params of head h): a per-head function of the distance. ALiBi (Press et al. 2022,
+    -m_h · d), KERPLE (Chi et al. 2022, -r1_h · log(1 + r2_h · d)). `f(distance, *params)` is elementwise and
+    broadcasts; params: (H,) tensors. q_pos, k_pos as in TableBias; diagonals: optional (Lq + Lk - 1,) offsets
+    i - j for consecutive positions: then a Toeplitz matrix of Lq + Lk - 1 values per head, never a gather."""
 
-    def __init__(self, slopes: Tensor, q_pos: Tensor, k_pos: Tensor, diagonals: Tensor | None = None):
-        self.slopes, self.q_pos, self.k_pos, self.diagonals = slopes, q_pos, k_pos, diagonals
+    def __init__(self, f: Callable[..., Tensor], params: tuple[Tensor, ...], q_pos: Tensor, k_pos: Tensor,
+                 diagonals: Tensor | None = None):
+        self.f, self.params, self.q_pos, self.k_pos, self.diagonals = f, params, q_pos, k_pos, diagonals
         self.size = (q_pos.shape[-1], k_pos.shape[-1])
         self.batch = q_pos.shape[0] if q_pos.dim() == 2 else 1
-        self._dense: Tensor | None = None
 
     def _rows(self, rows: slice) -> Tensor:
         lq, lk = self.size
         if self.diagonals is not None:
             start, stop, _ = rows.indices(lq)
-            per_diagonal = -(self.slopes[:, None] * self.diagonals[start:stop + lk - 1].abs().float())
+            dist = self.diagonals[start:stop + lk - 1].abs()  # (rows + Lk - 1,)
+            per_diagonal = self.f(dist, *(p[:, None] for p in self.params))  # (H, rows + Lk - 1)
             return toeplitz(per_diagonal, stop - start, lk).unsqueeze(0)  # (1, H, rows, Lk)
-        dist = relative_offsets(self.q_pos[..., rows], self.k_pos).abs().float()  # (1|B, rows, Lk)
-        return -(self.slopes[:, None, None] * dist.view(-1, 1, *dist.shape[-2:]))  # (1|B, H, rows, Lk)
-
-    def dense(self, q: Tensor | None = None) -> Tensor:
-        if not self.reuse:
-            return self._rows(slice(None))
-        if self._dense is None:
-            self._dense = self._rows(slice(None))
-        return self._dense
-
-    def dense_block(self, q: Tensor | None, rows: slice) -> Tensor:
-        return self._dense[..., rows, :] if self._dense is not None else self._rows(rows)
+        dist = relative_offsets(self.q_pos[..., rows], self.k_pos).abs()  # (1|B, rows, Lk)
+        dist = dist.view(-1, 1, *dist.shape[-2:])  # (1|B, 1, rows, Lk)
+        return self.f(dist, *(p[:, None, None] for p in self.params))  # (1|B, H, rows, Lk)
 
     def score_mod(self, q: Tensor | None = None) -> ScoreMod:
-        slopes, q_pos, k_pos = self.slopes, self.q_pos, self.k_pos
-        return lambda b, h, qi, ki: -slopes[h] * (position_at(q_pos, b, qi) - position_at(k_pos, b, ki)).abs()
+        f, params, q_pos, k_pos = self.f, self.params, self.q_pos, self.k_pos
+        return lambda b, h, qi, ki: f((position_at(q_pos, b, qi) - position_at(k_pos, b, ki)).abs(),
+                                      *(p[h] for p in params))
 
 
 class DenseBias(LogitTerm):

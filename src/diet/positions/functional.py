@@ -74,6 +74,11 @@ def t5_causal_bucket(offsets: Tensor, num_buckets: int = 32, max_distance: int =
     return torch.where(n < max_exact, n, large.clamp(max=num_buckets - 1))
 
 
+def alibi_bias(distance: Tensor, slope: Tensor) -> Tensor:
+    """ALiBi's linear penalty (Press et al. 2022): -m · |i - j|. distance (...); slope broadcastable to it."""
+    return -slope * distance.to(slope.dtype)
+
+
 def kerple_log_bias(distance: Tensor, r1: Tensor, r2: Tensor) -> Tensor:
     """KERPLE's logarithmic kernel (Chi et al. 2022, the 'log' variant of its conditionally positive definite
     kernels): -r1 · log(1 + r2 · |i - j|), r1, r2 > 0.
