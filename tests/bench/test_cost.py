@@ -61,6 +61,29 @@ def test_measure_gives_a_row_per_method_with_ratios_to_none():
     assert all(f"| {m} |" in text for m in ("none", "diet-abs", "t5"))
 
 
+def test_candidate_groups_fit_the_memory_budget():
+    labels = [f"m{i}" for i in range(17)]
+    assert cost.candidate_groups(labels, 100, None) == [labels]
+    assert cost.candidate_groups(labels, 100, 10_000) == [labels]
+    groups = cost.candidate_groups(labels, 100, 500)  # 4 candidates + the group's own `none`
+    assert [len(g) for g in groups] == [4, 4, 4, 4, 1] and sum(groups, []) == labels
+    assert cost.candidate_groups(labels, 100, 50) == [[x] for x in labels]  # never empty groups
+
+
+def test_measure_in_memory_groups_keeps_every_row_and_ratio():
+    """bert-base's 17 candidates do not fit 24 GiB at once: a small budget splits them, each group beside its
+    own `none`, and the rows come back as with one group."""
+    methods = [cost.Variant.parse(m) for m in ("diet-abs", "t5", "diet-rel")]
+    one = cost.model_config("bert-tiny", cost.BASELINE)
+    weights = 4 * cost.parameter_count(cost.build_model(one))
+    logs = []
+    rows = cost.measure("bert-tiny", 8, 1, methods, repeats=2, warmup=0, peers=["hf-bert"],
+                        memory_budget=3 * 3 * weights, log=logs.append)  # two candidates per group
+    assert [r.method for r in rows] == ["none", "diet-abs", "t5", "diet-rel", "hf-bert"]
+    assert all(r.train_ratio > 0 and r.infer_ratio > 0 for r in rows) and rows[0].train_ratio == 1.0
+    assert sum("group 1 of 2" in m for m in logs) == 2 and sum("group 2 of 2" in m for m in logs) == 2
+
+
 def test_cli_writes_markdown_and_json(tmp_path, capsys):
     out_json, out_md = tmp_path / "b.json", tmp_path / "b.md"
     code = main(["bench", "--shapes", "bert-tiny", "--lengths", "8", "--batch", "1", "--methods", "diet-rel+seg",

@@ -1,10 +1,10 @@
-"""--position-lr-scale: position parameters (everything under diet.positions) in their own AdamW groups."""
+"""--logit-lr-scale: the position parameters added to the attention logits in their own AdamW groups."""
 
 import pytest
 import torch
 
 from diet import DietConfig, DietForMaskedLM
-from diet.tasks.optim import parameter_groups, position_parameter_names
+from diet.tasks.optim import logit_parameter_names, parameter_groups
 
 
 def model(**kw):
@@ -12,29 +12,36 @@ def model(**kw):
 
 
 @pytest.mark.parametrize("position,segment,expected", [
-    ("absolute", "input", {"method.weight", "input_segments.weight"}),
-    ("diet-rel", "per-head", {"method.r", "head_segments"}),
-    ("t5", "input", {"method.bias", "input_segments.weight"}),
+    # per-head scalar tables, DIET-ABS's factors and per-head segments are logit units ...
+    ("diet-rel", "per-head", {"method.r", "head_segments.table"}),
+    ("diet-abs", "per-head", {"method.p_q", "method.p_k", "head_segments.table"}),
+    ("t5", "input", {"method.bias"}),
+    ("tupe-r", "input", {"method.bias", "method.cls_bias"}),
+    # ... embedding-unit tables, projections and input segments are not
+    ("absolute", "input", set()),
+    ("tupe-a", "input", set()),
+    ("shaw", "input", set()),
+    ("xlnet", "input", set()),
     ("none", "none", set()),
 ])
-def test_position_parameters_are_those_of_the_position_encoding(position, segment, expected):
+def test_logit_parameters_are_named_by_each_method(position, segment, expected):
     m = model(position=position, segment=segment)
-    names = position_parameter_names(m)
-    assert all(".positions." in n for n in names)
-    for part in expected:
-        assert any(part in n for n in names), (part, names)
-    assert not any("word_embeddings" in n or "attention" in n for n in names)
+    names = logit_parameter_names(m)
+    assert {n.split(".positions.")[1] for n in names} == expected
+    every = dict(m.named_parameters())
+    assert names <= set(every)
 
 
-def test_groups_scale_only_position_parameters_and_cover_every_parameter_once():
+def test_groups_scale_only_logit_parameters_and_cover_every_parameter_once():
     m = model(position="diet-rel", segment="input")
     decay = {n for n, _ in m.named_parameters() if "bias" not in n and "LayerNorm" not in n}
-    groups = parameter_groups(m, 1e-3, 0.01, decay, position_lr_scale=10)
+    groups = parameter_groups(m, 1e-3, 0.01, decay, logit_lr_scale=10)
     ids = [id(p) for g in groups for p in g["params"]]
     assert len(ids) == len(set(ids)) == len(list(m.parameters()))
-    position = {id(p) for n, p in m.named_parameters() if n in position_parameter_names(m)}
+    logit = {id(p) for n, p in m.named_parameters() if n in logit_parameter_names(m)}
+    assert len(logit) == 1  # R; the input segment table stays at the global rate
     for g in groups:
-        kinds = {id(p) in position for p in g["params"]}
+        kinds = {id(p) in logit for p in g["params"]}
         assert len(kinds) == 1
         assert g["lr"] == pytest.approx(1e-2 if kinds.pop() else 1e-3)
     opt = torch.optim.AdamW(groups, lr=1e-3)
@@ -42,3 +49,18 @@ def test_groups_scale_only_position_parameters_and_cover_every_parameter_once():
     opt.step()
     sched.step()
     assert sorted({g["lr"] for g in opt.param_groups}) == pytest.approx([5e-4, 5e-3])
+
+
+def test_trainer_builds_the_groups(tmp_path):
+    from transformers import TrainingArguments
+
+    from diet.tasks.optim import LogitLrTrainer
+
+    m = model(position="t5", segment="input")
+    args = TrainingArguments(output_dir=str(tmp_path), learning_rate=2e-3, report_to=[], use_cpu=True)
+    opt = LogitLrTrainer(model=m, args=args, logit_lr_scale=10).create_optimizer()
+    bias = dict(m.named_parameters())[next(iter(logit_parameter_names(m)))]
+    for g in opt.param_groups:
+        assert g["lr"] == pytest.approx(2e-2 if any(p is bias for p in g["params"]) else 2e-3)
+    assert sum(any(p is bias for p in g["params"]) for g in opt.param_groups) == 1
+    assert len(LogitLrTrainer(model=model(position="t5"), args=args).create_optimizer().param_groups) == 2

@@ -211,3 +211,17 @@ def test_gradient_accumulation_keeps_the_loss_a_mean(data, tmp_path):
     first = res["curves"]["train_loss"][0][1]
     vocab = len(__import__("diet.data.tokenizer", fromlist=["x"]).load_tokenizer(res["model_dir"]))
     assert abs(first - torch.tensor(float(vocab)).log().item()) < 1.0
+
+
+def test_budget_scales_rows_fine_tuning_protocol_and_seeds():
+    from diet.tasks.compare import budget_defaults
+    from diet.tasks.recipes import FINETUNE_RECIPES
+
+    one, two, three = (budget_defaults(n, builtin=True) for n in (1, 2, 3))
+    assert (one["methods"], one["ft_recipe"], one["pretrain_seeds"]) == ("study", "study", 3)
+    assert (two["methods"], two["ft_recipe"], two["pretrain_seeds"]) == ("study+papers", "study-full", 3)
+    assert three["pretrain_seeds"] == 5
+    full = FINETUNE_RECIPES["study-full"]
+    assert full.seeds == 3 and len(full.learning_rates) >= 2  # the papers' protocol: grid x median of seeds
+    assert FINETUNE_RECIPES["study"].epochs == full.epochs  # the default differs only in grid and seeds
+    assert budget_defaults(2, builtin=False)["ft_recipe"] == "cpu"

@@ -167,40 +167,81 @@ class Row:
     infer_peak_mib: float | None = None
 
 
+def available_memory() -> int | None:
+    """Bytes the kernel says a new allocation can get without swapping (Linux), else None."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def candidate_groups(labels: list[str], bytes_each: int, budget: int | None) -> list[list[str]]:
+    """Split the candidates into consecutive groups that fit `budget` bytes beside the baseline (which every
+    group times again, so each group's ratios are per-cycle as before). One group when everything fits."""
+    if budget is None or bytes_each <= 0:
+        return [list(labels)] if labels else []
+    per_group = max(1, budget // bytes_each - 1)  # minus the group's own `none`
+    return [list(labels[i:i + per_group]) for i in range(0, len(labels), per_group)]
+
+
 def measure(shape: str, length: int, batch: int, methods: list[Variant], repeats: int, warmup: int,
             modes: tuple[str, ...] = ("train", "infer"), peers: list[str] | None = None,
-            max_length: int = 512, log: Callable[[str], None] | None = None) -> list[Row]:
-    """Time every method (and peer) at one shape and length, interleaved; ratios to `none`."""
+            max_length: int = 512, log: Callable[[str], None] | None = None,
+            memory_budget: int | None = None) -> list[Row]:
+    """Time every method (and peer) at one shape and length, interleaved; ratios to `none`.
+
+    Every candidate of a group is alive at once (weights, and AdamW's two moments when training): 17
+    bert-base candidates need about 22 GiB, so candidates are timed in groups that fit half the available
+    memory (`memory_budget` bytes), each group beside its own `none`."""
+    from diet.bench.peers import build_peer
+
     if BASELINE not in methods:
         methods = [BASELINE, *methods]
-    variants = {v.label: v for v in methods}
-    models, counts = {}, {}
-    for label, variant in variants.items():
-        models[label] = build_model(model_config(shape, variant, max_length))
-        counts[label] = parameter_count(models[label])
+    builders: dict[str, Callable[[], nn.Module]] = {
+        v.label: (lambda v=v: build_model(model_config(shape, v, max_length))) for v in methods}
     for peer in peers or []:
-        from diet.bench.peers import build_peer
-
-        models[peer] = build_peer(peer, shape, max_length)
-        counts[peer] = parameter_count(models[peer])
+        builders[peer] = lambda peer=peer: build_peer(peer, shape, max_length)
+    baseline = builders.pop("none")()
+    weights = sum(p.numel() * p.element_size() for p in baseline.parameters())
+    each = weights * (3 if "train" in modes else 1)  # + AdamW's exp_avg and exp_avg_sq
+    groups = candidate_groups(list(builders), each,
+                              memory_budget if memory_budget is not None else _half(available_memory()))
     vocab = DietConfig.from_preset(shape).vocab_size
     inputs = make_inputs(batch, length, vocab)
-    rows = {label: Row(shape, label, length, batch, counts[label], counts[label] / counts["none"] - 1)
-            for label in models}
-    for mode in modes:
-        make = training_step if mode == "train" else inference_step
-        steps = {label: make(model, peer_inputs(label, inputs)) for label, model in models.items()}
-        if log:
-            log(f"{shape} L={length} B={batch} {mode}: {len(steps)} candidates x {repeats} cycles")
-        times = interleaved_times(steps, repeats, warmup)
-        base = times["none"]
-        for label, t in times.items():
-            row = rows[label]
-            setattr(row, f"{mode}_ms", statistics.median(t) * 1e3)
-            setattr(row, f"{mode}_ratio", median_ratio(t, base))
-            setattr(row, f"{mode}_iqr", ratio_spread(t, base))
-        del steps  # drop optimizer states before the next mode
-    return list(rows.values())
+    base_count = parameter_count(baseline)
+    rows = {"none": Row(shape, "none", length, batch, base_count, 0.0)}
+    for k, group in enumerate(groups or [[]]):
+        models = {"none": baseline, **{label: builders[label]() for label in group}}
+        for label in group:
+            count = parameter_count(models[label])
+            rows[label] = Row(shape, label, length, batch, count, count / base_count - 1)
+        for mode in modes:
+            make = training_step if mode == "train" else inference_step
+            steps = {label: make(model, peer_inputs(label, inputs)) for label, model in models.items()}
+            if log:
+                part = f" (group {k + 1} of {len(groups)})" if len(groups) > 1 else ""
+                log(f"{shape} L={length} B={batch} {mode}: {len(steps)} candidates x {repeats} cycles{part}")
+            times = interleaved_times(steps, repeats, warmup)
+            base = times["none"]
+            for label, t in times.items():
+                if label == "none" and k > 0:
+                    continue  # the baseline's own row is the first group's
+                row = rows[label]
+                setattr(row, f"{mode}_ms", statistics.median(t) * 1e3)
+                setattr(row, f"{mode}_ratio", median_ratio(t, base))
+                setattr(row, f"{mode}_iqr", ratio_spread(t, base))
+            del steps  # drop optimizer states before the next mode
+        del models
+    order = ["none", *(label for group in groups for label in group)]
+    return [rows[label] for label in order]
+
+
+def _half(n: int | None) -> int | None:
+    return None if n is None else n // 2
 
 
 def peer_inputs(label: str, inputs: dict[str, Tensor]) -> dict[str, Tensor]:

@@ -19,6 +19,8 @@ from diet.positions.method import PositionMethod, normal_parameter, shared_layer
 
 
 class DietAbs(PositionMethod):
+    logit_parameters = ("p_q", "p_k")
+
     def __init__(self, num_layers: int, num_heads: int, max_length: int, rank: int, sharing: str,
                  projected_keys: int | None = None):
         super().__init__()
@@ -41,6 +43,8 @@ class DietAbs(PositionMethod):
 
 
 class DietRel(PositionMethod):
+    logit_parameters = ("r",)
+
     def __init__(self, num_layers: int, num_heads: int, max_length: int, sharing: str):
         super().__init__()
         self.span, self.sharing = max_length - 1, sharing

@@ -20,6 +20,10 @@ class PositionMethod(nn.Module):
 
     #: longest sequence the method's learned tables allow; None when any length works
     max_length: int | None = None
+    #: parameters added to the attention logits as they are (per-head scalar tables) or as the factors of a
+    #: logit term (DIET-ABS's P_Q, P_K), yet initialised at the embedding std: `--logit-lr-scale` applies to
+    #: these, for every method alike (diet.tasks.optim, docs/study.md)
+    logit_parameters: tuple[str, ...] = ()
 
     def embed(self, position_ids: Tensor) -> Tensor | None:
         """Input entry point: (1|B, L, D) added to the token embeddings, or None."""

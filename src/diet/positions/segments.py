@@ -31,6 +31,8 @@ class InputSegments(nn.Module):
 class PerHeadSegments(PositionMethod):
     """Entry point: logit bias."""
 
+    logit_parameters = ("table",)
+
     def __init__(self, num_layers: int, num_heads: int, num_segments: int, sharing: str):
         super().__init__()
         self.num_segments, self.sharing = num_segments, sharing

@@ -41,6 +41,8 @@ def t5_diagonals(ctx: Context, num_buckets: int, max_distance: int, causal: bool
 
 
 class T5(PositionMethod):
+    logit_parameters = ("bias",)
+
     def __init__(self, num_heads: int, num_buckets: int, max_distance: int, causal: bool = False):
         super().__init__()
         self.num_buckets, self.max_distance, self.causal = num_buckets, max_distance, causal

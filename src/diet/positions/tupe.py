@@ -28,6 +28,9 @@ from diet.positions.t5 import t5_diagonals, t5_index, t5_offset_bucket
 
 
 class TUPE(PositionMethod):
+    # TUPE-R's relative buckets and [CLS] buckets; its table p and projections U_Q, U_K are in embedding units
+    logit_parameters = ("bias", "cls_bias")
+
     def __init__(self, hidden_size: int, num_heads: int, max_length: int, eps: float, reset: bool,
                  relative: bool, num_buckets: int, max_distance: int, causal: bool = False):
         super().__init__()

@@ -21,6 +21,7 @@ import math
 import os
 import shlex
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -64,8 +65,9 @@ def register(subparsers) -> None:
                    help="pre-training seeds per method (--seed, --seed+1, ...); intervals need 2 or more "
                         "(default: 3, 5 with --budget 3 or more)")
     p.add_argument("--budget", type=V.positive_int, default=1,
-                   help="scale the study for more time: pre-training steps x N (unless --steps), 5 seeds from "
-                        "N = 3, the papers' other rows from N = 2 (N = 2 takes about 3x the default's time)")
+                   help="scale the study for more time: pre-training steps x N (unless --steps); from N = 2 the "
+                        "papers' other rows and fine-tuning protocol (lr grid, median of 3 fine-tuning seeds: "
+                        "--ft-recipe study-full), 5 pre-training seeds from N = 3")
     pt.add_pretrain_options(p, recipe_default=None)
     ft.add_finetune_options(p, recipe_default=None)
     add_threads_option(p, default=1)
@@ -221,8 +223,8 @@ def plot_figures(out: Path, rows: list[dict], task_names: list[str], forest: lis
     if forest:
         measures = list(dict.fromkeys(m for *_, m in forest))
         heights = [sum(1 for *_, m in forest if m == x) for x in measures]
-        fig, axes = plt.subplots(len(measures), 1, figsize=(13, 1.2 + 0.42 * len(forest) + 0.6 * len(measures)),
-                                 gridspec_kw={"height_ratios": heights}, squeeze=False)
+        fig, axes = plt.subplots(len(measures), 1, figsize=(13, 1.2 + 0.5 * len(forest) + 0.6 * len(measures)),
+                                 gridspec_kw={"height_ratios": heights}, squeeze=False, layout="constrained")
         colours = {stats.SUPPORTED: "tab:green", stats.CONTRADICTED: "tab:red"}
         for ax, measure in zip(axes[:, 0], measures):
             items = [f for f in forest if f[3] == measure]
@@ -232,14 +234,15 @@ def plot_figures(out: Path, rows: list[dict], task_names: list[str], forest: lis
                 hi = e.mean if math.isnan(e.high) else e.high
                 ax.errorbar([e.mean], [y], xerr=[[e.mean - lo], [hi - e.mean]], fmt="o", color=c, capsize=3)
             ax.set_yticks(range(len(items)))
-            ax.set_yticklabels([f[0] for f in reversed(items)], fontsize=7)
+            ax.set_ylim(-0.6, len(items) - 0.4)
+            # long labels (the rank-saturation contrast) wrapped so that none is cut at the figure's edge
+            ax.set_yticklabels([textwrap.fill(f[0], 52) for f in reversed(items)], fontsize=7)
             ax.axvline(0, color="k", lw=0.7)
             ax.set_xlabel(f"{measure}: difference in {CL.MEASURES[measure][0]} "
                           f"({'higher' if CL.MEASURES[measure][1] else 'lower'} is better)", fontsize=8)
             ax.grid(alpha=0.3, axis="x")
         fig.suptitle("claims: mean difference over pre-training seeds, 95% t interval; green supported, red "
                      "contradicted, grey not resolved", fontsize=9)
-        fig.tight_layout()
         fig.savefig(out / "claims_forest.png", dpi=110)
         plt.close(fig)
         files.append("claims_forest.png")
@@ -284,10 +287,9 @@ def write_report(out: Path, rows: list[dict], task_names: list[str], info: dict,
     status = "" if final else "\n**Partial report: the comparison is still running or was interrupted; rerun " \
                               "the same command to continue.**\n"
     pre, fin = info["pretrain"], info["finetune"]
-    scales = info.get("position_lr_scales") or {}
-    boosted = sorted({m.split(":")[0] for m, v in scales.items() if v != 1})
-    scale = (f"position parameters of {', '.join(boosted)} x{max(scales.values()):g}, all others x1" if boosted
-             else "position parameters x1")
+    logit_scale = pre.get("logit_lr_scale", 1.0)
+    scale = (f"parameters added to the attention logits x{logit_scale:g} for every method" if logit_scale != 1
+             else "one learning rate for every parameter")
     text = f"""# diet compare: position methods, pre-trained and fine-tuned alike
 {status}
 Command: `{info['command']}`
@@ -337,6 +339,15 @@ position information) stays at chance (50); `topic` needs only the words, a cont
 
 # -- main ----------------------------------------------------------------------------------------------------
 
+def budget_defaults(budget: int, builtin: bool) -> dict:
+    """What `--budget N` sets unless the command line does (docs/study.md): on the built-in data the study
+    recipes and rows, from N = 2 the papers' other rows and fine-tuning protocol, from N = 3 five seeds."""
+    return dict(recipe="study" if builtin else "cpu",
+                ft_recipe=("study-full" if budget >= 2 else "study") if builtin else "cpu",
+                methods=("study+papers" if budget >= 2 else "study") if builtin else "papers",
+                pretrain_seeds=5 if budget >= 3 else 3)
+
+
 def main(args) -> int:
     out = V.check_output_dir(args.output_dir, "-o")
     with V.created_only_on_success(out, disposable=("run_settings.json",)):
@@ -353,16 +364,16 @@ def _main(args) -> int:
     if (args.corpus is None) != (args.tasks is None):
         raise ConfigError("give both --corpus and --tasks, or neither (the built-in data)")
     budget = args.budget
-    args.recipe = args.recipe or ("study" if builtin else "cpu")
-    args.ft_recipe = args.ft_recipe or ("study" if builtin else "cpu")
-    default_methods = ("study+papers" if budget >= 2 else "study") if builtin else "papers"
-    methods = parse_methods(args.methods or default_methods)
+    defaults = budget_defaults(budget, builtin)
+    args.recipe = args.recipe or defaults["recipe"]
+    args.ft_recipe = args.ft_recipe or defaults["ft_recipe"]
+    methods = parse_methods(args.methods or defaults["methods"])
     if budget > 1 and args.steps is None:
         r = pt.PRETRAIN_RECIPES[args.recipe]
         args.steps = r.max_steps * budget
         if args.save_steps is None:
             args.save_steps = min(r.save_steps, r.max_steps) * budget
-    n_seeds = args.pretrain_seeds or (5 if budget >= 3 else 3)
+    n_seeds = args.pretrain_seeds or defaults["pretrain_seeds"]
     pretrain_seeds = [args.seed + k for k in range(n_seeds)]
     s_pre = pt.settings(args)
     s_ft = ft.settings(args)
@@ -417,11 +428,7 @@ def _main(args) -> int:
     info["jobs"] = jobs
     log(f"{len(methods)} methods x {len(pretrain_seeds)} pre-training seeds x ({len(tasks)} tasks x "
         f"{len(s_ft['lrs'])} lr x {s_ft['seeds']} seeds), {jobs} at a time")
-    # the recipe's per-method position learning rates, unless --position-lr-scale sets one for all
-    lr_scales = {} if args.position_lr_scale is not None else dict(pt.PRETRAIN_RECIPES[args.recipe].position_lr_scales)
-    info["position_lr_scales"] = {m.name: lr_scales.get(m.position, s_pre.get("position_lr_scale", 1.0))
-                                  for m in methods}
-    work = dict(corpus=corpus, out=str(out), s_pre=s_pre, s_ft=s_ft, threads=args.threads, lr_scales=lr_scales,
+    work = dict(corpus=corpus, out=str(out), s_pre=s_pre, s_ft=s_ft, threads=args.threads,
                 device_batch_size=args.device_batch_size, train_language=args.train_language,
                 quiet=jobs > 1, total=len(plan))
     units: dict[tuple[str, int], dict] = {}
@@ -467,13 +474,7 @@ def run_unit(i: int, method: Method, seed: int, tasks: dict, prepared, work: dic
     tag = f"{method.name} seed {seed}"
     if work["quiet"]:
         print(f"[compare] [{i}/{n}] {tag}: started", file=sys.stderr, flush=True)
-    s_pre = dict(work["s_pre"])
-    scale = work["lr_scales"].get(method.position)
-    if scale is not None:
-        s_pre.pop("position_lr_scale", None)
-        if scale != 1:
-            s_pre["position_lr_scale"] = scale
-    res = pt.run_pretrain(work["corpus"], method, out / "pretrain" / method.slug / f"seed{seed}", s_pre,
+    res = pt.run_pretrain(work["corpus"], method, out / "pretrain" / method.slug / f"seed{seed}", work["s_pre"],
                           seed=seed, device_batch_size=work["device_batch_size"], quiet=work["quiet"],
                           description=f"[{i}/{n}] pretrain {tag}", prepared=prepared)
     index = analyze_method(res["model_dir"], prepared, out / "analysis" / method.slug / f"seed{seed}", tag)

@@ -49,7 +49,7 @@ from diet.tasks.runtime import (
     set_threads,
     world_size,
 )
-from diet.tasks.optim import PositionLrTrainer
+from diet.tasks.optim import LogitLrTrainer
 from diet.tasks.seeding import EpochExamples
 
 RESULTS = "pretrain_results.json"
@@ -80,9 +80,10 @@ def add_pretrain_options(p: argparse.ArgumentParser, recipe_default: str = "cpu"
     g.add_argument("--max-validation", type=V.positive_int,
                    help="score validation MLM loss on the first N validation blocks only (faster evaluations)")
     g.add_argument("--seed", type=V.seed, default=0, help="seed of initialisation and data order")
-    g.add_argument("--position-lr-scale", type=V.positive_float,
-                   help="learning rate of position and segment parameters (everything under diet.positions) "
-                        "relative to --lr, for every method alike (default: the recipe's; docs/study.md)")
+    g.add_argument("--logit-lr-scale", type=V.positive_float,
+                   help="learning rate of the position and segment parameters added to the attention logits "
+                        "(DIET-REL's R, T5's buckets, DIET-ABS's P_Q/P_K, per-head segments) relative to --lr, "
+                        "for every method alike (default: the recipe's; docs/study.md)")
 
 
 def register(subparsers) -> None:
@@ -121,11 +122,11 @@ def settings(args) -> dict:
              batch_size=given(args.batch_size, r.batch_size), lr=given(args.lr, r.learning_rate),
              warmup=given(args.warmup, r.warmup), save_steps=given(args.save_steps, min(r.save_steps, steps)),
              weight_decay=r.weight_decay, adam_epsilon=r.adam_epsilon, max_grad_norm=r.max_grad_norm)
-    scale = given(getattr(args, "position_lr_scale", None), r.position_lr_scale)
+    scale = given(getattr(args, "logit_lr_scale", None), r.logit_lr_scale)
     if scale != 1:  # recorded only when used, so runs made before the option existed still resume
         if not (scale > 0 and math.isfinite(scale)):
-            raise ConfigError(f"--position-lr-scale={scale} must be positive and finite")
-        s["position_lr_scale"] = scale
+            raise ConfigError(f"--logit-lr-scale={scale} must be positive and finite")
+        s["logit_lr_scale"] = scale
     for key in ("vocab_size", "max_length", "steps", "batch_size", "save_steps"):
         if s[key] < 1:
             raise ConfigError(f"--{key.replace('_', '-')}={s[key]} must be a positive integer")
@@ -287,9 +288,9 @@ def run_pretrain(corpus: str, method: Method, output_dir: str | Path, s: dict, *
     log(f"{method.name}: {sum(p.numel() for p in model.parameters()):,} parameters, {s['steps']:,} steps of "
         f"batch {s['batch_size']} ({per_device} x {accumulation} accumulation x {args.world_size} process(es))")
 
-    trainer = PositionLrTrainer(model=model, args=args, train_dataset=train_set, eval_dataset=val_set,
-                                data_collator=collator, callbacks=[CompleteCheckpoints()],
-                                position_lr_scale=s.get("position_lr_scale", 1.0))
+    trainer = LogitLrTrainer(model=model, args=args, train_dataset=train_set, eval_dataset=val_set,
+                             data_collator=collator, callbacks=[CompleteCheckpoints()],
+                             logit_lr_scale=s.get("logit_lr_scale", 1.0))
     replace_progress(trainer, ProgressBar(description or f"pretrain {method.name}"))
     resume = None if overwrite else resumable_checkpoint(output_dir, remove_incomplete=is_main_process())
     trainer.accelerator.wait_for_everyone()
