@@ -1,6 +1,5 @@
 """Numerical rank (DIET Fig. 2/8) and Theorem 1 on tiny models: ranks of the logits and of the position terms."""
 
-import numpy as np
 import pytest
 import torch
 
