@@ -4,6 +4,8 @@ import torch
 from transformers.models.t5.modeling_t5 import T5Attention
 
 from diet.positions.functional import (
+    ALIBI_FLOOR,
+    alibi_bias,
     alibi_slopes,
     apply_rotary,
     clipped_offset_index,
@@ -35,6 +37,28 @@ def test_t5_bucket_equals_t5_reference():
         theirs = T5Attention._relative_position_bucket(rel, True, buckets, dist)
         assert torch.equal(ours, theirs)
         assert int(ours.max()) == buckets - 1
+
+
+def test_alibi_floor_keeps_attention_and_removes_denormal_weights():
+    """Floored at -50, ALiBi's attention equals the unfloored equation to float32 resolution, and no softmax
+    weight falls into the denormal range (e^-87 .. e^-103) that makes CPU matmuls several times slower."""
+    length, heads = 512, 12
+    slopes = alibi_slopes(heads)[:, None, None]
+    distance = (torch.arange(length)[:, None] - torch.arange(length)[None, :]).abs()
+    floored = alibi_bias(distance, slopes)
+    exact = -slopes.double() * distance.double()
+    assert floored.min().item() == ALIBI_FLOOR and (floored == exact.float()).float().mean() > 0.4
+    g = torch.Generator().manual_seed(0)
+    content = torch.randn(heads, length, length, generator=g) * 2
+    v = torch.randn(heads, length, 16, generator=g)
+    p_floor = torch.softmax(content + floored, -1)
+    unfloored = torch.softmax(content + exact.float(), -1)
+    reference = (torch.softmax(content.double() + exact, -1) @ v.double()).float()
+    assert torch.allclose(p_floor @ v, unfloored @ v, atol=1e-7, rtol=0)  # float32 cannot tell them apart
+    assert torch.allclose(p_floor @ v, reference, atol=1e-5, rtol=0)
+    tiny = torch.finfo(torch.float32).tiny
+    assert ((unfloored > 0) & (unfloored < tiny)).any()  # what the floor is for
+    assert not ((p_floor > 0) & (p_floor < tiny)).any()
 
 
 def test_alibi_slopes_power_of_two_and_not():

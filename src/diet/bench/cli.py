@@ -103,6 +103,7 @@ def run(args) -> int:
             print("diet bench: transformers is not installed; no peers", file=sys.stderr)
             peers = []
     set_threads(args.threads)
+    cost.available_memory()  # read before any model exists: the memory groups of every phase use it
 
     def log(msg: str) -> None:
         print(f"[bench] {msg}", file=sys.stderr, flush=True)

@@ -16,6 +16,7 @@ Peak memory is measured in a fresh process per configuration (`diet.bench.memory
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from dataclasses import dataclass
@@ -167,8 +168,11 @@ class Row:
     infer_peak_mib: float | None = None
 
 
+@functools.cache
 def available_memory() -> int | None:
-    """Bytes the kernel says a new allocation can get without swapping (Linux), else None."""
+    """Bytes the kernel says a new allocation can get without swapping (Linux), else None. Read once, before
+    the first model: with the bench's `MALLOC_TRIM_THRESHOLD_` freed memory stays in this process, so later
+    readings would count the earlier phases' models as gone from the machine."""
     try:
         with open("/proc/meminfo") as f:
             for line in f:

@@ -74,9 +74,16 @@ def t5_causal_bucket(offsets: Tensor, num_buckets: int = 32, max_distance: int =
     return torch.where(n < max_exact, n, large.clamp(max=num_buckets - 1))
 
 
+# ALiBi's penalty is floored here: a weight e^-50 (2e-22) times the row's largest is below float32's resolution
+# of any output, while e^-87 .. e^-103 are denormal numbers, which make CPU matmuls with the probabilities
+# 5-8x slower (bert-base, 12 heads, 512 tokens: a training step 1.38x `none` before the floor, measured).
+ALIBI_FLOOR = -50.0
+
+
 def alibi_bias(distance: Tensor, slope: Tensor) -> Tensor:
-    """ALiBi's linear penalty (Press et al. 2022): -m · |i - j|. distance (...); slope broadcastable to it."""
-    return -slope * distance.to(slope.dtype)
+    """ALiBi's linear penalty (Press et al. 2022): -m · |i - j|, floored at ALIBI_FLOOR (above). distance (...);
+    slope broadcastable to it."""
+    return (-slope * distance.to(slope.dtype)).clamp_min(ALIBI_FLOOR)
 
 
 def kerple_log_bias(distance: Tensor, r1: Tensor, r2: Tensor) -> Tensor:

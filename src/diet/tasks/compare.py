@@ -290,6 +290,9 @@ def write_report(out: Path, rows: list[dict], task_names: list[str], info: dict,
     logit_scale = pre.get("logit_lr_scale", 1.0)
     scale = (f"parameters added to the attention logits x{logit_scale:g} for every method" if logit_scale != 1
              else "one learning rate for every parameter")
+    one_seed = (" With one fine-tuning seed its noise is part of each pre-training seed's number (and so of the "
+                "intervals); the papers' median over fine-tuning seeds is `--budget 2` (docs/study.md)."
+                if fin["seeds"] == 1 else "")
     text = f"""# diet compare: position methods, pre-trained and fine-tuned alike
 {status}
 Command: `{info['command']}`
@@ -299,7 +302,7 @@ Model: `{pre['size']}` size; {pre['steps']} pre-training steps of batch {pre['ba
 tokens, lr {pre['lr']:g} ({scale}), warm-up {pre['warmup']:g}, evaluation every
 {pre['save_steps']} steps; pre-training seeds {', '.join(map(str, info['pretrain_seeds']))}. Fine-tuning: lr grid
 {', '.join(f'{x:g}' for x in fin['lrs'])} x {fin['seeds']} seed(s) per pre-trained model, {fin['epochs']:g} epochs,
-batch {fin['batch_size']}. This invocation's wall time: {info['seconds'] / 60:.1f} min, {info.get('jobs', 1)} run(s) at a
+batch {fin['batch_size']}.{one_seed} This invocation's wall time: {info['seconds'] / 60:.1f} min, {info.get('jobs', 1)} run(s) at a
 time (runs finished by an earlier invocation are reused).
 
 {claims_md}
