@@ -318,11 +318,12 @@ class QueryRelativeBias(LogitTerm):
             self._index = self._index()
         return self._index
 
+    # scaled before the gather: M columns multiplied instead of Lk (the same products, so the same bits)
     def dense(self, q: Tensor) -> Tensor:
-        return relative_gather(self._by_offset(q), self.index) * self.scale
+        return relative_gather(self._by_offset(q) * self.scale, self.index)
 
     def dense_block(self, q: Tensor, rows: slice) -> Tensor:
-        return relative_gather(self._by_offset(q[..., rows, :]), self.index[..., rows, :]) * self.scale
+        return relative_gather(self._by_offset(q[..., rows, :]) * self.scale, self.index[..., rows, :])
 
     def _by_offset(self, q: Tensor) -> Tensor:
         """(B, H, Lq, M): each query against each relative vector."""
