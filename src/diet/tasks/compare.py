@@ -6,8 +6,8 @@ opens with the papers' claims, each with its measured effect, a 95% interval and
 number and figures.
 
 Without arguments it runs the built-in study (docs/study.md): a generated corpus and five tasks
-(`diet.data.synthetic`), the rows the claims need, 3 pre-training seeds, in about twenty minutes on two
-(busy) CPU cores; `--budget N` scales it up. Every finished pre-training and fine-tuning run is kept on disk, so
+(`diet.data.synthetic`), the rows the claims need, 3 pre-training seeds, in about 17 minutes on two
+idle CPU cores; `--budget N` scales it up. Every finished pre-training and fine-tuning run is kept on disk, so
 rerunning the command after a kill continues where it stopped.
 """
 
