@@ -105,3 +105,21 @@ def test_kerple_log_bias_is_the_papers_kernel():
     r1, r2 = torch.tensor([[0.5], [2.0]]), torch.tensor([[0.1], [1.0]])
     expected = torch.tensor([[-a * math.log(1 + b * x) for x in range(6)] for a, b in ((0.5, 0.1), (2.0, 1.0))])
     torch.testing.assert_close(kerple_log_bias(d, r1, r2), expected)
+
+
+def test_onehot_gather_and_scatter_equal_the_index_ones_with_gradients():
+    from diet.positions.functional import ONEHOT_ELEMENTS, OneHot
+
+    index = clipped_offset_index(relative_offsets(torch.arange(9) + 2, torch.arange(11)), 3)  # (9, 11) into 7
+    onehot = OneHot.of(index, 7, torch.float64)
+    by_offset = torch.randn(2, 3, 9, 7, dtype=torch.float64, requires_grad=True)
+    probs = torch.randn(2, 3, 9, 11, dtype=torch.float64, requires_grad=True)
+    pairs, fast_pairs = relative_gather(by_offset, index), relative_gather(by_offset, index, onehot)
+    assert torch.equal(fast_pairs, pairs)  # each pair picks its score; the other products are exact zeros
+    sums, fast_sums = relative_scatter(probs, index, 7), relative_scatter(probs, index, 7, onehot)
+    torch.testing.assert_close(fast_sums, sums)
+    for slow, fast, wrt in ((pairs, fast_pairs, by_offset), (sums, fast_sums, probs)):
+        grad = torch.randn_like(slow)
+        torch.testing.assert_close(torch.autograd.grad(fast, wrt, grad)[0], torch.autograd.grad(slow, wrt, grad)[0])
+    assert OneHot.of(index[None].expand(2, -1, -1), 7, torch.float32) is None  # per example: the index serves
+    assert OneHot.of(torch.zeros(ONEHOT_ELEMENTS // 7 + 1, 1, dtype=torch.long), 7, torch.float32) is None

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from diet.attention import banded as _banded
 from diet.config import NEEDS_PROBABILITIES, DietConfig
 from diet.errors import ConfigError
 from diet.positions.base import LayerTerms, LogitTerm
@@ -62,15 +63,18 @@ def logits(q: Tensor, k: Tensor, terms: LayerTerms, scale: float) -> Logits:
     """The logits of the one equation before the mask: (q'·k'ᵀ) · scale · score_scale and every logit term."""
     q_raw = q
     q, k = apply_qk(q, k, terms)
-    content = (q @ k.transpose(-1, -2)) * (scale * terms.score_scale)  # (B, H, Lq, Lk)
+    content = torch.matmul(q, k.transpose(-1, -2)).mul_(scale * terms.score_scale)  # (B, H, Lq, Lk)
     return Logits(content, [(term.kind, term.dense(q_raw)) for term in terms.logits])
 
 
 def eager(q, k, v, terms: LayerTerms, mask, scale, dropout_p, need_probs=True):
     """The reference: every term built densely and added to the logits."""
-    scores = logits(q, k, terms, scale).full
+    parts = logits(q, k, terms, scale)
+    scores = parts.content  # a fresh (B, H, Lq, Lk): the terms and the mask are added into it in place
+    for _, term in parts.parts:
+        scores = scores.add_(term.to(scores.dtype))
     if mask is not None:
-        scores = scores + mask
+        scores = scores.add_(mask)
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
     dropped = F.dropout(probs, p=dropout_p) if dropout_p > 0 else probs
     out = dropped @ v
@@ -281,11 +285,24 @@ def run_flex(fn, q, k, v, score_mod, block_mask, scale):
     return fn(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale)
 
 
-BACKENDS: dict[str, Backend] = {"eager": eager, "sdpa": sdpa, "flex": flex}
+def band_or_eager(q, k, v, terms: LayerTerms, mask, scale, dropout_p, need_probs=False):
+    """What `auto` gives Shaw: at inference on CPU with consecutive positions, `diet.attention.banded`'s
+    paths (the banded fused path from `banded.MIN_KEYS` keys on, below it every pair explicit in fewer passes);
+    else the reference, which training needs (the value term reads the dropped probabilities and their
+    gradient)."""
+    plan = None if need_probs else _banded.plan(q, k, terms, dropout_p)
+    if plan is None:
+        return eager(q, k, v, terms, mask, scale, dropout_p, need_probs)
+    path, *rest = plan
+    return path(q, k, v, terms, mask, scale, *rest), None
+
+
+BACKENDS: dict[str, Backend] = {"eager": eager, "sdpa": sdpa, "flex": flex, "band": band_or_eager}
 
 
 def resolve_backend(config: DietConfig) -> str:
-    """`auto` picks sdpa unless a value term needs the probabilities (Shaw), then the eager reference."""
+    """`auto` picks sdpa unless a value term needs the probabilities (Shaw): then `band`, the banded fused path
+    at inference and the eager reference in training."""
     if config.attn_backend != "auto":
         return config.attn_backend
-    return "eager" if config.position in NEEDS_PROBABILITIES else "sdpa"
+    return "band" if config.position in NEEDS_PROBABILITIES else "sdpa"

@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from diet.positions.functional import (
-    consecutive_offsets, relative_gather, relative_offsets, relative_scatter, toeplitz,
+    OneHot, consecutive_offsets, relative_gather, relative_offsets, relative_scatter, toeplitz,
 )
 
 
@@ -77,6 +77,15 @@ class Context:
         if key not in self._cache:
             self._cache[key] = fn()
         return self._cache[key]
+
+
+@dataclass(frozen=True)
+class Band:
+    """Relative offsets of consecutive positions, clipped: pos_i - pos_j = i + delta - j, clipped to
+    ±max_distance, bucket = clip + max_distance (Shaw's rows of a^K and a^V)."""
+
+    delta: int
+    max_distance: int
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -136,16 +145,18 @@ class LogitTerm:
 class LowRankBias(LogitTerm):
     """fq · fkᵀ: DIET-ABS's P_Q P_Kᵀ, TUPE's positional correlation, DIET's segment table (one-hot keys)."""
 
-    def __init__(self, fq: Tensor, fk: Tensor):
+    def __init__(self, fq: Tensor, fk: Tensor, product: Callable[[], Tensor] | None = None):
         self.fq, self.fk = fq, fk  # (1|B, H|1, Lq, r), (1|B, H|1, Lk, r)
         self.batch = max(fq.shape[0], fk.shape[0])
         self._dense: Tensor | None = None
+        # fq·fkᵀ from the method's inference cache (`PositionMethod.kept`), when it keeps one
+        self._product = product
 
     def dense(self, q: Tensor | None = None) -> Tensor:
         if not self.reuse:
             return self.fq @ self.fk.transpose(-1, -2)
         if self._dense is None:  # a term shared by layers is multiplied out once per forward
-            self._dense = self.fq @ self.fk.transpose(-1, -2)
+            self._dense = self._product() if self._product else self.fq @ self.fk.transpose(-1, -2)
         return self._dense
 
     def dense_block(self, q: Tensor | None, rows: slice) -> Tensor:
@@ -180,15 +191,21 @@ class RowsTerm(LogitTerm):
     dense form is kept for the other layers that share it (unless `reuse` is off)."""
 
     _dense: Tensor | None = None
+    #: the whole dense form from the method's inference cache (`PositionMethod.keep`), when it keeps one
+    product: Callable[[], Tensor] | None = None
 
     def _rows(self, rows: slice) -> Tensor:
+        raise NotImplementedError
+
+    @property
+    def heads(self) -> int:
         raise NotImplementedError
 
     def dense(self, q: Tensor | None = None) -> Tensor:
         if not self.reuse:
             return self._rows(slice(None))
         if self._dense is None:
-            self._dense = self._rows(slice(None))
+            self._dense = self.product() if self.product else self._rows(slice(None))
         return self._dense
 
     def dense_block(self, q: Tensor | None, rows: slice) -> Tensor:
@@ -222,6 +239,10 @@ class TableBias(RowsTerm):
         if not isinstance(self._index, Tensor):
             self._index = self._index()
         return self._index
+
+    @property
+    def heads(self) -> int:
+        return self.values.shape[0]
 
     def _keep(self, rows: slice) -> Tensor | None:
         if self.keep is None:
@@ -269,6 +290,10 @@ class DistanceBias(RowsTerm):
         self.size = (q_pos.shape[-1], k_pos.shape[-1])
         self.batch = q_pos.shape[0] if q_pos.dim() == 2 else 1
 
+    @property
+    def heads(self) -> int:
+        return self.params[0].shape[0]
+
     def _rows(self, rows: slice) -> Tensor:
         lq, lk = self.size
         if self.diagonals is not None:
@@ -302,15 +327,19 @@ class QueryRelativeBias(LogitTerm):
 
     Shaw et al.'s key term (r = clipped a^K, u = 0) and XLNet's position terms (r = W_R R_{i-j}, u = v).
     r: (M, H|1, Dh); u: (H, Dh) or None; positions and bucket as in TableBias; index: optional (1|B, Lq, Lk)
-    bucket of every pair (a tensor or a function, shared by layers).
+    bucket of every pair (a tensor or a function, shared by layers); band: set when the buckets are clipped
+    offsets of consecutive positions (Shaw), which `diet.attention.banded` serves with the fused kernel;
+    onehot: optional function giving the index's `OneHot` (or None), which makes the dense form a matmul.
     """
 
     query_dependent = True
 
     def __init__(self, r: Tensor, q_pos: Tensor, k_pos: Tensor, bucket: Callable[[Tensor], Tensor], scale: float,
-                 u: Tensor | None = None, index: Tensor | Callable[[], Tensor] | None = None):
+                 u: Tensor | None = None, index: Tensor | Callable[[], Tensor] | None = None,
+                 band: Band | None = None, onehot: Callable[[], OneHot | None] | None = None):
         self.r, self.q_pos, self.k_pos, self.bucket, self.scale, self.u = r, q_pos, k_pos, bucket, scale, u
         self._index = index if index is not None else (lambda: bucket(relative_offsets(q_pos, k_pos)))
+        self.band, self._onehot = band, onehot
 
     @property
     def index(self) -> Tensor:
@@ -320,16 +349,22 @@ class QueryRelativeBias(LogitTerm):
 
     # scaled before the gather: M columns multiplied instead of Lk (the same products, so the same bits)
     def dense(self, q: Tensor) -> Tensor:
-        return relative_gather(self._by_offset(q) * self.scale, self.index)
+        return relative_gather(self.by_offset(q), self.index, self._onehot() if self._onehot else None)
 
     def dense_block(self, q: Tensor, rows: slice) -> Tensor:
-        return relative_gather(self._by_offset(q[..., rows, :]) * self.scale, self.index[..., rows, :])
+        return relative_gather(self.by_offset(q[..., rows, :]), self.index[..., rows, :])
+
+    def by_offset(self, q: Tensor) -> Tensor:
+        """(B, H, Lq, M): the term's value for each query at each bucket, scaled."""
+        return self._by_offset(q) * self.scale
 
     def _by_offset(self, q: Tensor) -> Tensor:
         """(B, H, Lq, M): each query against each relative vector."""
         if self.u is not None:
             q = q + self.u[:, None, :].to(q.dtype)  # (H, 1, Dh) broadcast over B, Lq
-        return torch.einsum("bhqd,mhd->bhqm", q, self.r.expand(-1, q.shape[1], -1).to(q.dtype))
+        if self.r.shape[1] == 1:  # shared by the heads (Shaw): one (B·H·Lq, Dh) x (Dh, M) product
+            return torch.matmul(q, self.r[:, 0].to(q.dtype).t())
+        return torch.einsum("bhqd,mhd->bhqm", q, self.r.to(q.dtype))
 
     def score_mod(self, q: Tensor) -> ScoreMod:
         # (B, H, Lq, M) per layer: M = Lq + Lk - 1 offsets at most (2k + 1 for Shaw), never (Lq, Lk) pairs
@@ -346,13 +381,25 @@ class QKTerm(Protocol):
 
 class ValueTerm:
     """Σ_j p_ij · a_{index[i, j]}: Shaw et al.'s relative value vectors, a: (M, Dh), shared by heads;
-    index (Lq, Lk) or per-example (B, Lq, Lk)."""
+    index (Lq, Lk) or per-example (B, Lq, Lk), a tensor or a function (built when first read); band and
+    onehot as in QueryRelativeBias."""
 
-    def __init__(self, a: Tensor, index: Tensor):
-        self.a, self.index = a, index
+    def __init__(self, a: Tensor, index: Tensor | Callable[[], Tensor], band: Band | None = None,
+                 onehot: Callable[[], OneHot | None] | None = None):
+        self.a, self._index, self.band, self._onehot = a, index, band, onehot
+
+    @property
+    def index(self) -> Tensor:
+        if not isinstance(self._index, Tensor):
+            self._index = self._index()
+        return self._index
+
+    @property
+    def onehot(self) -> OneHot | None:
+        return self._onehot() if self._onehot else None
 
     def __call__(self, probs: Tensor) -> Tensor:
-        per_offset = relative_scatter(probs, self.index, self.a.shape[0])  # (B, H, Lq, M)
+        per_offset = relative_scatter(probs, self.index, self.a.shape[0], self.onehot)  # (B, H, Lq, M)
         return per_offset @ self.a.to(probs.dtype)  # (B, H, Lq, Dh)
 
 

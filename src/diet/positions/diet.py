@@ -34,10 +34,14 @@ class DietAbs(PositionMethod):
         table = shared_layer(self.sharing, layer)
 
         def build():
-            fq = take_rows(self.p_q[table], ctx.q_pos)  # (1|B, H|1, Lq, r)
+            fq = take_rows(self.p_q[table], ctx.q_pos, ctx.q_start)  # (1|B, H|1, Lq, r)
             # Linformer's keys are its k projected slots, not positions
-            fk = self.p_k[table].unsqueeze(0) if ctx.projected_keys else take_rows(self.p_k[table], ctx.k_pos)
-            return LowRankBias(fq, fk)
+            fk = (self.p_k[table].unsqueeze(0) if ctx.projected_keys else
+                  take_rows(self.p_k[table], ctx.k_pos, ctx.k_start))
+            # P_Q P_Kᵀ, kept between inference forwards (DIET §3.1)
+            product = self.kept(ctx, f"diet_abs_{table}", (fq, fk), fq.shape[-3] * fq.shape[-2] * fk.shape[-2],
+                                lambda: fq @ fk.transpose(-1, -2))
+            return LowRankBias(fq, fk, product)
 
         return LayerTerms(logits=[ctx.cached(f"diet_abs_{table}", build)])
 
@@ -57,8 +61,8 @@ class DietRel(PositionMethod):
             return ctx.cached("diet_rel_index", lambda: self.bucket(relative_offsets(ctx.q_pos, ctx.k_pos)))
 
         diagonals = ctx.cached("diet_rel_diagonals", lambda: self.bucket(ctx.diagonal_offsets()))
-        return LayerTerms(logits=[ctx.cached(f"diet_rel_{table}", lambda: TableBias(
-            self.r[table], ctx.q_pos, ctx.k_pos, self.bucket, index, diagonals=diagonals))])
+        return LayerTerms(logits=[ctx.cached(f"diet_rel_{table}", lambda: self.keep(ctx, f"diet_rel_{table}", (self.r[table],), TableBias(
+            self.r[table], ctx.q_pos, ctx.k_pos, self.bucket, index, diagonals=diagonals)))])
 
     def bucket(self, offsets):
         """Offset i - j -> column of R: every offset its own, the edges reused beyond the table."""

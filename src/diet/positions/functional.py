@@ -8,6 +8,7 @@ Notation: L positions, D width, H heads.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -136,14 +137,47 @@ def _per_head(index: Tensor) -> Tensor:
     return index[:, None] if index.dim() == 3 else index
 
 
-def relative_gather(scores_by_offset: Tensor, index: Tensor) -> Tensor:
-    """Turn per-offset scores (B, H, Lq, M) into per-pair scores (B, H, Lq, Lk) with index (1|B, Lq, Lk) into M."""
+#: one-hot indices up to this many elements (64 MiB in float32 each) turn `relative_gather` and
+#: `relative_scatter` into batched matmuls: Shaw's 33 offsets at 512 tokens take 8.7M; the gather is then
+#: 1.1x and the scatter-add 3x faster on CPU, and their backward passes are matmuls too (docs/bench.md)
+ONEHOT_ELEMENTS = 1 << 24
+
+
+@dataclass(frozen=True)
+class OneHot:
+    """The one-hot of a shared (Lq, Lk) index into M buckets, in the two layouts the two products read fast:
+    by_pair (Lq, Lk, M) for the scatter (Σ_j p_ij [index_ij = m]) and by_offset (Lq, M, Lk) for the gather."""
+
+    by_pair: Tensor
+    by_offset: Tensor
+
+    @classmethod
+    def of(cls, index: Tensor, num_offsets: int, dtype: torch.dtype) -> "OneHot | None":
+        """None when the index is per example (B, Lq, Lk) or the one-hot would exceed ONEHOT_ELEMENTS."""
+        if index.dim() != 2 or index.numel() * num_offsets > ONEHOT_ELEMENTS:
+            return None
+        lq, lk = index.shape
+        ones = torch.ones((), dtype=dtype, device=index.device)
+        by_pair = torch.zeros(lq, lk, num_offsets, dtype=dtype, device=index.device)
+        by_pair.scatter_(-1, index[..., None], ones.expand(lq, lk, 1))
+        by_offset = torch.zeros(lq, num_offsets, lk, dtype=dtype, device=index.device)
+        by_offset.scatter_(1, index[:, None, :], ones.expand(lq, 1, lk))
+        return cls(by_pair, by_offset)
+
+
+def relative_gather(scores_by_offset: Tensor, index: Tensor, onehot: OneHot | None = None) -> Tensor:
+    """Turn per-offset scores (B, H, Lq, M) into per-pair scores (B, H, Lq, Lk) with index (1|B, Lq, Lk) into M
+    (with its one-hot, a matmul: each pair picks its offset's score exactly, the other products are zeros)."""
+    if onehot is not None:
+        return torch.einsum("bhim,imj->bhij", scores_by_offset, onehot.by_offset.to(scores_by_offset.dtype))
     b, h, lq, _ = scores_by_offset.shape
     return scores_by_offset.gather(-1, _per_head(index).expand(b, h, lq, index.shape[-1]))
 
 
-def relative_scatter(probs: Tensor, index: Tensor, num_offsets: int) -> Tensor:
+def relative_scatter(probs: Tensor, index: Tensor, num_offsets: int, onehot: OneHot | None = None) -> Tensor:
     """Sum probabilities (B, H, Lq, Lk) per offset bucket: (B, H, Lq, M). The adjoint of `relative_gather`."""
+    if onehot is not None:
+        return torch.einsum("bhij,ijm->bhim", probs, onehot.by_pair.to(probs.dtype))
     b, h, lq, lk = probs.shape
     out = probs.new_zeros(b, h, lq, num_offsets)
     return out.scatter_add_(-1, _per_head(index).expand(b, h, lq, lk), probs)
@@ -186,8 +220,11 @@ def toeplitz(diagonals: Tensor, lq: int, lk: int) -> Tensor:
     return _Toeplitz.apply(diagonals, lq, lk)
 
 
-def take_rows(table: Tensor, positions: Tensor) -> Tensor:
-    """Rows of a per-head table (H, N, r) at positions (L,) or per example (B, L): (1, H, L, r) or (B, H, L, r)."""
+def take_rows(table: Tensor, positions: Tensor, start: int | None = None) -> Tensor:
+    """Rows of a per-head table (H, N, r) at positions (L,) or per example (B, L): (1, H, L, r) or (B, H, L, r).
+    `start`: the positions are known to be start, start + 1, ...: a view of the table, no copy."""
+    if start is not None:
+        return table[:, start:start + positions.shape[-1]].unsqueeze(0)
     rows = table[:, positions]  # (H, L, r) or (H, B, L, r)
     return rows.unsqueeze(0) if positions.dim() == 1 else rows.transpose(0, 1)
 

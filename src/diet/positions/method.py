@@ -8,11 +8,19 @@ heads, `layer` one per head used by every layer.
 
 from __future__ import annotations
 
+from typing import Callable, TypeVar
+
 import torch
 from torch import Tensor, nn
 from transformers import initialization as hf_init
 
-from diet.positions.base import EMPTY, Context, LayerTerms
+from diet.positions.base import EMPTY, Context, LayerTerms, RowsTerm
+
+T = TypeVar("T")
+
+
+#: position-only products up to this many elements (64 MiB in float32) are kept between inference forwards
+KEEP_ELEMENTS = 1 << 24
 
 
 class PositionMethod(nn.Module):
@@ -28,6 +36,45 @@ class PositionMethod(nn.Module):
     def embed(self, position_ids: Tensor) -> Tensor | None:
         """Input entry point: (1|B, L, D) added to the token embeddings, or None."""
         return None
+
+    def kept(self, ctx: Context, name: str, tensors: tuple[Tensor, ...], elements: int,
+             build: Callable[[], T]) -> Callable[[], T] | None:
+        """`build` made to keep its result between inference forwards, or None where it cannot.
+
+        DIET §3.1: the position term "is independent of the input, [so] we only need to compute the matrix
+        multiplication once for each training batch, and we can cache the computed matrix before running
+        inference". So a method's position-only term, a function of `tensors` (its parameters) and the
+        positions alone, is built once per forward in training and, at inference, once while the tensors and
+        the positions stay the same. The entry is keyed by the lengths and starts of the default positions
+        and holds a copy of the tensors it was built from; a forward uses it only if every tensor still equals
+        its copy exactly (version counters would not do: fused optimizers update parameters without bumping
+        them). One entry per name, at most KEEP_ELEMENTS elements; never with per-example or custom
+        positions, a gradient to track, or while compiling."""
+        if (ctx.q_start is None or ctx.k_start is None or elements > KEEP_ELEMENTS
+                or torch.compiler.is_compiling()
+                or (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))):
+            return None
+        store = self.__dict__.setdefault("_kept", {})  # not state: never saved, moved or copied
+        key = (ctx.q_pos.shape[-1], ctx.k_pos.shape[-1], ctx.q_start, ctx.k_start, ctx.q_pos.device)
+
+        def fetch() -> T:
+            hit = store.get(name)
+            if hit is not None and hit[0] == key and all(
+                    a.dtype == b.dtype and a.device == b.device and torch.equal(a, b)
+                    for a, b in zip(hit[1], tensors)):
+                return hit[2]
+            value = build()
+            store[name] = (key, tuple(t.detach().clone() for t in tensors), value)
+            return value
+
+        return fetch
+
+    def keep(self, ctx: Context, name: str, tensors: tuple[Tensor, ...], term: RowsTerm) -> RowsTerm:
+        """`term`, a function of `tensors` and the positions, with its dense form kept between inference
+        forwards (see `kept`)."""
+        lq, lk = term.size
+        term.product = self.kept(ctx, name, tensors, term.heads * lq * lk, lambda: term._rows(slice(None)))
+        return term
 
     def layer_terms(self, ctx: Context, layer: int) -> LayerTerms:
         """qk, logit and value contributions to attention layer `layer`."""

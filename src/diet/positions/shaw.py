@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import math
 
-from diet.positions.base import Context, LayerTerms, QueryRelativeBias, ValueTerm
-from diet.positions.functional import clipped_offset_index, relative_offsets
+from torch import Tensor
+
+from diet.positions.base import Band, Context, LayerTerms, QueryRelativeBias, ValueTerm
+from diet.positions.functional import OneHot, clipped_offset_index, relative_offsets
 from diet.positions.method import PositionMethod, normal_parameter
 
 
@@ -26,9 +28,29 @@ class Shaw(PositionMethod):
     def bucket(self, offsets):
         return clipped_offset_index(offsets, self.max_distance)
 
+    def band(self, ctx: Context) -> Band | None:
+        """The offsets as a band (consecutive positions: pos_i - pos_j = i + delta - j), else None."""
+        diagonals = ctx.diagonal_offsets()  # (Lq + Lk - 1,) from pos_0 - pos'_(Lk-1), or None
+        if diagonals is None:
+            return None
+        if ctx.q_start is not None and ctx.k_start is not None:
+            delta = ctx.q_start - ctx.k_start
+        else:
+            delta = int(diagonals[0]) + ctx.k_pos.shape[-1] - 1
+        return Band(delta, self.max_distance)
+
     def layer_terms(self, ctx: Context, layer: int) -> LayerTerms:
         bucket = self.bucket
-        index = ctx.cached("shaw_index", lambda: bucket(relative_offsets(ctx.q_pos, ctx.k_pos)))  # (1|B, Lq, Lk)
+        m, dtype = self.key.shape[1], self.key.dtype
+
+        # built when first read, once per forward: the banded inference path reads neither
+        def index() -> Tensor:  # (1|B, Lq, Lk)
+            return ctx.cached("shaw_index", lambda: bucket(relative_offsets(ctx.q_pos, ctx.k_pos)))
+
+        def onehot() -> OneHot | None:
+            return ctx.cached("shaw_onehot", lambda: OneHot.of(index(), m, dtype))
+
+        band = ctx.cached("shaw_band", lambda: self.band(ctx))
         key = QueryRelativeBias(self.key[layer][:, None, :], ctx.q_pos, ctx.k_pos, bucket, self.scale,
-                                index=index)  # r: (M, 1, Dh)
-        return LayerTerms(logits=[key], values=[ValueTerm(self.value[layer], index)])
+                                index=index, band=band, onehot=onehot)  # r: (M, 1, Dh)
+        return LayerTerms(logits=[key], values=[ValueTerm(self.value[layer], index, band, onehot)])

@@ -51,7 +51,7 @@ class T5(PositionMethod):
     def layer_terms(self, ctx: Context, layer: int) -> LayerTerms:
         # one TableBias object for all layers, so its dense form is built once per forward
         n, dist, causal = self.num_buckets, self.max_distance, self.causal
-        term = ctx.cached("t5_term", lambda: TableBias(
+        term = ctx.cached("t5_term", lambda: self.keep(ctx, "t5", (self.bias,), TableBias(
             self.bias, ctx.q_pos, ctx.k_pos, t5_offset_bucket(n, dist, causal),
-            lambda: t5_index(ctx, n, dist, causal), diagonals=t5_diagonals(ctx, n, dist, causal)))
+            lambda: t5_index(ctx, n, dist, causal), diagonals=t5_diagonals(ctx, n, dist, causal))))
         return LayerTerms(logits=[term])

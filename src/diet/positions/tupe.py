@@ -79,15 +79,27 @@ class TUPE(PositionMethod):
         return self.norm(self.p[:length])
 
     def layer_terms(self, ctx: Context, layer: int) -> LayerTerms:
+        def correlation() -> tuple[Tensor, Tensor, Tensor]:
+            fq, fk = self.correlation_factors(ctx.q_pos, ctx.k_pos)
+            return fq, fk, fq @ fk.transpose(-1, -2)
+
         def build():
-            terms = [LowRankBias(*self.correlation_factors(ctx.q_pos, ctx.k_pos))]
+            # factors and product kept between inference forwards (DIET §3.1's cache; TUPE's term is also
+            # position-only), else built once per forward
+            kept = self.kept(ctx, "tupe", tuple(self.parameters()), self.num_heads * ctx.q_pos.shape[-1]
+                             * ctx.k_pos.shape[-1], correlation)
+            if kept is None:
+                terms = [LowRankBias(*self.correlation_factors(ctx.q_pos, ctx.k_pos))]
+            else:
+                fq, fk, product = kept()
+                terms = [LowRankBias(fq, fk, lambda: product)]
             if self.relative:
                 # on [CLS]'s row and column b_{j-i} gives way to the [CLS] buckets in θ
                 keep = (lambda qp, kp: (qp != 0) & (kp != 0)) if self.reset else None
                 n, dist, causal = self.num_buckets, self.max_distance, self.causal
-                terms.append(TableBias(self.bias, ctx.q_pos, ctx.k_pos, t5_offset_bucket(n, dist, causal),
-                                       lambda: t5_index(ctx, n, dist, causal), keep,
-                                       t5_diagonals(ctx, n, dist, causal)))
+                terms.append(self.keep(ctx, "tupe_r", (self.bias,), TableBias(
+                    self.bias, ctx.q_pos, ctx.k_pos, t5_offset_bucket(n, dist, causal),
+                    lambda: t5_index(ctx, n, dist, causal), keep, t5_diagonals(ctx, n, dist, causal))))
             return LayerTerms(logits=terms, score_scale=1.0 / math.sqrt(2))
 
         return ctx.cached("tupe_terms", build)  # shared by all layers: computed once per forward
