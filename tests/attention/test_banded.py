@@ -118,13 +118,19 @@ def test_custom_positions_take_the_reference(small_blocks):
     torch.testing.assert_close(a, b)
 
 
-def test_causal_lm_generates_the_same_on_the_banded_path(small_blocks):
+def _shaw_lms():
+    """A causal Shaw LM on `auto` and the same weights on the eager reference."""
     cfg = dict(vocab_size=40, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32,
                max_position_embeddings=32, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
                shaw_max_distance=3, position="shaw", initializer_range=0.5)
     fast = DietForCausalLM(DietCausalConfig(**cfg)).eval()
     ref = DietForCausalLM(DietCausalConfig(**cfg, attn_backend="eager")).eval()
     ref.load_state_dict(fast.state_dict())
+    return fast, ref
+
+
+def test_causal_lm_generates_the_same_on_the_banded_path(small_blocks):
+    fast, ref = _shaw_lms()
     ids = torch.randint(3, 40, (2, 11))
     with torch.no_grad():
         torch.testing.assert_close(fast(ids).logits, ref(ids).logits, atol=2e-5, rtol=1e-4)
@@ -167,12 +173,7 @@ def test_dense_path_equals_eager(dense_only, segment):
 
 
 def test_dense_path_serves_causal_lm_and_decoding(dense_only):
-    cfg = dict(vocab_size=40, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32,
-               max_position_embeddings=32, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
-               shaw_max_distance=3, position="shaw", initializer_range=0.5)
-    fast = DietForCausalLM(DietCausalConfig(**cfg)).eval()
-    ref = DietForCausalLM(DietCausalConfig(**cfg, attn_backend="eager")).eval()
-    ref.load_state_dict(fast.state_dict())
+    fast, ref = _shaw_lms()
     ids = torch.randint(3, 40, (2, 9))
     with torch.no_grad():
         out = fast(ids[:, :5], use_cache=True)

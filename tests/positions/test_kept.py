@@ -51,6 +51,7 @@ def test_kept_terms_are_built_once_and_rebuilt_after_any_change(builds, position
 
     # a fused AdamW step changes the parameters without bumping their version counters
     model.train()
+    assert "_kept" not in model.diet.positions.method.__dict__  # training frees what inference kept
     opt = torch.optim.AdamW(model.parameters(), lr=0.05, fused=True)
     model(ids, attention_mask=mask, token_type_ids=seg, labels=ids).loss.backward()
     opt.step()

@@ -79,6 +79,19 @@ class Context:
         return self._cache[key]
 
 
+class LazyIndex:
+    """`index`: the (1|B, Lq, Lk) bucket of every pair, given as a tensor or as a function building it when
+    first read (an (Lq, Lk) int64 index is 512 MiB at 8,192 tokens: built only where a path needs it)."""
+
+    _index: Tensor | Callable[[], Tensor]
+
+    @property
+    def index(self) -> Tensor:
+        if not isinstance(self._index, Tensor):
+            self._index = self._index()
+        return self._index
+
+
 @dataclass(frozen=True)
 class Band:
     """Relative offsets of consecutive positions, clipped: pos_i - pos_j = i + delta - j, clipped to
@@ -212,7 +225,7 @@ class RowsTerm(LogitTerm):
         return self._dense[..., rows, :] if self._dense is not None else self._rows(rows)
 
 
-class TableBias(RowsTerm):
+class TableBias(LazyIndex, RowsTerm):
     """values[h, bucket(pos_i - pos_j)]: a per-head scalar for each (bucketed) offset. DIET-REL, T5, TUPE-R.
 
     values: (H|1, M); q_pos, k_pos: (Lq,), (Lk,) or per example (B, Lq), (B, Lk); bucket: offsets -> index
@@ -233,12 +246,6 @@ class TableBias(RowsTerm):
         self.keep, self.diagonals = keep, diagonals
         self.size = (q_pos.shape[-1], k_pos.shape[-1])
         self.batch = q_pos.shape[0] if q_pos.dim() == 2 else 1
-
-    @property
-    def index(self) -> Tensor:
-        if not isinstance(self._index, Tensor):
-            self._index = self._index()
-        return self._index
 
     @property
     def heads(self) -> int:
@@ -322,7 +329,7 @@ class DenseBias(LogitTerm):
         return self.bias
 
 
-class QueryRelativeBias(LogitTerm):
+class QueryRelativeBias(LazyIndex, LogitTerm):
     """scale · ((q + u) · r_m)[bucket(pos_i - pos_j)]: a query-dependent term over M relative vectors r.
 
     Shaw et al.'s key term (r = clipped a^K, u = 0) and XLNet's position terms (r = W_R R_{i-j}, u = v).
@@ -340,12 +347,6 @@ class QueryRelativeBias(LogitTerm):
         self.r, self.q_pos, self.k_pos, self.bucket, self.scale, self.u = r, q_pos, k_pos, bucket, scale, u
         self._index = index if index is not None else (lambda: bucket(relative_offsets(q_pos, k_pos)))
         self.band, self._onehot = band, onehot
-
-    @property
-    def index(self) -> Tensor:
-        if not isinstance(self._index, Tensor):
-            self._index = self._index()
-        return self._index
 
     # scaled before the gather: M columns multiplied instead of Lk (the same products, so the same bits)
     def dense(self, q: Tensor) -> Tensor:
@@ -379,7 +380,7 @@ class QKTerm(Protocol):
     def __call__(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]: ...
 
 
-class ValueTerm:
+class ValueTerm(LazyIndex):
     """Σ_j p_ij · a_{index[i, j]}: Shaw et al.'s relative value vectors, a: (M, Dh), shared by heads;
     index (Lq, Lk) or per-example (B, Lq, Lk), a tensor or a function (built when first read); band and
     onehot as in QueryRelativeBias."""
@@ -387,12 +388,6 @@ class ValueTerm:
     def __init__(self, a: Tensor, index: Tensor | Callable[[], Tensor], band: Band | None = None,
                  onehot: Callable[[], OneHot | None] | None = None):
         self.a, self._index, self.band, self._onehot = a, index, band, onehot
-
-    @property
-    def index(self) -> Tensor:
-        if not isinstance(self._index, Tensor):
-            self._index = self._index()
-        return self._index
 
     @property
     def onehot(self) -> OneHot | None:

@@ -69,6 +69,12 @@ class PositionMethod(nn.Module):
 
         return fetch
 
+    def train(self, mode: bool = True) -> "PositionMethod":
+        """Leaving inference frees what `kept` holds: training builds its terms every forward."""
+        if mode:
+            self.__dict__.pop("_kept", None)
+        return super().train(mode)
+
     def keep(self, ctx: Context, name: str, tensors: tuple[Tensor, ...], term: RowsTerm) -> RowsTerm:
         """`term`, a function of `tensors` and the positions, with its dense form kept between inference
         forwards (see `kept`)."""
