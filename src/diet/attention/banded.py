@@ -14,9 +14,10 @@ log-sum-exps, as flash attention merges key blocks:
 
     lse_i = log Σ_parts exp(lse_i^part),     o_i = Σ_parts exp(lse_i^part − lse_i) · o_i^part
 
-This is the same equation as the reference (tests/attention/test_banded.py holds it to eager); it needs no
-gradient and no attention dropout, so `band_or_eager` (what `attn_backend="auto"` gives Shaw) runs it at
-inference and the reference in training.
+Below MIN_KEYS keys the windows would cover most keys, and `dense` computes every pair explicitly, as the
+reference does, in fewer passes over the scores. Both are the same equation as the reference
+(tests/attention/test_banded.py holds them to eager); they need no gradient and no attention dropout, so
+`band_or_eager` (what `attn_backend="auto"` gives Shaw) runs them at inference and the reference in training.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ class ALiBi(PositionMethod):
         def build():
             slopes = alibi_slopes(self.num_heads).to(ctx.q_pos.device)  # (H,)
             # consecutive positions: a Toeplitz matrix, never built whole unless a backend asks for it
-            return self.keep(ctx, "alibi", (slopes,), DistanceBias(alibi_bias, (slopes,), ctx.q_pos, ctx.k_pos,
-                                                        ctx.diagonal_offsets()))
+            term = DistanceBias(alibi_bias, (slopes,), ctx.q_pos, ctx.k_pos, ctx.diagonal_offsets())
+            return self.keep(ctx, "alibi", (slopes,), term)
 
         return LayerTerms(logits=[ctx.cached("alibi_term", build)])

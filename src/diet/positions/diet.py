@@ -61,8 +61,11 @@ class DietRel(PositionMethod):
             return ctx.cached("diet_rel_index", lambda: self.bucket(relative_offsets(ctx.q_pos, ctx.k_pos)))
 
         diagonals = ctx.cached("diet_rel_diagonals", lambda: self.bucket(ctx.diagonal_offsets()))
-        return LayerTerms(logits=[ctx.cached(f"diet_rel_{table}", lambda: self.keep(ctx, f"diet_rel_{table}", (self.r[table],), TableBias(
-            self.r[table], ctx.q_pos, ctx.k_pos, self.bucket, index, diagonals=diagonals)))])
+        def build():  # one term per table, its dense form kept between inference forwards
+            return self.keep(ctx, f"diet_rel_{table}", (self.r[table],), TableBias(
+                self.r[table], ctx.q_pos, ctx.k_pos, self.bucket, index, diagonals=diagonals))
+
+        return LayerTerms(logits=[ctx.cached(f"diet_rel_{table}", build)])
 
     def bucket(self, offsets):
         """Offset i - j -> column of R: every offset its own, the edges reused beyond the table."""

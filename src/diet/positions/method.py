@@ -54,7 +54,7 @@ class PositionMethod(nn.Module):
                 or torch.compiler.is_compiling()
                 or (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))):
             return None
-        store = self.__dict__.setdefault("_kept", {})  # not state: never saved, moved or copied
+        store = self.__dict__.setdefault("_kept", {})  # not state: never saved, nor moved by .to()
         key = (ctx.q_pos.shape[-1], ctx.k_pos.shape[-1], ctx.q_start, ctx.k_start, ctx.q_pos.device)
 
         def fetch() -> T:
