@@ -192,6 +192,7 @@ def test_plan_names_what_it_cannot_serve(monkeypatch):
         assert banded.plan(q, kk, terms, 0.0)[0] is banded.banded
         assert banded.plan(q, kk, terms, 0.1) is None  # attention dropout needs the probabilities
         assert banded.plan(q.double(), kk, terms, 0.0) is None
+        assert banded.plan(q.bfloat16(), kk, terms, 0.0) is None  # the reference's softmax is float32
         monkeypatch.setattr(banded, "MIN_KEYS", 11)
         assert banded.plan(q, kk, terms, 0.0) is None  # short, and no one-hot offered: the reference
     monkeypatch.setattr(banded, "MIN_KEYS", 0)

@@ -42,10 +42,11 @@ def _fused_cpu_kernel():
 def plan(q: Tensor, k: Tensor, terms: LayerTerms, dropout_p: float) -> tuple | None:
     """(path, key term, value term, low-rank terms to fold) when an inference path here computes this call
     exactly, else None: one banded key term and value term (Shaw with consecutive positions), other logit
-    terms low rank (per-head segments), no dropout, no gradient, on CPU, not while compiling (the paths write
+    terms low rank (per-head segments), no dropout, no gradient, on CPU, in float32 (the reference takes its
+    softmax in float32; these paths would take theirs in a half type), not while compiling (the paths write
     into strided outputs and pick blocks by looking at the data). The path is `banded` from MIN_KEYS keys on,
     else `dense` (which needs the offsets' one-hot)."""
-    if dropout_p > 0 or q.device.type != "cpu" or _fused_cpu_kernel() is None or q.dtype == torch.float64:
+    if dropout_p > 0 or q.device.type != "cpu" or _fused_cpu_kernel() is None or q.dtype != torch.float32:
         return None
     if torch.compiler.is_compiling():
         return None
