@@ -46,7 +46,7 @@ def plan(q: Tensor, k: Tensor, terms: LayerTerms, dropout_p: float) -> tuple | N
     softmax in float32; these paths would take theirs in a half type), not while compiling (the paths write
     into strided outputs and pick blocks by looking at the data). The path is `banded` from MIN_KEYS keys on,
     else `dense` (which needs the offsets' one-hot)."""
-    if dropout_p > 0 or q.device.type != "cpu" or _fused_cpu_kernel() is None or q.dtype != torch.float32:
+    if dropout_p > 0 or q.device.type != "cpu" or q.dtype != torch.float32:
         return None
     if torch.compiler.is_compiling():
         return None
@@ -60,7 +60,7 @@ def plan(q: Tensor, k: Tensor, terms: LayerTerms, dropout_p: float) -> tuple | N
     if torch.is_grad_enabled() and (q.requires_grad or value.a.requires_grad or keys[0].r.requires_grad):
         return None
     if k.shape[2] >= MIN_KEYS:
-        return banded, keys[0], value, others
+        return (banded, keys[0], value, others) if _fused_cpu_kernel() is not None else None
     if value.onehot is None or keys[0].r.shape[1] != 1:
         return None
     return dense, keys[0], value, others

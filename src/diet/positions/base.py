@@ -81,9 +81,15 @@ class Context:
 
 class LazyIndex:
     """`index`: the (1|B, Lq, Lk) bucket of every pair, given as a tensor or as a function building it when
-    first read (an (Lq, Lk) int64 index is 512 MiB at 8,192 tokens: built only where a path needs it)."""
+    first read (an (Lq, Lk) int64 index is 512 MiB at 8,192 tokens: built only where a path needs it);
+    `onehot`: its `OneHot` from an optional function (None when not offered or too large)."""
 
     _index: Tensor | Callable[[], Tensor]
+    _onehot: Callable[[], OneHot | None] | None = None
+
+    @property
+    def onehot(self) -> OneHot | None:
+        return self._onehot() if self._onehot else None
 
     @property
     def index(self) -> Tensor:
@@ -136,6 +142,8 @@ class LogitTerm:
     #: leading size of `dense()` when the term does not depend on the query: 1, or B for per-example
     #: positions and segments
     batch = 1
+    #: the whole dense form from the method's inference cache (`PositionMethod.kept`), when it keeps one
+    product: Callable[[], Tensor] | None = None
 
     def dense(self, q: Tensor) -> Tensor:
         raise NotImplementedError
@@ -162,14 +170,13 @@ class LowRankBias(LogitTerm):
         self.fq, self.fk = fq, fk  # (1|B, H|1, Lq, r), (1|B, H|1, Lk, r)
         self.batch = max(fq.shape[0], fk.shape[0])
         self._dense: Tensor | None = None
-        # fq·fkᵀ from the method's inference cache (`PositionMethod.kept`), when it keeps one
-        self._product = product
+        self.product = product
 
     def dense(self, q: Tensor | None = None) -> Tensor:
         if not self.reuse:
             return self.fq @ self.fk.transpose(-1, -2)
         if self._dense is None:  # a term shared by layers is multiplied out once per forward
-            self._dense = self._product() if self._product else self.fq @ self.fk.transpose(-1, -2)
+            self._dense = self.product() if self.product else self.fq @ self.fk.transpose(-1, -2)
         return self._dense
 
     def dense_block(self, q: Tensor | None, rows: slice) -> Tensor:
@@ -204,8 +211,6 @@ class RowsTerm(LogitTerm):
     dense form is kept for the other layers that share it (unless `reuse` is off)."""
 
     _dense: Tensor | None = None
-    #: the whole dense form from the method's inference cache (`PositionMethod.keep`), when it keeps one
-    product: Callable[[], Tensor] | None = None
 
     def _rows(self, rows: slice) -> Tensor:
         raise NotImplementedError
@@ -350,7 +355,7 @@ class QueryRelativeBias(LazyIndex, LogitTerm):
 
     # scaled before the gather: M columns multiplied instead of Lk (the same products, so the same bits)
     def dense(self, q: Tensor) -> Tensor:
-        return relative_gather(self.by_offset(q), self.index, self._onehot() if self._onehot else None)
+        return relative_gather(self.by_offset(q), self.index, self.onehot)
 
     def dense_block(self, q: Tensor, rows: slice) -> Tensor:
         return relative_gather(self.by_offset(q[..., rows, :]), self.index[..., rows, :])
@@ -388,10 +393,6 @@ class ValueTerm(LazyIndex):
     def __init__(self, a: Tensor, index: Tensor | Callable[[], Tensor], band: Band | None = None,
                  onehot: Callable[[], OneHot | None] | None = None):
         self.a, self._index, self.band, self._onehot = a, index, band, onehot
-
-    @property
-    def onehot(self) -> OneHot | None:
-        return self._onehot() if self._onehot else None
 
     def __call__(self, probs: Tensor) -> Tensor:
         per_offset = relative_scatter(probs, self.index, self.a.shape[0], self.onehot)  # (B, H, Lq, M)
