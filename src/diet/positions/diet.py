@@ -34,10 +34,10 @@ class DietAbs(PositionMethod):
         table = shared_layer(self.sharing, layer)
 
         def build():
-            fq = take_rows(self.p_q[table], ctx.q_pos, ctx.q_start)  # (1|B, H|1, Lq, r)
+            fq = take_rows(self.layer_table(ctx, "p_q", table), ctx.q_pos, ctx.q_start)  # (1|B, H|1, Lq, r)
             # Linformer's keys are its k projected slots, not positions
-            fk = (self.p_k[table].unsqueeze(0) if ctx.projected_keys else
-                  take_rows(self.p_k[table], ctx.k_pos, ctx.k_start))
+            p_k = self.layer_table(ctx, "p_k", table)
+            fk = p_k.unsqueeze(0) if ctx.projected_keys else take_rows(p_k, ctx.k_pos, ctx.k_start)
             # P_Q P_Kᵀ, kept between inference forwards (DIET §3.1)
             product = self.kept(ctx, f"diet_abs_{table}", (fq, fk), fq.shape[-3] * fq.shape[-2] * fk.shape[-2],
                                 lambda: fq @ fk.transpose(-1, -2))
@@ -62,8 +62,9 @@ class DietRel(PositionMethod):
 
         diagonals = ctx.cached("diet_rel_diagonals", lambda: self.bucket(ctx.diagonal_offsets()))
         def build():  # one term per table, its dense form kept between inference forwards
-            return self.keep(ctx, f"diet_rel_{table}", (self.r[table],), TableBias(
-                self.r[table], ctx.q_pos, ctx.k_pos, self.bucket, index, diagonals=diagonals))
+            r = self.layer_table(ctx, "r", table)
+            return self.keep(ctx, f"diet_rel_{table}", (r,), TableBias(
+                r, ctx.q_pos, ctx.k_pos, self.bucket, index, diagonals=diagonals))
 
         return LayerTerms(logits=[ctx.cached(f"diet_rel_{table}", build)])
 

@@ -127,9 +127,15 @@ def rotary_angles(positions: Tensor, dim: int, base: float = 10000.0) -> tuple[T
 def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """Rotate pairs (x_i, x_{i+d/2}) by the position's angle: x*cos + rotate_half(x)*sin. x: (B, H, L, Dh);
     cos, sin: (L, Dh) or (B, 1, L, Dh)."""
-    x1, x2 = x.chunk(2, dim=-1)
-    rotated = torch.cat((-x2, x1), dim=-1)
-    return x * cos.to(x.dtype) + rotated * sin.to(x.dtype)
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    # rotate_half(x) = (-x2, x1) added half by half: one product and two in-place updates of a fresh tensor
+    # instead of a negation, a concatenation, two products and a sum over the whole (B, H, L, Dh)
+    out = x * cos
+    out[..., :half].addcmul_(x2, sin[..., :half], value=-1)
+    out[..., half:].addcmul_(x1, sin[..., half:])
+    return out
 
 
 def _per_head(index: Tensor) -> Tensor:

@@ -45,4 +45,4 @@ class PerHeadSegments(PositionMethod):
         table = shared_layer(self.sharing, layer)
 
         return LayerTerms(logits=[ctx.cached(f"segments_{table}", lambda: SegmentBias(
-            self.table[table], ctx.q_segments, ctx.k_segments))])
+            self.layer_table(ctx, "table", table), ctx.q_segments, ctx.k_segments))])

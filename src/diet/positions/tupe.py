@@ -48,19 +48,30 @@ class TUPE(PositionMethod):
             if reset:  # [CLS]-to-others and others-to-[CLS] buckets, added to θ_1, θ_2
                 self.cls_bias = normal_parameter(num_heads, 2)
 
-    def _heads(self, x: Tensor, proj: nn.Linear) -> Tensor:
+    def _heads(self, normed: Tensor, proj: nn.Linear) -> Tensor:
         # (1|B, n, D) -> (1|B, H, n, Dh)
-        return proj(self.norm(x)).unflatten(-1, (self.num_heads, self.head_size)).transpose(-2, -3)
+        return proj(normed).unflatten(-1, (self.num_heads, self.head_size)).transpose(-2, -3)
 
-    def correlation_factors(self, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
+    def _normed(self, pos: Tensor, start: int | None) -> Tensor:
+        """LN(p) at positions (1|B, L): rows of a slice when the positions are known to be start, start + 1, ...
+        (its gradient is a slice, not a scatter-add)."""
+        return self.norm(self.p[pos] if start is None else self.p[start:start + pos.shape[-1]].unsqueeze(0))
+
+    def correlation_factors(self, q_pos: Tensor, k_pos: Tensor,
+                            starts: tuple[int | None, int | None] = (None, None)) -> tuple[Tensor, Tensor]:
         """(fq, fk), (1|B, H, Lq, r), (1|B, H, Lk, r): fq fkᵀ = reset_θ((p_i U_Q)(p_j U_K)ᵀ / √(2d)).
-        Positions (L,) or per example (B, L); the reset applies where the position is 0 ([CLS]'s)."""
+        Positions (L,) or per example (B, L); the reset applies where the position is 0 ([CLS]'s). starts:
+        (q0, k0) where the positions are known to be the runs q0, q0 + 1, ... and k0, ... (`Context`)."""
         scale = 1.0 / math.sqrt(2 * self.head_size)
         q_pos, k_pos = q_pos.view(-1, q_pos.shape[-1]), k_pos.view(-1, k_pos.shape[-1])  # (1|B, L)
-        fq = self._heads(self.p[q_pos], self.u_q) * scale  # (1|B, H, Lq, Dh)
-        fk = self._heads(self.p[k_pos], self.u_k)  # (1|B, H, Lk, Dh)
+        normed_q = self._normed(q_pos, starts[0])
+        same = starts[0] is not None and starts[0] == starts[1] and q_pos.shape == k_pos.shape
+        normed_k = normed_q if same else self._normed(k_pos, starts[1])  # self-attention: LN(p) once
+        fq = self._heads(normed_q, self.u_q) * scale  # (1|B, H, Lq, Dh)
+        fk = self._heads(normed_k, self.u_k)  # (1|B, H, Lk, Dh)
         if self.reset:
-            tq, tk = self._heads(self.p_theta, self.u_q), self._heads(self.p_theta, self.u_k)  # (H, 2, Dh)
+            theta_p = self.norm(self.p_theta)
+            tq, tk = self._heads(theta_p, self.u_q), self._heads(theta_p, self.u_k)  # (H, 2, Dh)
             theta = (tq * tk).sum(-1) * scale  # (H, 2): θ_1, θ_2
             if self.relative:
                 theta = theta + self.cls_bias
@@ -80,7 +91,7 @@ class TUPE(PositionMethod):
 
     def layer_terms(self, ctx: Context, layer: int) -> LayerTerms:
         def correlation() -> tuple[Tensor, Tensor, Tensor]:
-            fq, fk = self.correlation_factors(ctx.q_pos, ctx.k_pos)
+            fq, fk = self.correlation_factors(ctx.q_pos, ctx.k_pos, (ctx.q_start, ctx.k_start))
             return fq, fk, fq @ fk.transpose(-1, -2)
 
         def build():
@@ -89,7 +100,7 @@ class TUPE(PositionMethod):
             kept = self.kept(ctx, "tupe", tuple(self.parameters()), self.num_heads * ctx.q_pos.shape[-1]
                              * ctx.k_pos.shape[-1], correlation)
             if kept is None:
-                terms = [LowRankBias(*self.correlation_factors(ctx.q_pos, ctx.k_pos))]
+                terms = [LowRankBias(*self.correlation_factors(ctx.q_pos, ctx.k_pos, (ctx.q_start, ctx.k_start)))]
             else:
                 fq, fk, product = kept()
                 terms = [LowRankBias(fq, fk, lambda: product)]
