@@ -50,6 +50,27 @@ def test_sdpa_matches_eager_with_gradients(position, segment, sharing, attention
         torch.testing.assert_close(gf[name], gr[name], atol=2e-5, rtol=1e-3, msg=name)
 
 
+@pytest.mark.parametrize("position,segment,rank", [("diet-abs", "per-head", None), ("diet-rel", "per-head", None),
+                                                   ("none", "per-head", None), ("diet-abs", "input", 4),
+                                                   ("diet-abs", "per-head", 4), ("tupe-r", "per-head", None)])
+@pytest.mark.parametrize("add_keys", [0, 256])
+def test_sdpa_inference_adds_or_folds_low_rank_terms_as_eager(monkeypatch, position, segment, rank, add_keys):
+    """At inference on CPU, low-rank terms (segments, DIET-ABS of rank <= 8) go into the bias up to
+    ADD_LOW_RANK_KEYS keys and into q/k channels above: both equal the reference, with and without padding
+    (the mask then broadcasts over heads, a position-only product over the batch)."""
+    from diet.attention import backends
+
+    monkeypatch.setattr(backends, "ADD_LOW_RANK_KEYS", add_keys)
+    cfg = dict(position=position, segment=segment) | ({"position_rank": rank} if rank else {})
+    ref, fast = _pair(cfg, "sdpa")
+    for pad in (0, 3):
+        ids, mask, seg = batch(9, pad_last=pad)
+        with torch.inference_mode():
+            want = ref.eval()(ids, attention_mask=mask, token_type_ids=seg).logits
+            got = fast.eval()(ids, attention_mask=mask, token_type_ids=seg).logits
+        torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
+
+
 def test_shaw_trains_on_eager_and_is_refused_by_fused_backends():
     model = DietForMaskedLM(tiny(position="shaw"))  # auto -> eager
     ids, mask, seg = batch(9)

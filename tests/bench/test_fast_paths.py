@@ -54,8 +54,8 @@ def test_query_blocks_match_eager_with_gradients(monkeypatch, position, segment)
                                    atol=2e-5, rtol=1e-4)
 
 
-def test_wide_low_rank_terms_are_multiplied_out_and_narrow_ones_folded_on_cpu():
-    """DIET-ABS (d_p = 16 > FOLD_MAX_RANK) goes into the dense bias; per-head segments (rank 2) into q/k channels."""
+def _kernel_calls(model, ids, seg, grad=False):
+    """(q head size, v head size, has a bias) of every fused-kernel call of one forward."""
     calls = []
     real = torch.nn.functional.scaled_dot_product_attention
 
@@ -63,11 +63,23 @@ def test_wide_low_rank_terms_are_multiplied_out_and_narrow_ones_folded_on_cpu():
         calls.append((q.shape[-1], v.shape[-1], attn_mask is not None))
         return real(q, k, v, attn_mask=attn_mask, **kw)
 
+    with pytest.MonkeyPatch.context() as mp, torch.set_grad_enabled(grad):
+        mp.setattr(backends.F, "scaled_dot_product_attention", spy)
+        model(ids, token_type_ids=seg)
+    return calls
+
+
+@pytest.mark.parametrize("add_keys", [0, 256])
+def test_wide_low_rank_terms_are_multiplied_out_and_narrow_ones_folded_or_added(monkeypatch, add_keys):
+    """DIET-ABS (d_p = 16 > FOLD_MAX_RANK) goes into the dense bias; per-head segments (rank 2) into q/k channels,
+    or, at inference on CPU with at most ADD_LOW_RANK_KEYS keys, into the bias as well."""
+    monkeypatch.setattr(backends, "ADD_LOW_RANK_KEYS", add_keys)
     model = DietForMaskedLM(tiny(position="diet-abs", position_rank=16, segment="per-head",
                                  attn_backend="sdpa")).eval()
     ids, _, seg = batch(9, pad_last=0)
-    with pytest.MonkeyPatch.context() as mp, torch.inference_mode():
-        mp.setattr(backends.F, "scaled_dot_product_attention", spy)
-        model(ids, token_type_ids=seg)
     head = model.config.head_size
-    assert calls and all(c == (head + 2, head + 2, True) for c in calls)  # v padded for the fused CPU kernel
+    calls = _kernel_calls(model, ids, seg)
+    want = (head, head, True) if add_keys >= 9 else (head + 2, head + 2, True)  # v padded for the CPU kernel
+    assert calls and all(c == want for c in calls)
+    calls = _kernel_calls(model.train(), ids, seg, grad=True)  # training keeps the fold (the table's gradient)
+    assert calls and all(c[0] == head + 2 for c in calls)

@@ -103,6 +103,11 @@ def fold_low_rank(q: Tensor, k: Tensor, terms: list[LogitTerm], s: float) -> tup
 # product costs less than widening every q·k dot product (and, when inference runs the fused CPU kernel,
 # than padding v to the widened head size), measured by `diet bench`.
 FOLD_MAX_RANK = 8
+# At inference on CPU, low-rank terms with at most this many keys (per-head segments at 128 tokens) are added to
+# the bias instead: folding copies q, k, v into the widened head size and the output back, which costs more
+# than writing a (B, H, Lq, Lk) bias below about 256 keys and less above it (the fused kernel, 8 heads of 64,
+# 1 thread: 3.4 against 3.9 ms at 128 × 8, 6.5 against 6.8 at 256 × 4, 13.2 against 11.8 at 512 × 2)
+ADD_LOW_RANK_KEYS = 256
 # A dense bias of more than LONG_ELEMENTS elements (256 MiB in float32: never at 512 tokens, always at 8,192)
 # is built one block of at most BLOCK_ELEMENTS at a time, each block of queries attended on its own, so long
 # inputs never hold an (B|1, H, Lq, Lk) bias (2 GiB per layer at 8,192 tokens and 8 heads). Below it, one
@@ -142,6 +147,9 @@ def sdpa(q, k, v, terms: LayerTerms, mask, scale, dropout_p, need_probs=False):
         else:
             dense.append(term)
     bias = _summed_bias(dense, mask, q_raw, q.dtype, terms.cache)
+    if fold and lk <= ADD_LOW_RANK_KEYS and q.device.type == "cpu" and _fused_cpu_kernel_possible(
+            q, dropout_p, bias) and not (torch.is_grad_enabled() and _any_grad(fold)):
+        bias, fold = _add_low_rank(bias, fold, q.dtype), []
     dv = v.shape[-1]
     if fold:
         q, k = fold_low_rank(q, k, fold, s)
@@ -149,6 +157,24 @@ def sdpa(q, k, v, terms: LayerTerms, mask, scale, dropout_p, need_probs=False):
             v = F.pad(v, (0, q.shape[-1] - dv))
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p, scale=s)
     return out[..., :dv], None
+
+
+def _any_grad(terms: list[LogitTerm]) -> bool:
+    return any(f.requires_grad for term in terms for f in term.factors())
+
+
+def _add_low_rank(bias: Tensor | None, terms: list[LogitTerm], dtype: torch.dtype) -> Tensor:
+    """bias + Σ fq·fkᵀ as one fresh tensor (the bias may be kept or shared by layers: never written)."""
+    out = None
+    for term in terms:
+        fq, fk = term.factors()
+        product = torch.matmul(fq.to(dtype), fk.to(dtype).transpose(-1, -2))  # (1|B, H|1, Lq, Lk)
+        out = product if out is None else out + product
+    if bias is None:
+        return out
+    if torch.broadcast_shapes(out.shape, bias.shape) == out.shape:
+        return out.add_(bias)
+    return out + bias
 
 
 def _summed_bias(dense: list[LogitTerm], mask: Tensor | None, q_raw: Tensor, dtype: torch.dtype,
