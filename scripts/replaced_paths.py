@@ -6,7 +6,8 @@ per-cycle ratios to `none`, interquartile range in brackets):
   per layer and adds them up);
 - TUPE's table p read as a slice for the default positions, LN(p) once, against a gather and LN(p) twice;
 - rotary in one product and two in-place updates, against negate, concatenate, two products and a sum;
-- kept terms checked as 64-bit words, against a float comparison.
+- kept terms checked as 64-bit words, against a float comparison;
+- at inference, per-head segments added to the bias up to 256 keys, against folding them into q/k channels.
 
     python scripts/replaced_paths.py SHAPE LENGTH BATCH MODE REPEATS      (MODE: train or infer)
 """
@@ -16,6 +17,7 @@ import sys
 
 import torch
 
+from diet.attention import backends
 from diet.bench import cost
 from diet.positions import method as method_module
 from diet.positions import rotary as rotary_module
@@ -59,12 +61,14 @@ def old_correlation_factors(self, q_pos, k_pos, starts=(None, None)):
     return fq, fk
 
 
-REPLACED = {  # method -> the (owner, attribute, old value) it ran with before
-    "diet-abs": [(method_module.PositionMethod, "layer_table", old_layer_table),
-                 (method_module, "same_bits", old_same_bits)],
-    "diet-rel+seg": [(method_module.PositionMethod, "layer_table", old_layer_table)],
-    "tupe-r": [(TUPE, "correlation_factors", old_correlation_factors), (method_module, "same_bits", old_same_bits)],
-    "rotary": [(rotary_module, "apply_rotary", old_apply_rotary)],
+REPLACED = {  # method -> what it ran with before: (label, [(owner, attribute, old value)])
+    "diet-abs": [("unbind, kept check", [(method_module.PositionMethod, "layer_table", old_layer_table),
+                                         (method_module, "same_bits", old_same_bits)])],
+    "diet-rel+seg": [("unbind", [(method_module.PositionMethod, "layer_table", old_layer_table)]),
+                     ("fold", [(backends, "ADD_LOW_RANK_KEYS", 0)])],
+    "tupe-r": [("gather, kept check", [(TUPE, "correlation_factors", old_correlation_factors),
+                                       (method_module, "same_bits", old_same_bits)])],
+    "rotary": [("five passes", [(rotary_module, "apply_rotary", old_apply_rotary)])],
 }
 
 
@@ -82,16 +86,16 @@ def replaced(patches, step):
 
 
 steps = {}
+make = cost.training_step if mode == "train" else cost.inference_step
 for method in ("none", *REPLACED):
-    model = cost.build_model(cost.model_config(shape, cost.Variant.parse(method), 512))
-    make = cost.training_step if mode == "train" else cost.inference_step
-    steps[method] = make(model, inputs)
-    if method in REPLACED:  # its own model: the optimizers' states stay apart
+    steps[method] = make(cost.build_model(cost.model_config(shape, cost.Variant.parse(method), 512)), inputs)
+    for label, patches in REPLACED[method] if method in REPLACED else ():
+        # its own model: the optimizers' states stay apart
         old_model = cost.build_model(cost.model_config(shape, cost.Variant.parse(method), 512))
-        steps[f"{method}/replaced"] = replaced(REPLACED[method], make(old_model, inputs))
+        steps[f"{method} / {label}"] = replaced(patches, make(old_model, inputs))
 times = cost.interleaved_times(steps, repeats, 2)
 base = times["none"]
 for name, t in times.items():
     lo, hi = cost.ratio_spread(t, base)
-    print(f"{shape} {length}x{batch} {mode} {name:22s} {cost.median_ratio(t, base):.3f} [{lo:.3f}, {hi:.3f}] "
+    print(f"{shape} {length}x{batch} {mode} {name:34s} {cost.median_ratio(t, base):.3f} [{lo:.3f}, {hi:.3f}] "
           f"{1e3 * statistics.median(t):.0f} ms", flush=True)
