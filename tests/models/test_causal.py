@@ -51,6 +51,23 @@ def test_generate_with_and_without_cache_is_identical(position):
         assert torch.equal(cached, uncached)
 
 
+@pytest.mark.parametrize("beams", [1, 3])
+def test_cached_generation_feeds_one_token_per_step(beams):
+    """The cache reaches the model under the name `generate()` uses (`cache` from transformers 5.24 on,
+    `past_key_values` before): after the prompt, one new token per step, never the whole sequence again."""
+    model = DietForCausalLM(tiny_lm("diet-rel")).eval()
+    lengths = []
+    model.diet.register_forward_hook(lambda mod, args, kwargs, out: lengths.append(
+        (args[0] if args else kwargs["input_ids"]).shape[1]), with_kwargs=True)
+    prompt = torch.randint(3, V, (3, 4))
+    kwargs = dict(num_beams=beams, max_new_tokens=5, min_new_tokens=5, pad_token_id=0)
+    model.generate(prompt, use_cache=True, **kwargs)
+    assert lengths == [4, 1, 1, 1, 1]
+    lengths.clear()
+    model.generate(prompt, use_cache=False, **kwargs)
+    assert lengths == [4, 5, 6, 7, 8]
+
+
 @pytest.mark.parametrize("position", ["absolute", "kerple"])
 def test_left_padded_prompts_generate_as_if_alone(position):
     """Positions come from the attention mask: a left-padded row starts at position 0, as it would alone."""

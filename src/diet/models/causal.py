@@ -44,7 +44,10 @@ from diet.models.modeling import (
     DietLMHead,
     DietModel,
     DietPreTrainedModel,
+    cache_argument,
+    cache_of,
     check_kwargs,
+    with_cache,
 )
 from diet.models.seq2seq import ensure_layers, step_mask, step_positions
 from diet.positions.encoding import PositionEncoding
@@ -138,6 +141,7 @@ class DietCausalModel(DietPreTrainedModel):
         """input_ids (B, L) new tokens (or inputs_embeds (B, L, D)); with `past_key_values` the cache holds the
         earlier ones. attention_mask and position_ids cover cached and new tokens: (B, Lpast + L) and
         (Lpast + L,), (1, Lpast + L) or (B, Lpast + L); default positions 0 .. Lpast + L - 1."""
+        past_key_values = cache_argument(past_key_values, kwargs)
         check_kwargs(kwargs, f"{type(self).__name__}.forward", CAUSAL_HARMLESS_KWARGS)
         b, length = DietModel._check_inputs(self, input_ids, inputs_embeds, None, None)
         device = (input_ids if input_ids is not None else inputs_embeds).device
@@ -164,10 +168,9 @@ class DietCausalModel(DietPreTrainedModel):
                 all_probs.append(probs)
             if output_hidden_states:
                 all_hidden.append(hidden)
-        return BaseModelOutputWithPast(
-            last_hidden_state=hidden, past_key_values=cache,
-            hidden_states=tuple(all_hidden) if all_hidden is not None else None,
-            attentions=tuple(all_probs) if all_probs is not None else None)
+        return with_cache(BaseModelOutputWithPast, cache, last_hidden_state=hidden,
+                          hidden_states=tuple(all_hidden) if all_hidden is not None else None,
+                          attentions=tuple(all_probs) if all_probs is not None else None)
 
 
 class DietForCausalLM(DietPreTrainedModel, GenerationMixin):
@@ -207,6 +210,7 @@ class DietForCausalLM(DietPreTrainedModel, GenerationMixin):
                 inputs_embeds=None, labels=None, use_cache=None, output_attentions=None, output_hidden_states=None,
                 return_dict=None, logits_to_keep: int = 0, **kwargs) -> CausalLMOutputWithPast:
         """As `DietCausalModel.forward`; logits_to_keep > 0 projects only the last that many positions."""
+        past_key_values = cache_argument(past_key_values, kwargs)
         check_kwargs(kwargs, f"{type(self).__name__}.forward", CAUSAL_HARMLESS_KWARGS)
         out = self.diet(input_ids, attention_mask, position_ids, past_key_values, use_cache, output_attentions,
                         output_hidden_states, inputs_embeds=inputs_embeds)
@@ -219,13 +223,14 @@ class DietForCausalLM(DietPreTrainedModel, GenerationMixin):
             shifted = logits[:, :-1] if not logits_to_keep else self.lm_head(hidden)[:, :-1]
             loss = nn.functional.cross_entropy(shifted.reshape(-1, shifted.shape[-1]).float(),
                                                labels[:, 1:].reshape(-1), ignore_index=-100)
-        return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=out.past_key_values,
-                                      hidden_states=out.hidden_states, attentions=out.attentions)
+        return with_cache(CausalLMOutputWithPast, cache_of(out), loss=loss, logits=logits,
+                          hidden_states=out.hidden_states, attentions=out.attentions)
 
     def prepare_inputs_for_generation(self, input_ids, past_key_values=None, attention_mask=None, use_cache=None,
                                       position_ids=None, inputs_embeds=None, **kwargs):
         """The tokens not yet in the cache; positions from the attention mask when the prompt is padded
         (left padding: each row's first real token is position 0), else the default 0, 1, ..."""
+        past_key_values = cache_argument(past_key_values, kwargs)
         past = past_key_values.get_seq_length() if past_key_values is not None else 0
         inputs = dict(past_key_values=past_key_values, attention_mask=attention_mask, use_cache=use_cache)
         if inputs_embeds is not None and past == 0:

@@ -10,6 +10,8 @@ passes them down; layers never look at the method's name.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from torch import Tensor, nn
 from transformers import PreTrainedModel
@@ -40,6 +42,27 @@ def check_kwargs(kwargs: dict, where: str, allowed: frozenset = HARMLESS_KWARGS)
     unknown = sorted(k for k in kwargs if k not in allowed)
     if unknown:
         raise InputError(f"{where} got unexpected keyword argument(s) {', '.join(map(repr, unknown))}")
+
+
+def cache_argument(past_key_values, kwargs: dict):
+    """The decoding cache of a forward: `past_key_values`, or `cache`, the name transformers' `generate()` passes
+    from 5.24 on (taken out of kwargs)."""
+    cache = kwargs.pop("cache", None)
+    if cache is not None and past_key_values is not None and cache is not past_key_values:
+        raise InputError("got both `cache` and `past_key_values`; give one")
+    return past_key_values if past_key_values is not None else cache
+
+
+def with_cache(output_cls, cache, **fields):
+    """A model output with the cache under the name the installed transformers gives it (`cache` from 5.24,
+    `past_key_values` before): `generate()` looks for it there."""
+    names = {f.name for f in dataclasses.fields(output_cls)}
+    return output_cls(**fields, **{"cache" if "cache" in names else "past_key_values": cache})
+
+
+def cache_of(output):
+    """The cache of a model output, under either name."""
+    return output["cache"] if "cache" in output else output.get("past_key_values")
 
 
 def check_like(name: str, value: Tensor | None, shape: tuple[int, ...]) -> None:

@@ -42,7 +42,9 @@ from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput
 from diet.attention.layer import MultiHeadAttention
 from diet.config import PRESETS, DietConfig, _check
 from diet.errors import ConfigError, InputError
-from diet.models.modeling import DietModel, DietPreTrainedModel, check_kwargs, padding_mask
+from diet.models.modeling import (
+    DietModel, DietPreTrainedModel, cache_argument, check_kwargs, padding_mask, with_cache,
+)
 from diet.positions.base import EMPTY, Context
 from diet.positions.encoding import PositionEncoding
 
@@ -336,6 +338,7 @@ class DietForConditionalGeneration(DietPreTrainedModel, GenerationMixin):
         cache. position_ids: the source's, (S,), (1, S) or (B, S); decoder_position_ids: the target's, covering
         cached and new tokens like decoder_attention_mask. Default: 0, 1, ... on both sides.
         logits_to_keep: if > 0, project only the last that many positions (generate() needs only the last)."""
+        past_key_values = cache_argument(past_key_values, kwargs)
         check_kwargs(kwargs, f"{type(self).__name__}.forward", SEQ2SEQ_HARMLESS_KWARGS)
         if encoder_outputs is None:
             if input_ids is None and inputs_embeds is None:
@@ -375,8 +378,8 @@ class DietForConditionalGeneration(DietPreTrainedModel, GenerationMixin):
         if labels is not None:
             loss = nn.functional.cross_entropy(logits.view(-1, logits.shape[-1]).float(), labels.reshape(-1),
                                                ignore_index=-100)
-        return Seq2SeqLMOutput(
-            loss=loss, logits=logits, past_key_values=cache,
+        return with_cache(
+            Seq2SeqLMOutput, cache, loss=loss, logits=logits,
             decoder_hidden_states=tuple(all_hidden) if all_hidden is not None else None,
             decoder_attentions=tuple(self_probs) if output_attentions else None,
             cross_attentions=tuple(cross_probs) if output_attentions else None,
