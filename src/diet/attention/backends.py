@@ -147,8 +147,8 @@ def sdpa(q, k, v, terms: LayerTerms, mask, scale, dropout_p, need_probs=False):
         else:
             dense.append(term)
     bias = _summed_bias(dense, mask, q_raw, q.dtype, terms.cache)
-    if fold and lk <= ADD_LOW_RANK_KEYS and q.device.type == "cpu" and _fused_cpu_kernel_possible(
-            q, dropout_p, bias) and not (torch.is_grad_enabled() and _any_grad(fold)):
+    if fold and lk <= ADD_LOW_RANK_KEYS and _fused_cpu_kernel_possible(q, dropout_p, bias) and not (
+            torch.is_grad_enabled() and any(f.requires_grad for t in fold for f in t.factors())):
         bias, fold = _add_low_rank(bias, fold, q.dtype), []
     dv = v.shape[-1]
     if fold:
@@ -157,10 +157,6 @@ def sdpa(q, k, v, terms: LayerTerms, mask, scale, dropout_p, need_probs=False):
             v = F.pad(v, (0, q.shape[-1] - dv))
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p, scale=s)
     return out[..., :dv], None
-
-
-def _any_grad(terms: list[LogitTerm]) -> bool:
-    return any(f.requires_grad for term in terms for f in term.factors())
 
 
 def _add_low_rank(bias: Tensor | None, terms: list[LogitTerm], dtype: torch.dtype) -> Tensor:

@@ -13,7 +13,7 @@ from diet.positions.registry import REGISTRY
 # probabilities, has the looser targets (1.10 up to 128 tokens, 1.15 / 1.20 beyond); XLNet's
 # query-dependent terms have none.
 def target(label: str, length: int) -> tuple[float, float] | None:
-    method = REGISTRY[label.split("+")[0]] if label.split("+")[0] in REGISTRY else None
+    method = REGISTRY.get(label.split("+")[0])
     if method is None:
         return None  # a peer
     if method.probabilities:
