@@ -147,3 +147,9 @@ def test_t5_buckets_are_unidirectional_in_causal_attention():
     assert torch.equal(ours, T5Attention._relative_position_bucket(-offsets, False, 8, 16))
     assert set(ours.tolist()) == set(range(8))  # the bidirectional buckets would leave 4 of 8
     assert len(set(t5_offset_bucket(8, 16)(offsets).tolist())) == 4
+
+
+def test_cache_under_both_names_is_refused_in_one_line():
+    model = DietForCausalLM(tiny_lm("diet-rel")).eval()
+    with pytest.raises(InputError, match="both `cache` and `past_key_values`"):
+        model(torch.randint(3, V, (1, 4)), past_key_values=DynamicCache(), cache=DynamicCache())
