@@ -6,7 +6,8 @@
 `model`: inference with DIET-REL and per-head segments, the fold (what runs) against one fused-kernel call per
 example and run of keys in one segment, merged through the calls' log-sum-exps (online softmax): within a run
 Ŝ[S(i), g] is a per-query constant, so the calls need neither extra q/k channels nor a (B, H, L, L) bias.
-Medians of per-cycle ratios to DIET-REL, interquartile range in brackets, 1 thread.
+Medians of per-cycle ratios to DIET-REL, interquartile range in brackets, 1 thread. Up to
+`backends.ADD_LOW_RANK_KEYS` (256) keys the running path adds the segments to the bias instead of folding.
 
 `flex`: the kernel alone, 8 heads of 64: torch's SDPA with no bias, a DIET-REL bias and a (B, H, L, L)
 DIET-REL + segments bias, against `torch.compile(flex_attention)` reading the same terms through score_mods.
@@ -19,6 +20,7 @@ import torch.nn.functional as F
 
 from diet.attention import backends
 from diet.bench import cost
+from diet.errors import ConfigError
 from diet.positions.base import SegmentBias
 
 torch.set_num_threads(1)
@@ -120,7 +122,14 @@ def flex(length: int, batch: int, cycles: int) -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "model":
-        model(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]))
-    else:
-        flex(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))
+    args = sys.argv[1:]
+    if not (args[:1] == ["model"] and len(args) == 5 or args[:1] == ["flex"] and len(args) == 4) or not all(
+            a.isdigit() for a in args[-3:]):
+        sys.exit("usage: rejected_paths.py model SHAPE LENGTH BATCH CYCLES | flex LENGTH BATCH CYCLES")
+    try:
+        if args[0] == "model":
+            model(args[1], int(args[2]), int(args[3]), int(args[4]))
+        else:
+            flex(int(args[1]), int(args[2]), int(args[3]))
+    except ConfigError as e:
+        sys.exit(f"rejected_paths.py: {e}")
