@@ -1,8 +1,8 @@
 """Fold vs dense for wide low-rank terms (DIET-ABS d_p = d_h, TUPE d_h + 2), per shape: one interleaved run,
 ratios to `none` and to each other (medians of per-cycle ratios)."""
 import sys, torch
-from diet.attention import backends
-from diet.bench import cost
+from dietpe.attention import backends
+from dietpe.bench import cost
 torch.set_num_threads(1)
 shape, length, batch, mode, repeats = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], int(sys.argv[5])
 make = cost.training_step if mode == "train" else cost.inference_step

@@ -8,9 +8,9 @@ import sys
 
 import torch
 
-from diet.attention import banded
-from diet.bench import cost
-from diet.positions import method as method_module
+from dietpe.attention import banded
+from dietpe.bench import cost
+from dietpe.positions import method as method_module
 
 torch.set_num_threads(1)
 shape, length, batch, repeats = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])

@@ -18,10 +18,10 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from diet.attention import backends
-from diet.bench import cost
-from diet.errors import ConfigError
-from diet.positions.base import SegmentBias
+from dietpe.attention import backends
+from dietpe.bench import cost
+from dietpe.errors import ConfigError
+from dietpe.positions.base import SegmentBias
 
 torch.set_num_threads(1)
 FLASH_CPU = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu

@@ -17,11 +17,11 @@ import sys
 
 import torch
 
-from diet.attention import backends
-from diet.bench import cost
-from diet.positions import method as method_module
-from diet.positions import rotary as rotary_module
-from diet.positions.tupe import TUPE
+from dietpe.attention import backends
+from dietpe.bench import cost
+from dietpe.positions import method as method_module
+from dietpe.positions import rotary as rotary_module
+from dietpe.positions.tupe import TUPE
 
 torch.set_num_threads(1)
 shape, length, batch, mode, repeats = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], int(sys.argv[5])

@@ -1,10 +1,10 @@
-"""The catalogue of bad inputs to the `diet` command line and its data readers (issue 9, part 4).
+"""The catalogue of bad inputs to the `dietpe` command line and its data readers (issue 9, part 4).
 
 Each case is a command line over tiny generated data (a corpus, three tasks, a pre-trained model, a translation
-model, parallel files and many broken files), run in this process through `diet.cli.main` with stderr captured at
+model, parallel files and many broken files), run in this process through `dietpe.cli.main` with stderr captured at
 the file-descriptor level. A case is classified as
 
-* clear:     exit code 2 and stderr is one line `diet <cmd>: error: ...` that names every expected piece (the
+* clear:     exit code 2 and stderr is one line `dietpe <cmd>: error: ...` that names every expected piece (the
              option and its value and the limit, or the file and line); argparse's usage block is tolerated
              here (the tests in tests/test_cli_errors.py require the single line);
 * unclear:   the command failed without a traceback, but the message misses a piece or is buried in other output;
@@ -50,11 +50,11 @@ def make_fixtures(root: str | Path) -> dict[str, str]:
     """Write every file the catalogue needs under `root`; returns name -> path for the command templates."""
     import torch
 
-    from diet import DietConfig, DietForMaskedLM
-    from diet.data import synthetic
-    from diet.data.parallel import train_joint_bpe
-    from diet.data.tokenizer import train_wordpiece
-    from diet.models.seq2seq import DietForConditionalGeneration, DietSeq2SeqConfig
+    from dietpe import DietConfig, DietForMaskedLM
+    from dietpe.data import synthetic
+    from dietpe.data.parallel import train_joint_bpe
+    from dietpe.data.tokenizer import train_wordpiece
+    from dietpe.models.seq2seq import DietForConditionalGeneration, DietSeq2SeqConfig
 
     root = Path(root)
     torch.manual_seed(0)
@@ -64,7 +64,7 @@ def make_fixtures(root: str | Path) -> dict[str, str]:
     bad = root / "bad"
     bad.mkdir()
 
-    # a pre-trained model in a `diet pretrain` run folder (run/model), and broken copies of it
+    # a pre-trained model in a `dietpe pretrain` run folder (run/model), and broken copies of it
     text = (paths["corpus"] / "train.txt").read_text(encoding="utf-8").split("\n")
     tok = train_wordpiece([t for t in text if t], vocab_size=200, min_frequency=1)
     cfg = DietConfig.from_preset("bert-tiny", position="absolute", vocab_size=len(tok), max_position_embeddings=32,
@@ -271,7 +271,7 @@ class Case:
         words = self.argv.split()
         if words[0] == "translate":
             return " ".join(words[:2])
-        return words[0] if words[0] in ("pretrain", "finetune", "compare", "bench", "analyze") else "diet"
+        return words[0] if words[0] in ("pretrain", "finetune", "compare", "bench", "analyze") else "dietpe"
 
 
 CASES: list[Case] = []
@@ -599,9 +599,9 @@ def stubs():
 
     import transformers
 
-    analysis_report = importlib.import_module("diet.analysis.report")  # the package exports a function `report`
-    bench_cost = importlib.import_module("diet.bench.cost")
-    translate = importlib.import_module("diet.tasks.translate")
+    analysis_report = importlib.import_module("dietpe.analysis.report")  # the package exports a function `report`
+    bench_cost = importlib.import_module("dietpe.bench.cost")
+    translate = importlib.import_module("dietpe.tasks.translate")
 
     def reach(what):
         def stop(*a, **k):
@@ -712,7 +712,7 @@ def snapshot(root: Path) -> dict[str, tuple[int, int]]:
 
 
 USAGE = re.compile(r"^(usage: |\s)")
-ERROR = re.compile(r"^diet( [\w-]+)*: error: ")
+ERROR = re.compile(r"^dietpe( [\w-]+)*: error: ")
 
 
 def classify(rc, err: str, needles: list[str]) -> tuple[str, str]:
@@ -733,7 +733,7 @@ def classify(rc, err: str, needles: list[str]) -> tuple[str, str]:
 def run_case(c: Case, paths: dict[str, str], outs: Path) -> Result:
     import torch
 
-    from diet.cli import main
+    from dietpe.cli import main
 
     out = outs / re.sub(r"[^\w.-]+", "_", c.id)
     fmt = dict(paths, out=str(out))
@@ -835,8 +835,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{mark} {r.case.id} [{r.seconds:.2f}s]: {r.detail}" + (f" CHANGED {r.changed}" if r.changed
                                                                            else ""), flush=True)
 
-    import diet
-    print(f"diet from {diet.__file__}; {len(cases)} cases", flush=True)
+    import dietpe
+    print(f"dietpe from {diet.__file__}; {len(cases)} cases", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         results = run_all(tmp, cases, log)
     c = counts(results)

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from diet import DietConfig
+from dietpe import DietConfig
 
 
 @pytest.fixture(autouse=True)

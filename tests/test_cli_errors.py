@@ -1,5 +1,5 @@
 """Every bad input of the catalogue (tests/bad_inputs.py) ends with exit code 2 and one line
-`diet CMD: error: ...` naming the value and the limit (file and line for data), no traceback, before any work,
+`dietpe CMD: error: ...` naming the value and the limit (file and line for data), no traceback, before any work,
 and leaves every existing file as it was (and no new output folder behind)."""
 
 import argparse
@@ -8,9 +8,9 @@ import os
 
 import pytest
 
-from diet import validate as V
-from diet.cli import main
-from diet.errors import ConfigError
+from dietpe import validate as V
+from dietpe.cli import main
+from dietpe.errors import ConfigError
 from tests import bad_inputs as B
 
 
@@ -34,7 +34,7 @@ def test_bad_input_gets_one_clear_line_and_changes_nothing(case, fixtures):
     lines = [line for line in r.stderr.splitlines() if line.strip()]
     assert r.outcome == "clear", f"{r.outcome}: {r.detail}\n{r.stderr}"
     assert r.rc == 2 and "Traceback" not in r.stderr
-    assert len(lines) == 1 and lines[0].startswith("diet"), r.stderr
+    assert len(lines) == 1 and lines[0].startswith("dietpe"), r.stderr
     assert not r.changed, f"files changed: {r.changed}"
 
 
@@ -66,8 +66,8 @@ def test_argument_types_accept_the_limits_themselves():
 
 
 def test_zero_is_refused_by_settings_too_never_replaced_by_the_recipe():
-    from diet.tasks import finetune as ft
-    from diet.tasks import pretrain as pt
+    from dietpe.tasks import finetune as ft
+    from dietpe.tasks import pretrain as pt
 
     args = argparse.Namespace(recipe="toy", size=None, vocab_size=None, max_length=None, steps=0, batch_size=None,
                               lr=None, warmup=None, save_steps=None)
@@ -95,7 +95,7 @@ def test_a_read_only_output_folder_is_refused_before_any_work(tmp_path, monkeypa
                                          (errno.EROFS, "read-only file system [EROFS]")])
 def test_a_full_or_read_only_disk_while_writing_is_one_line_with_the_path_and_what_was_kept(
         tmp_path, monkeypatch, capsys, code, words):
-    from diet.data import synthetic
+    from dietpe.data import synthetic
 
     def full(path, text):
         raise OSError(code, os.strerror(code), str(path))
@@ -104,12 +104,12 @@ def test_a_full_or_read_only_disk_while_writing_is_one_line_with_the_path_and_wh
     out = tmp_path / "cmp"
     assert main(["compare", "-o", str(out), "--threads", "1", "--jobs", "1", "--builtin-size", "40"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith("diet compare: error: cannot write ")
+    assert err.count("\n") == 1 and err.startswith("dietpe compare: error: cannot write ")
     assert str(out / "data" / "corpus") in err and words in err and "kept" in err
 
 
 def test_a_write_error_wrapped_by_a_library_is_found_and_other_errors_still_raise(monkeypatch, capsys):
-    from diet.tasks import pretrain as pt
+    from dietpe.tasks import pretrain as pt
 
     def wrapped(args):
         try:
@@ -155,7 +155,7 @@ def test_a_failed_command_removes_the_folder_it_made_but_never_one_that_existed(
 def test_finetune_takes_a_pretrain_run_folder_like_analyze(fixtures, monkeypatch):
     paths, outs = fixtures
     seen = {}
-    from diet.tasks import finetune as ft
+    from dietpe.tasks import finetune as ft
 
     def fake_run(model_dir, data, out, s, **kw):
         seen["model_dir"] = model_dir
@@ -167,8 +167,8 @@ def test_finetune_takes_a_pretrain_run_folder_like_analyze(fixtures, monkeypatch
 
 
 def test_a_method_may_override_the_size_presets_fields(fixtures):
-    from diet import methods
-    from diet.tasks import recipes
+    from dietpe import methods
+    from dietpe.tasks import recipes
 
     config = recipes.build_config(methods.parse_method("absolute:hidden_size=128"), "toy", 100, 24, 0)
     assert config.hidden_size == 128 and config.num_hidden_layers == 2  # the rest of `toy` stays

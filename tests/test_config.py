@@ -1,6 +1,6 @@
 import pytest
 
-from diet import ConfigError, DietConfig
+from dietpe import ConfigError, DietConfig
 
 
 @pytest.mark.parametrize("field,value,allowed", [

@@ -2,7 +2,7 @@
 
 import torch
 
-from diet import DietForMaskedLM, DietModel
+from dietpe import DietForMaskedLM, DietModel
 from tests.conftest import tiny
 
 N = 20  # sequence length n ≥ d_h + d_p

@@ -1,14 +1,14 @@
-"""`diet analyze` end to end on a tiny checkpoint, and `report` on a batch in memory."""
+"""`dietpe analyze` end to end on a tiny checkpoint, and `report` on a batch in memory."""
 
 import json
 import re
 
 import torch
 
-from diet import DietConfig, DietForMaskedLM, DietModel
-from diet.analysis import compare_section, report, sample_batch
-from diet.cli import main
-from diet.data.tokenizer import train_wordpiece
+from dietpe import DietConfig, DietForMaskedLM, DietModel
+from dietpe.analysis import compare_section, report, sample_batch
+from dietpe.cli import main
+from dietpe.data.tokenizer import train_wordpiece
 
 TEXT = [f"the {w} sat on the mat near {v} and the {v} ran to the {w} ." for w in ("cat", "dog", "bird", "fox")
         for v in ("tree", "house", "river", "hill", "road")]
@@ -57,7 +57,7 @@ def test_report_on_a_model_in_memory(tmp_path):
     text = index.read_text()
     assert "cosine_similarity.png" in text and (tmp_path / "abs" / "cosine_similarity.png").is_file()
     assert "segment_attention.png" not in text  # input segments: nothing per head to draw
-    # what `diet compare` embeds: every picture linked relative to the comparison's directory, and it exists
+    # what `dietpe compare` embeds: every picture linked relative to the comparison's directory, and it exists
     section = compare_section({"absolute": index}, tmp_path)
     links = re.findall(r"\]\(([^)]+)\)", section)
     assert "abs/ranks.png" in links and "abs/index.md" in links
@@ -76,9 +76,9 @@ def test_sample_batch_cuts_full_windows_without_padding(tmp_path):
 def test_a_seq2seq_checkpoint_is_analysed_through_its_encoder(tmp_path):
     import pytest
 
-    seq2seq = pytest.importorskip("diet.models.seq2seq")
-    from diet.analysis import encoder_of, position_pattern
-    from diet.analysis.cli import load_checkpoint
+    seq2seq = pytest.importorskip("dietpe.models.seq2seq")
+    from dietpe.analysis import encoder_of, position_pattern
+    from dietpe.analysis.cli import load_checkpoint
 
     cfg = seq2seq.DietSeq2SeqConfig.from_preset("bert-tiny", position="diet-rel", vocab_size=60,
                                                 max_position_embeddings=16, hidden_size=32, intermediate_size=64)

@@ -4,8 +4,8 @@
 import pytest
 import torch
 
-from diet import DietConfig, DietForMaskedLM, DietModel
-from diet.analysis import (
+from dietpe import DietConfig, DietForMaskedLM, DietModel
+from dietpe.analysis import (
     attention_logits,
     offset_profile,
     position_cosine_similarity,
@@ -15,7 +15,7 @@ from diet.analysis import (
     toeplitz_deviation,
     two_segments,
 )
-from diet.config import POSITIONS
+from dietpe.config import POSITIONS
 
 
 def model(position="diet-rel", **overrides):

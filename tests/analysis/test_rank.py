@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from diet import DietConfig, DietModel
-from diet.analysis import attention_logits, default_rtol, numerical_rank, position_pattern
+from dietpe import DietConfig, DietModel
+from dietpe.analysis import attention_logits, default_rtol, numerical_rank, position_pattern
 
 
 def model(position, **overrides):

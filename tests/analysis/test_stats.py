@@ -5,10 +5,10 @@ import math
 import numpy as np
 import pytest
 
-from diet.analysis import stats
-from diet.analysis.style import method_styles
-from diet.methods import METHOD_LISTS
-from diet.positions.registry import REGISTRY
+from dietpe.analysis import stats
+from dietpe.analysis.style import method_styles
+from dietpe.methods import METHOD_LISTS
+from dietpe.positions.registry import REGISTRY
 
 
 def test_t_interval_matches_the_textbook_formula():

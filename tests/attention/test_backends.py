@@ -5,9 +5,9 @@ import itertools
 import pytest
 import torch
 
-from diet import DietConfig, DietForMaskedLM
-from diet.config import POSITIONS, SEGMENTS
-from diet.errors import ConfigError
+from dietpe import DietConfig, DietForMaskedLM
+from dietpe.config import POSITIONS, SEGMENTS
+from dietpe.errors import ConfigError
 from tests.conftest import batch, tiny
 
 def _valid(position, segment, sharing, attention):
@@ -58,7 +58,7 @@ def test_sdpa_inference_adds_or_folds_low_rank_terms_as_eager(monkeypatch, posit
     """At inference on CPU, low-rank terms (segments, DIET-ABS of rank <= 8) go into the bias up to
     ADD_LOW_RANK_KEYS keys and into q/k channels above: both equal the reference, with and without padding
     (the mask then broadcasts over heads, a position-only product over the batch)."""
-    from diet.attention import backends
+    from dietpe.attention import backends
 
     monkeypatch.setattr(backends, "ADD_LOW_RANK_KEYS", add_keys)
     cfg = dict(position=position, segment=segment) | ({"position_rank": rank} if rank else {})

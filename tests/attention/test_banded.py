@@ -1,14 +1,14 @@
-"""Shaw's inference paths (diet.attention.banded) compute the reference equation: the banded path over every
+"""Shaw's inference paths (dietpe.attention.banded) compute the reference equation: the banded path over every
 block layout, masks, per-head segments folded in, causal attention and cached decoding, and the dense path for
 short inputs; `auto` takes them at inference only."""
 
 import pytest
 import torch
 
-from diet import DietCausalConfig, DietForCausalLM, DietForMaskedLM
-from diet.attention import backends, banded
-from diet.positions.base import Band, LayerTerms, QueryRelativeBias, ValueTerm
-from diet.positions.functional import clipped_offset_index, relative_offsets
+from dietpe import DietCausalConfig, DietForCausalLM, DietForMaskedLM
+from dietpe.attention import backends, banded
+from dietpe.positions.base import Band, LayerTerms, QueryRelativeBias, ValueTerm
+from dietpe.positions.functional import clipped_offset_index, relative_offsets
 from tests.conftest import batch, tiny
 
 

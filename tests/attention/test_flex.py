@@ -9,11 +9,11 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
-from diet import DietModel
-from diet.attention import backends
-from diet.config import POSITIONS, SEGMENTS
-from diet.errors import ConfigError
-from diet.models.seq2seq import DietForConditionalGeneration
+from dietpe import DietModel
+from dietpe.attention import backends
+from dietpe.config import POSITIONS, SEGMENTS
+from dietpe.errors import ConfigError
+from dietpe.models.seq2seq import DietForConditionalGeneration
 from tests.conftest import batch, tiny
 from tests.models.test_seq2seq import source, tiny_s2s
 

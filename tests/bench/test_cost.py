@@ -5,9 +5,9 @@ import json
 
 import pytest
 
-from diet.bench import cost, report
-from diet.cli import main
-from diet.errors import ConfigError
+from dietpe.bench import cost, report
+from dietpe.cli import main
+from dietpe.errors import ConfigError
 
 
 def test_median_of_per_cycle_ratios_not_ratio_of_medians():
@@ -103,7 +103,7 @@ def test_cli_refuses_bad_options(capsys):
 
 
 def test_peak_memory_in_a_fresh_process():
-    from diet.bench.memory import measure_peak
+    from dietpe.bench.memory import measure_peak
 
     m = measure_peak({"shape": "bert-tiny", "method": "diet-rel+seg", "length": 16, "batch": 1, "mode": "infer",
                       "max_length": 512, "threads": 1})

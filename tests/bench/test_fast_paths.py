@@ -1,12 +1,12 @@
-"""The fast paths `diet bench` motivated hold to the reference: Toeplitz relative terms (values and gradients
+"""The fast paths `dietpe bench` motivated hold to the reference: Toeplitz relative terms (values and gradients
 against the gather they replace) and the sdpa backend's query blocks for long inputs."""
 
 import pytest
 import torch
 
-from diet import DietForMaskedLM
-from diet.attention import backends
-from diet.positions.functional import consecutive_offsets, relative_offsets, toeplitz
+from dietpe import DietForMaskedLM
+from dietpe.attention import backends
+from dietpe.positions.functional import consecutive_offsets, relative_offsets, toeplitz
 from tests.conftest import batch, tiny
 
 

@@ -1,8 +1,8 @@
 """The bench table marks each ratio against issue 13's targets: 1.05 for per-head methods, Shaw 1.10 up to
 128 tokens and 1.15 / 1.20 beyond, nothing for XLNet and the peers."""
 
-from diet.bench.cost import Row
-from diet.bench.report import table, target
+from dietpe.bench.cost import Row
+from dietpe.bench.report import table, target
 
 
 def _row(method: str, length: int, train: float, infer: float) -> Row:

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from diet.data import corpus as C
-from diet.errors import DataError
+from dietpe.data import corpus as C
+from dietpe.errors import DataError
 
 
 def test_text_file_blank_lines_end_documents_and_sentences_are_split(tmp_path):

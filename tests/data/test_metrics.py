@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from diet.data import metrics as M
+from dietpe.data import metrics as M
 
 
 def test_matthews_f1_accuracy_on_a_confusion_table():

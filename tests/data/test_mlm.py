@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from diet.data.mlm import IGNORE_INDEX, MlmCollator, mask_tokens, pack_sentences
-from diet.errors import DataError
+from dietpe.data.mlm import IGNORE_INDEX, MlmCollator, mask_tokens, pack_sentences
+from dietpe.errors import DataError
 
 CLS, SEP = 2, 3
 
@@ -85,9 +85,9 @@ def test_premasked_validation_is_reproducible_and_kept_by_the_collator():
 
 
 def test_an_example_seed_fixes_the_mask_whatever_the_batch_padding_and_global_rng():
-    """Masks from `example_seed` (diet.tasks.seeding.EpochExamples) are a pure function of that seed, so a
+    """Masks from `example_seed` (dietpe.tasks.seeding.EpochExamples) are a pure function of that seed, so a
     resumed run masks each example as the uninterrupted run did."""
-    from diet.tasks.seeding import EpochExamples
+    from dietpe.tasks.seeding import EpochExamples
 
     collate = MlmCollator(_Tok())
     data = EpochExamples([{"input_ids": [CLS] + list(range(10, 10 + n)) + [SEP]} for n in (30, 5, 60)], seed=7)

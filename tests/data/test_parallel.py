@@ -2,8 +2,8 @@
 
 import pytest
 
-from diet import DataError
-from diet.data.parallel import (
+from dietpe import DataError
+from dietpe.data.parallel import (
     SPECIAL_TOKENS,
     encode_pairs,
     encode_sources,

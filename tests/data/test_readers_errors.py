@@ -5,11 +5,11 @@ import json
 
 import pytest
 
-from diet.data import corpus as C
-from diet.data import tasks as T
-from diet.data.parallel import read_lines
-from diet.data.text import iter_lines, read_text
-from diet.errors import DataError
+from dietpe.data import corpus as C
+from dietpe.data import tasks as T
+from dietpe.data.parallel import read_lines
+from dietpe.data.text import iter_lines, read_text
+from dietpe.errors import DataError
 
 BOM = "\ufeff"
 
@@ -115,9 +115,9 @@ def test_squad_json_of_the_wrong_shape_names_the_file_the_place_and_what_was_exp
 
 
 def test_doc_stride_must_leave_room_for_context(tmp_path):
-    from diet.data.qa import encode_train
-    from diet.data.tokenizer import train_wordpiece
-    from diet.errors import ConfigError
+    from dietpe.data.qa import encode_train
+    from dietpe.data.tokenizer import train_wordpiece
+    from dietpe.errors import ConfigError
 
     tok = train_wordpiece(["the cat sat on the mat near the river ."] * 5, vocab_size=60, min_frequency=1)
     ex = [T.QAExample("1", "the cat", "the cat sat on the mat near the river .",

@@ -2,8 +2,8 @@
 
 from collections import Counter
 
-from diet.data import synthetic as S
-from diet.data.tasks import load_task
+from dietpe.data import synthetic as S
+from dietpe.data.tasks import load_task
 
 
 def test_files_are_deterministic_in_the_seed(tmp_path):

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from diet.data import tasks as T
-from diet.errors import DataError
+from dietpe.data import tasks as T
+from dietpe.errors import DataError
 
 
 def _write(path, text):

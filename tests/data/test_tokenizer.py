@@ -2,8 +2,8 @@
 
 import pytest
 
-from diet.data.tokenizer import load_tokenizer, train_wordpiece
-from diet.errors import DataError
+from dietpe.data.tokenizer import load_tokenizer, train_wordpiece
+from dietpe.errors import DataError
 
 TEXT = ["the cat sat on the mat .", "the dog sat on the log .", "a cat and a dog ."] * 5
 
@@ -40,7 +40,7 @@ def test_empty_text_is_refused():
         train_wordpiece([], vocab_size=100)
 
 
-# -- determinism and quality of the trainer (diet.data.vocab) ------------------------------------------------
+# -- determinism and quality of the trainer (dietpe.data.vocab) ------------------------------------------------
 
 def zipf_text(n_lines: int, seed: int) -> list[str]:
     """Lines of made-up words with Zipfian frequencies: many ties between equal pair counts."""
@@ -74,12 +74,12 @@ def test_training_is_byte_identical_across_processes():
     import subprocess
     import sys
 
-    import diet.data.vocab
+    import dietpe.data.vocab
 
     text = zipf_text(800, 0)
     outputs = []
     for hash_seed in ("1", "2"):
-        done = subprocess.run([sys.executable, "-c", _LEARN_IN_A_PROCESS.format(vocab=diet.data.vocab.__file__)],
+        done = subprocess.run([sys.executable, "-c", _LEARN_IN_A_PROCESS.format(vocab=dietpe.data.vocab.__file__)],
                               input=json.dumps(text), env={**os.environ, "PYTHONHASHSEED": hash_seed},
                               capture_output=True, text=True, check=True, timeout=60)
         outputs.append(done.stdout.split())
@@ -91,7 +91,7 @@ def test_training_is_byte_identical_across_processes():
 
 
 def test_merges_follow_counts_and_break_ties_by_the_pair_strings():
-    from diet.data.vocab import learn_subwords
+    from dietpe.data.vocab import learn_subwords
     tokens, merges = learn_subwords({"abab": 3, "cd": 3, "xy": 1}, 100, ["<pad>"], min_frequency=2)
     # a b occurs 6 times, then ab ab 3 and c d 3 tie: "ab" < "c" decides; x y (once) is under min_frequency
     assert merges == [("a", "b"), ("ab", "ab"), ("c", "d")]
@@ -124,8 +124,8 @@ def test_quality_matches_the_tokenizers_trainer():
     """Tokens per word on held-out text within 2% of `tokenizers`' WordPieceTrainer and BpeTrainer."""
     from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
 
-    from diet.data.parallel import train_joint_bpe
-    from diet.data.tokenizer import SPECIAL_TOKENS
+    from dietpe.data.parallel import train_joint_bpe
+    from dietpe.data.tokenizer import SPECIAL_TOKENS
 
     text, held_out = zipf_text(1500, 0), zipf_text(300, 1)
     ours = train_wordpiece(text, vocab_size=250)

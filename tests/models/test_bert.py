@@ -14,7 +14,7 @@ from transformers import (
     BertModel,
 )
 
-from diet import (
+from dietpe import (
     ConfigError,
     DataError,
     DietForMaskedLM,
@@ -22,7 +22,7 @@ from diet import (
     DietForSequenceClassification,
     DietModel,
 )
-from diet.models.bert import from_bert, to_bert
+from dietpe.models.bert import from_bert, to_bert
 
 PAIRS = [(BertModel, DietModel), (BertForMaskedLM, DietForMaskedLM),
          (BertForSequenceClassification, DietForSequenceClassification),
@@ -69,7 +69,7 @@ def test_bert_checkpoint_gives_the_same_outputs_and_exports_back(tmp_path, bert_
 
 def test_another_method_starts_from_bert_content_weights(tmp_path, caplog):
     BertForMaskedLM(bert_config()).save_pretrained(tmp_path / "bert")
-    with caplog.at_level(logging.INFO, logger="diet.bert"):
+    with caplog.at_level(logging.INFO, logger="dietpe.bert"):
         model, report = from_bert(str(tmp_path / "bert"), DietForMaskedLM, position="diet-rel", segment="input")
     assert report.dropped == ["bert.embeddings.position_embeddings.weight"]
     assert report.initialised == ["diet.positions.method.r"]  # the new method's parameters only

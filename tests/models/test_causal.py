@@ -8,9 +8,9 @@ import torch
 from transformers import AutoModelForCausalLM, DynamicCache
 from transformers.models.t5.modeling_t5 import T5Attention
 
-from diet import ConfigError, DietCausalConfig, DietForCausalLM, InputError
-from diet.models.causal import CAUSAL_POSITIONS
-from diet.models.seq2seq import DietForConditionalGeneration
+from dietpe import ConfigError, DietCausalConfig, DietForCausalLM, InputError
+from dietpe.models.causal import CAUSAL_POSITIONS
+from dietpe.models.seq2seq import DietForConditionalGeneration
 from tests.models.test_seq2seq import tiny_s2s
 
 V = 40
@@ -141,7 +141,7 @@ def test_t5_buckets_are_unidirectional_in_causal_attention():
     s2s = DietForConditionalGeneration(tiny_s2s("t5")).eval()
     assert lm.diet.positions.method.causal and s2s.decoder.positions.method.causal
     assert not s2s.encoder.positions.method.causal
-    from diet.positions.t5 import t5_offset_bucket
+    from dietpe.positions.t5 import t5_offset_bucket
     offsets = torch.arange(0, 40)  # i - j for keys at or before the query
     ours = t5_offset_bucket(8, 16, causal=True)(offsets)
     assert torch.equal(ours, T5Attention._relative_position_bucket(-offsets, False, 8, 16))

@@ -7,13 +7,13 @@ import pytest
 import torch
 from transformers import Trainer, TrainingArguments
 
-from diet import ConfigError, DietForMaskedLM
-from diet.config import POSITIONS
-from diet.models.seq2seq import DietForConditionalGeneration
+from dietpe import ConfigError, DietForMaskedLM
+from dietpe.config import POSITIONS
+from dietpe.models.seq2seq import DietForConditionalGeneration
 from tests.conftest import batch, tiny
 from tests.models.test_seq2seq import source, tiny_s2s
 
-CASES = [dict(position=p, segment="per-head" if p.startswith("diet") else "input") for p in POSITIONS] + [
+CASES = [dict(position=p, segment="per-head" if p.startswith("dietpe") else "input") for p in POSITIONS] + [
     dict(position="diet-abs", segment="input", attention="linformer"),
     dict(position="diet-rel", segment="per-head", sharing="layer"),
 ]

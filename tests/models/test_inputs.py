@@ -4,7 +4,7 @@ that names the value and what was expected, before any computation."""
 import pytest
 import torch
 
-from diet import DietForMaskedLM, DietForQuestionAnswering, DietForSequenceClassification, DietModel, InputError
+from dietpe import DietForMaskedLM, DietForQuestionAnswering, DietForSequenceClassification, DietModel, InputError
 from tests.conftest import batch, tiny
 
 L = 8

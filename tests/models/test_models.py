@@ -9,7 +9,7 @@ from transformers import (
     AutoModelForSequenceClassification,
 )
 
-from diet import (
+from dietpe import (
     DietConfig,
     DietForMaskedLM,
     DietForQuestionAnswering,
@@ -17,7 +17,7 @@ from diet import (
     DietModel,
     InputError,
 )
-from diet.config import POSITIONS
+from dietpe.config import POSITIONS
 from tests.conftest import batch, tiny
 
 
@@ -122,7 +122,7 @@ def test_parameter_increase_of_diet_abs_is_per_layer_per_head_tables():
 
 def test_position_terms_are_built_once_per_forward(monkeypatch):
     """Shared terms (T5: one table for every layer) are multiplied out once, not per layer or example."""
-    from diet.positions import base as base_mod
+    from dietpe.positions import base as base_mod
 
     calls = []
     original = base_mod.TableBias.dense

@@ -5,9 +5,9 @@ import pytest
 import torch
 from transformers import AutoModelForSeq2SeqLM
 
-from diet import ConfigError, DietConfig, InputError
-from diet.config import POSITIONS
-from diet.models.seq2seq import DietForConditionalGeneration, DietSeq2SeqConfig, shift_right
+from dietpe import ConfigError, DietConfig, InputError
+from dietpe.config import POSITIONS
+from dietpe.models.seq2seq import DietForConditionalGeneration, DietSeq2SeqConfig, shift_right
 
 
 def tiny_s2s(position: str, **overrides) -> DietSeq2SeqConfig:

@@ -3,7 +3,7 @@ import math
 import torch
 from transformers.models.t5.modeling_t5 import T5Attention
 
-from diet.positions.functional import (
+from dietpe.positions.functional import (
     ALIBI_FLOOR,
     alibi_bias,
     alibi_slopes,
@@ -89,7 +89,7 @@ def test_clipped_offsets_and_gather_scatter_adjoint():
 
 
 def test_t5_causal_bucket_equals_t5_decoder_reference():
-    from diet.positions.functional import t5_causal_bucket
+    from dietpe.positions.functional import t5_causal_bucket
 
     rel = torch.arange(-300, 301)  # key minus query; positive ones (future keys) share bucket 0
     for buckets, dist in ((32, 128), (8, 16), (64, 256)):
@@ -99,7 +99,7 @@ def test_t5_causal_bucket_equals_t5_decoder_reference():
 
 
 def test_kerple_log_bias_is_the_papers_kernel():
-    from diet.positions.functional import kerple_log_bias
+    from dietpe.positions.functional import kerple_log_bias
 
     d = torch.arange(6)
     r1, r2 = torch.tensor([[0.5], [2.0]]), torch.tensor([[0.1], [1.0]])
@@ -108,7 +108,7 @@ def test_kerple_log_bias_is_the_papers_kernel():
 
 
 def test_onehot_gather_and_scatter_equal_the_index_ones_with_gradients():
-    from diet.positions.functional import ONEHOT_ELEMENTS, OneHot
+    from dietpe.positions.functional import ONEHOT_ELEMENTS, OneHot
 
     index = clipped_offset_index(relative_offsets(torch.arange(9) + 2, torch.arange(11)), 3)  # (9, 11) into 7
     onehot = OneHot.of(index, 7, torch.float64)

@@ -5,8 +5,8 @@ one that leaves the version counters alone (fused AdamW), never kept in training
 import pytest
 import torch
 
-from diet import DietForMaskedLM
-from diet.positions import method as method_module
+from dietpe import DietForMaskedLM
+from dietpe.positions import method as method_module
 from tests.conftest import batch, tiny
 
 KEPT = [("diet-abs", "none"), ("diet-abs", "layer"), ("diet-rel", "none"), ("t5", "none"), ("tupe-a", "none"),

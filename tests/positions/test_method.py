@@ -5,10 +5,10 @@ slice for the default positions gives what the gather gives."""
 import pytest
 import torch
 
-from diet import DietModel
-from diet.positions import method as method_module
-from diet.positions.base import Context
-from diet.positions.tupe import TUPE
+from dietpe import DietModel
+from dietpe.positions import method as method_module
+from dietpe.positions.base import Context
+from dietpe.positions.tupe import TUPE
 from tests.conftest import batch, tiny
 
 PER_LAYER = [("diet-abs", "per-head", "none"), ("diet-rel", "per-head", "none"), ("diet-abs", "per-head", "head"),

@@ -7,11 +7,11 @@ import warnings
 import pytest
 import torch
 
-from diet import DietForMaskedLM, DietModel
-from diet.attention import backends
-from diet.config import POSITIONS
-from diet.positions.registry import names
-from diet.errors import InputError
+from dietpe import DietForMaskedLM, DietModel
+from dietpe.attention import backends
+from dietpe.config import POSITIONS
+from dietpe.positions.registry import names
+from dietpe.errors import InputError
 from tests.conftest import batch, tiny
 
 L = 10
@@ -22,7 +22,7 @@ LENGTH_FREE = names(learned_table=False)
 
 
 def _segment(position):
-    return "per-head" if position.startswith("diet") else "input"
+    return "per-head" if position.startswith("dietpe") else "input"
 
 
 def _model(position, backend="eager", **kw):

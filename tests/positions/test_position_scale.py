@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from diet import DietConfig, DietModel
-from diet.errors import ConfigError
+from dietpe import DietConfig, DietModel
+from dietpe.errors import ConfigError
 
 
 def tiny(**kw):

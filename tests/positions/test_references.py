@@ -10,10 +10,10 @@ import pytest
 import torch
 from transformers.models.t5.modeling_t5 import T5Attention
 
-from diet import DietCausalConfig, DietForCausalLM, DietModel
-from diet.config import POSITIONS
-from diet.positions.registry import names
-from diet.models.causal import CAUSAL_POSITIONS
+from dietpe import DietCausalConfig, DietForCausalLM, DietModel
+from dietpe.config import POSITIONS
+from dietpe.positions.registry import names
+from dietpe.models.causal import CAUSAL_POSITIONS
 from tests.conftest import batch, tiny
 
 L = 10

@@ -1,7 +1,7 @@
 """Claims as data: verdicts from per-seed rows, missing rows, bounds and diminishing returns."""
 
-from diet.analysis import stats
-from diet.tasks import claims as CL
+from dietpe.analysis import stats
+from dietpe.tasks import claims as CL
 
 
 def row(values, measure="score", head_size=8, position_rank=0):

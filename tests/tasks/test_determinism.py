@@ -10,14 +10,14 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from diet import methods
-from diet.cli import main as cli
-from diet.data import synthetic
-from diet.data.tasks import load_task
-from diet.errors import ConfigError
-from diet.tasks import checkpoints as ckpt
-from diet.tasks import finetune as ft
-from diet.tasks import pretrain as pt
+from dietpe import methods
+from dietpe.cli import main as cli
+from dietpe.data import synthetic
+from dietpe.data.tasks import load_task
+from dietpe.errors import ConfigError
+from dietpe.tasks import checkpoints as ckpt
+from dietpe.tasks import finetune as ft
+from dietpe.tasks import pretrain as pt
 
 TINY = dict(size="toy", vocab_size=300, max_length=24, steps=6, batch_size=8, lr=2e-3, warmup=0.1, save_steps=2,
             weight_decay=0.01, adam_epsilon=1e-6, max_grad_norm=1.0)

@@ -1,5 +1,5 @@
-"""`diet pretrain --init` from a BERT checkpoint (the log says what was loaded), `diet lm` (a causal LM per
-method, the length table with n/a beyond a learned table) and `diet lengths` on a masked-LM run."""
+"""`dietpe pretrain --init` from a BERT checkpoint (the log says what was loaded), `dietpe lm` (a causal LM per
+method, the length table with n/a beyond a learned table) and `dietpe lengths` on a masked-LM run."""
 
 import json
 
@@ -7,11 +7,11 @@ import pytest
 import torch
 from transformers import BertConfig, BertForMaskedLM
 
-from diet.cli import main as cli
-from diet.data import synthetic
-from diet.data.corpus import read_corpus
-from diet.data.tokenizer import train_wordpiece
-from diet.tasks import lm
+from dietpe.cli import main as cli
+from dietpe.data import synthetic
+from dietpe.data.corpus import read_corpus
+from dietpe.data.tokenizer import train_wordpiece
+from dietpe.tasks import lm
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +56,7 @@ def test_lm_trains_each_method_and_writes_the_length_table(data, tmp_path):
     table = (out / "lengths.md").read_text()
     assert "| absolute | causal |" in table and "n/a (beyond the table)" in table
     assert (out / "lengths.png").stat().st_size > 0 and (out / "lengths.csv").is_file()
-    # `diet lengths` reads the saved runs again
+    # `dietpe lengths` reads the saved runs again
     assert cli(["lengths", str(out / "alibi"), "--data", str(data["corpus"]), "--lengths", "1,2",
                 "-o", str(tmp_path / "again")]) == 0
     again = json.loads((tmp_path / "again" / "lengths.json").read_text())[0]
@@ -64,7 +64,7 @@ def test_lm_trains_each_method_and_writes_the_length_table(data, tmp_path):
 
 
 def test_masked_lm_perplexity_at_lengths_uses_fixed_masks(data):
-    from diet import DietConfig, DietForMaskedLM
+    from dietpe import DietConfig, DietForMaskedLM
 
     docs, _ = read_corpus(str(data["corpus"]), "train")
     tok = train_wordpiece((s for d in docs for s in d), vocab_size=100)

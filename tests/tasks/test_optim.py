@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from diet import DietConfig, DietForMaskedLM
-from diet.tasks.optim import logit_parameter_names, parameter_groups
+from dietpe import DietConfig, DietForMaskedLM
+from dietpe.tasks.optim import logit_parameter_names, parameter_groups
 
 
 def model(**kw):
@@ -54,7 +54,7 @@ def test_groups_scale_only_logit_parameters_and_cover_every_parameter_once():
 def test_trainer_builds_the_groups(tmp_path):
     from transformers import TrainingArguments
 
-    from diet.tasks.optim import LogitLrTrainer
+    from dietpe.tasks.optim import LogitLrTrainer
 
     m = model(position="t5", segment="input")
     args = TrainingArguments(output_dir=str(tmp_path), learning_rate=2e-3, report_to=[], use_cpu=True)

@@ -5,14 +5,14 @@ import json
 import pytest
 import torch
 
-from diet import methods
-from diet.cli import main as cli
-from diet.data import synthetic
-from diet.data.tasks import load_task
-from diet.errors import ConfigError
-from diet.tasks import checkpoints as ckpt
-from diet.tasks import finetune as ft
-from diet.tasks import pretrain as pt
+from dietpe import methods
+from dietpe.cli import main as cli
+from dietpe.data import synthetic
+from dietpe.data.tasks import load_task
+from dietpe.errors import ConfigError
+from dietpe.tasks import checkpoints as ckpt
+from dietpe.tasks import finetune as ft
+from dietpe.tasks import pretrain as pt
 
 TINY = dict(size="toy", vocab_size=300, max_length=24, steps=6, batch_size=8, lr=2e-3, warmup=0.1, save_steps=2,
             weight_decay=0.01, adam_epsilon=1e-6, max_grad_norm=1.0)
@@ -209,13 +209,13 @@ def test_gradient_accumulation_keeps_the_loss_a_mean(data, tmp_path):
     res = pt.run_pretrain(str(data["corpus"]), methods.parse_method("t5"), tmp_path, s, device_batch_size=4,
                           quiet=True, report_to="none")
     first = res["curves"]["train_loss"][0][1]
-    vocab = len(__import__("diet.data.tokenizer", fromlist=["x"]).load_tokenizer(res["model_dir"]))
+    vocab = len(__import__("dietpe.data.tokenizer", fromlist=["x"]).load_tokenizer(res["model_dir"]))
     assert abs(first - torch.tensor(float(vocab)).log().item()) < 1.0
 
 
 def test_budget_scales_rows_fine_tuning_protocol_and_seeds():
-    from diet.tasks.compare import budget_defaults
-    from diet.tasks.recipes import FINETUNE_RECIPES
+    from dietpe.tasks.compare import budget_defaults
+    from dietpe.tasks.recipes import FINETUNE_RECIPES
 
     one, two, three = (budget_defaults(n, builtin=True) for n in (1, 2, 3))
     assert (one["methods"], one["ft_recipe"], one["pretrain_seeds"]) == ("study", "study", 3)

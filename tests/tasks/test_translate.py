@@ -1,4 +1,4 @@
-"""`diet translate train` / `eval` end to end on a generated word-substitution language pair: training lowers the
+"""`dietpe translate train` / `eval` end to end on a generated word-substitution language pair: training lowers the
 validation loss, a killed run resumes to the same weights, bad input fails with the file and line, beam search
 writes detokenised output and a SacreBLEU score, and cached decoding gives what uncached decoding gives."""
 
@@ -10,10 +10,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from diet.cli import main
-from diet.data.parallel import train_joint_bpe
-from diet.models.seq2seq import DietForConditionalGeneration, DietSeq2SeqConfig
-from diet.tasks.checkpoints import COMPLETE
+from dietpe.cli import main
+from dietpe.data.parallel import train_joint_bpe
+from dietpe.models.seq2seq import DietForConditionalGeneration, DietSeq2SeqConfig
+from dietpe.tasks.checkpoints import COMPLETE
 
 WORDS = {f"w{i}": f"v{i}" for i in range(24)}
 TINY = ":hidden_size=32:num_hidden_layers=1:num_decoder_layers=1:num_attention_heads=2:intermediate_size=64"

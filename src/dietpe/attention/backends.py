@@ -1,0 +1,330 @@
+"""The one attention equation and the backends that compute it.
+
+    scores = (q'·k'ᵀ) · scale · score_scale + Σ logit terms + mask         (q', k' = qk terms applied to q, k)
+    out    = dropout(softmax(scores)) · v + Σ value terms(dropout(softmax(scores)))
+
+`eager` is the reference, written straight from the equation. `sdpa` (torch's scaled_dot_product_attention)
+and `flex` (FlexAttention) compute the same thing; the tests hold them to the reference, gradients included.
+Low-rank logit terms (fq·fkᵀ) are folded into extra query/key channels for the fused kernels:
+[q', fq / s]·[k', fk]ᵀ · s = q'·k'ᵀ · s + fq·fkᵀ, so no (B, H, Lq, Lk) bias is built for them.
+Shapes: q (B, H, Lq, Dh), k and v (B, H, Lk, Dh), mask (B|1, 1, Lq|1, Lk) additive or None.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from dietpe.attention import banded as _banded
+from dietpe.config import NEEDS_PROBABILITIES, DietConfig
+from dietpe.errors import ConfigError
+from dietpe.positions.base import LayerTerms, LogitTerm
+
+
+class Backend(Protocol):
+    def __call__(self, q: Tensor, k: Tensor, v: Tensor, terms: LayerTerms, mask: Tensor | None, scale: float,
+                 dropout_p: float, need_probs: bool) -> tuple[Tensor, Tensor | None]: ...
+
+
+def apply_qk(q: Tensor, k: Tensor, terms: LayerTerms) -> tuple[Tensor, Tensor]:
+    for transform in terms.qk:
+        q, k = transform(q, k)
+    return q, k
+
+
+@dataclass
+class Logits:
+    """The equation's logits, term by term (each (B|1, H|1, Lq, Lk)): what the eager backend adds up and what
+    the analysis (DIET Fig. 2, 8) takes apart. `parts` pairs each logit term's kind ("position" or "segment")
+    with its dense value."""
+
+    content: Tensor
+    parts: list[tuple[str, Tensor]]
+
+    def of(self, kind: str) -> Tensor | None:
+        """The sum of the parts of one kind, or None when there is none."""
+        found = [t for k, t in self.parts if k == kind]
+        return sum(found[1:], found[0]) if found else None
+
+    @property
+    def full(self) -> Tensor:
+        """content + Σ parts: what the softmax sees before the mask."""
+        out = self.content
+        for _, term in self.parts:
+            out = out + term.to(out.dtype)
+        return out
+
+
+def logits(q: Tensor, k: Tensor, terms: LayerTerms, scale: float) -> Logits:
+    """The logits of the one equation before the mask: (q'·k'ᵀ) · scale · score_scale and every logit term."""
+    q_raw = q
+    q, k = apply_qk(q, k, terms)
+    content = torch.matmul(q, k.transpose(-1, -2)).mul_(scale * terms.score_scale)  # (B, H, Lq, Lk)
+    return Logits(content, [(term.kind, term.dense(q_raw)) for term in terms.logits])
+
+
+def eager(q, k, v, terms: LayerTerms, mask, scale, dropout_p, need_probs=True):
+    """The reference: every term built densely and added to the logits."""
+    parts = logits(q, k, terms, scale)
+    scores = parts.content  # a fresh (B, H, Lq, Lk): the terms and the mask are added into it in place
+    for _, term in parts.parts:
+        scores = scores.add_(term.to(scores.dtype))
+    if mask is not None:
+        scores = scores.add_(mask)
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    dropped = F.dropout(probs, p=dropout_p) if dropout_p > 0 else probs
+    out = dropped @ v
+    for term in terms.values:
+        out = out + term(dropped)
+    return out, probs
+
+
+def fold_low_rank(q: Tensor, k: Tensor, terms: list[LogitTerm], s: float) -> tuple[Tensor, Tensor]:
+    """Fold low-rank logit terms fq·fkᵀ into extra query/key channels, for the fused kernels (sdpa, flex):
+    [q', fq / s]·[k', fk]ᵀ · s = q'·k'ᵀ · s + fq·fkᵀ, so no (B, H, Lq, Lk) bias is built for them."""
+    if not terms:
+        return q, k
+    b, h, lq, _ = q.shape
+    lk = k.shape[2]
+    extra_q, extra_k = [], []
+    for term in terms:
+        fq, fk = term.factors()
+        extra_q.append((fq / s).to(q.dtype).expand(b, h, lq, -1))
+        extra_k.append(fk.to(k.dtype).expand(b, h, lk, -1))
+    return torch.cat([q, *extra_q], dim=-1), torch.cat([k, *extra_k], dim=-1)
+
+
+# Low-rank terms up to this rank are folded into extra q/k channels; wider ones (DIET-ABS's d_p = Dh, TUPE's
+# Dh + 2) are multiplied out once per forward into the dense bias on CPU: shared by the batch, the (1, H, Lq, Lk)
+# product costs less than widening every q·k dot product (and, when inference runs the fused CPU kernel,
+# than padding v to the widened head size), measured by `dietpe bench`.
+FOLD_MAX_RANK = 8
+# At inference on CPU, low-rank terms with at most this many keys (per-head segments at 128 tokens) are added to
+# the bias instead: folding copies q, k, v into the widened head size and the output back, which costs more
+# than writing a (B, H, Lq, Lk) bias below about 256 keys and less above it (the fused kernel, 8 heads of 64,
+# 1 thread: 3.4 against 3.9 ms at 128 × 8, 6.5 against 6.8 at 256 × 4, 13.2 against 11.8 at 512 × 2)
+ADD_LOW_RANK_KEYS = 256
+# A dense bias of more than LONG_ELEMENTS elements (256 MiB in float32: never at 512 tokens, always at 8,192)
+# is built one block of at most BLOCK_ELEMENTS at a time, each block of queries attended on its own, so long
+# inputs never hold an (B|1, H, Lq, Lk) bias (2 GiB per layer at 8,192 tokens and 8 heads). Below it, one
+# call, with folding: blocks give up the fold (each block's terms are dense) and pay per call.
+LONG_ELEMENTS = 1 << 26
+BLOCK_ELEMENTS = 1 << 21
+
+
+def _bias_batch(term: LogitTerm, b: int) -> int:
+    """The batch size of a term's dense form: 1 for position-only terms."""
+    return b if term.query_dependent else term.batch
+
+
+def _fused_cpu_kernel_possible(q: Tensor, dropout_p: float, bias: Tensor | None) -> bool:
+    """CPU SDPA runs its flash kernel only without dropout and with no gradient for the mask."""
+    grad_for_bias = bias is not None and bias.requires_grad and torch.is_grad_enabled()
+    return q.device.type == "cpu" and dropout_p == 0 and not grad_for_bias
+
+
+def sdpa(q, k, v, terms: LayerTerms, mask, scale, dropout_p, need_probs=False):
+    """torch's scaled_dot_product_attention, with the bias built the cheapest way the shapes allow."""
+    if terms.values:
+        raise ConfigError("the sdpa backend cannot add value terms (Shaw); use attn_backend='eager'")
+    s = scale * terms.score_scale
+    q_raw = q
+    q, k = apply_qk(q, k, terms)
+    b, h, lq, _ = q.shape
+    lk = k.shape[2]
+    bias_batch = max([_bias_batch(t, b) for t in terms.logits] + [b if mask is not None else 1])
+    if terms.logits and lq > 1 and bias_batch * h * lq * lk > LONG_ELEMENTS:
+        return _sdpa_blocks(q, k, v, terms, mask, s, dropout_p, q_raw, bias_batch), None
+    fold, dense = [], []
+    for term in terms.logits:
+        factors = term.factors()
+        if factors is not None and (factors[0].shape[-1] <= FOLD_MAX_RANK or q.device.type != "cpu"):
+            fold.append(term)
+        else:
+            dense.append(term)
+    bias = _summed_bias(dense, mask, q_raw, q.dtype, terms.cache)
+    if fold and lk <= ADD_LOW_RANK_KEYS and _fused_cpu_kernel_possible(q, dropout_p, bias) and not (
+            torch.is_grad_enabled() and any(f.requires_grad for t in fold for f in t.factors())):
+        bias, fold = _add_low_rank(bias, fold, q.dtype), []
+    dv = v.shape[-1]
+    if fold:
+        q, k = fold_low_rank(q, k, fold, s)
+        if _fused_cpu_kernel_possible(q, dropout_p, bias):  # the CPU kernel wants one head size for q, k, v
+            v = F.pad(v, (0, q.shape[-1] - dv))
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p, scale=s)
+    return out[..., :dv], None
+
+
+def _add_low_rank(bias: Tensor | None, terms: list[LogitTerm], dtype: torch.dtype) -> Tensor:
+    """bias + Σ fq·fkᵀ as one fresh tensor (the bias may be kept or shared by layers: never written)."""
+    out = None
+    for term in terms:
+        fq, fk = term.factors()
+        product = torch.matmul(fq.to(dtype), fk.to(dtype).transpose(-1, -2))  # (1|B, H|1, Lq, Lk)
+        out = product if out is None else out + product
+    if bias is None:
+        return out
+    if torch.broadcast_shapes(out.shape, bias.shape) == out.shape:
+        return out.add_(bias)
+    return out + bias
+
+
+def _summed_bias(dense: list[LogitTerm], mask: Tensor | None, q_raw: Tensor, dtype: torch.dtype,
+                 cache: dict) -> Tensor | None:
+    """Σ dense terms + mask. Position-only terms give the same sum in every layer that shares them."""
+    reusable = len(dense) > 1 and all(not t.query_dependent and t.reuse for t in dense)
+    if reusable:
+        hit = cache.get("sdpa_bias")
+        if hit is not None and hit[0] is mask and hit[1] == dtype:  # same forward: same mask object
+            return hit[2]
+    bias = None
+    for term in dense:
+        d = term.dense(q_raw).to(dtype)
+        bias = d if bias is None else bias + d
+    if mask is not None:
+        bias = mask if bias is None else bias + mask
+    if reusable:
+        cache["sdpa_bias"] = (mask, dtype, bias)
+    return bias
+
+
+def _sdpa_blocks(q, k, v, terms: LayerTerms, mask, s, dropout_p, q_raw, bias_batch) -> Tensor:
+    """Attention for blocks of queries, each with its own block of every term: rows of softmax are independent,
+    so this is the same equation with at most BLOCK_ELEMENTS bias elements alive at a time."""
+    b, h, lq, _ = q.shape
+    lk = k.shape[2]
+    step = max(1, BLOCK_ELEMENTS // (bias_batch * h * lk))
+    keep_graph = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    outs = [] if keep_graph else None
+    out = None if keep_graph else q.new_empty(b, h, lq, v.shape[-1])
+    for start in range(0, lq, step):
+        rows = slice(start, min(start + step, lq))
+        bias = None
+        for term in terms.logits:
+            block = term.dense_block(q_raw, rows).to(q.dtype)  # (1|B, H|1, rows, Lk)
+            bias = block if bias is None else bias + block
+        if mask is not None:
+            m = mask[..., rows, :] if mask.shape[-2] > 1 else mask
+            bias = m if bias is None else bias + m
+        o = F.scaled_dot_product_attention(q[:, :, rows], k, v, attn_mask=bias, dropout_p=dropout_p, scale=s)
+        if keep_graph:
+            outs.append(o)
+        else:
+            out[:, :, rows] = o
+    return torch.cat(outs, dim=2) if keep_graph else out
+
+
+_compiled_flex: Callable | None = None
+
+
+def _mask_mod(mask: Tensor):
+    """The additive padding / causal mask (B|1, 1, Lq|1, Lk) of 0 and -inf-like values as a mask_mod."""
+    per_batch, per_query = mask.shape[0] > 1, mask.shape[2] > 1
+    return lambda b, h, qi, ki: mask[b if per_batch else 0, 0, qi if per_query else 0, ki] == 0
+
+
+def _block_mask(mask: Tensor | None, b: int, lq: int, lk: int, cache: dict):
+    """Padding and causality as FlexAttention's block mask (blocks with no key to see are skipped), built once
+    per forward and mask: the layers that share LayerTerms share it."""
+    if mask is None:
+        return None
+    hit = cache.get("flex_block_mask")
+    if hit is not None and hit[0] is mask:
+        return hit[1]
+    from torch.nn.attention.flex_attention import create_block_mask
+    block_mask = create_block_mask(_mask_mod(mask), b if mask.shape[0] > 1 else None, None, lq, lk,
+                                   device=mask.device)
+    cache["flex_block_mask"] = (mask, block_mask)
+    return block_mask
+
+
+def flex_plan(terms: LayerTerms, q_raw: Tensor) -> tuple[list, list[LogitTerm]]:
+    """Split logit terms into score_mods (read pair by pair from indices and parameters) and low-rank terms to
+    fold into q/k. A term that offers neither cannot be served: ConfigError."""
+    mods, fold = [], []
+    for term in terms.logits:
+        mod = term.score_mod(q_raw)
+        if mod is not None:
+            mods.append(mod)
+        elif term.factors() is not None:
+            fold.append(term)
+        else:
+            raise ConfigError(f"the flex backend cannot serve the logit term {type(term).__name__}: it has neither "
+                              f"a score_mod nor low-rank factors; use attn_backend='sdpa'")
+    return mods, fold
+
+
+def _summed(mods: list):
+    def score_mod(score, b, h, q_idx, kv_idx):
+        for mod in mods:
+            score = score + mod(b, h, q_idx, kv_idx)
+        return score
+
+    return score_mod
+
+
+def flex(q, k, v, terms: LayerTerms, mask, scale, dropout_p, need_probs=False):
+    """FlexAttention: every relative, distance and segment term is a score_mod computed from indices and the
+    term's own parameters (no (Lq, Lk) bias is built), low-rank terms are folded into q/k as for sdpa, and
+    padding and causality are a block mask."""
+    global _compiled_flex
+    from torch.nn.attention.flex_attention import flex_attention
+
+    if terms.values:
+        raise ConfigError("the flex backend cannot add value terms (Shaw); use attn_backend='eager'")
+    if dropout_p > 0:
+        raise ConfigError("FlexAttention has no attention dropout; set attention_probs_dropout_prob=0 or use "
+                          "attn_backend='sdpa'")
+    if torch.is_grad_enabled() and q.requires_grad and not q.is_cuda:
+        raise ConfigError("FlexAttention's backward needs CUDA; on CPU use attn_backend='sdpa' for training "
+                          "(flex runs forward-only there)")
+    s = scale * terms.score_scale
+    q_raw = q
+    q, k = apply_qk(q, k, terms)
+    mods, fold = flex_plan(terms, q_raw)
+    q, k = fold_low_rank(q, k, fold, s)
+    b, _, lq, _ = q.shape
+    lk = k.shape[2]
+    block_mask = _block_mask(mask, b, lq, lk, terms.cache)
+    score_mod = _summed(mods) if mods else None
+    dv = v.shape[-1]
+    v_pad = F.pad(v, (0, q.shape[-1] - dv)) if q.shape[-1] != dv else v  # one head size for q, k and v
+    fn = flex_attention
+    if q.is_cuda:
+        if _compiled_flex is None:
+            _compiled_flex = torch.compile(flex_attention, dynamic=False)
+        fn = _compiled_flex
+    out = run_flex(fn, q, k, v_pad, score_mod, block_mask, s)
+    return out[..., :dv], None
+
+
+def run_flex(fn, q, k, v, score_mod, block_mask, scale):
+    """The kernel call itself (a seam for tests that watch what the backend builds around it)."""
+    return fn(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale)
+
+
+def band_or_eager(q, k, v, terms: LayerTerms, mask, scale, dropout_p, need_probs=False):
+    """What `auto` gives Shaw: at inference on CPU with consecutive positions, `dietpe.attention.banded`'s
+    paths (the banded fused path from `banded.MIN_KEYS` keys on, below it every pair explicit in fewer passes);
+    else the reference, which training needs (the value term reads the dropped probabilities and their
+    gradient)."""
+    plan = None if need_probs else _banded.plan(q, k, terms, dropout_p)
+    if plan is None:
+        return eager(q, k, v, terms, mask, scale, dropout_p, need_probs)
+    path, *rest = plan
+    return path(q, k, v, terms, mask, scale, *rest), None
+
+
+BACKENDS: dict[str, Backend] = {"eager": eager, "sdpa": sdpa, "flex": flex, "band": band_or_eager}
+
+
+def resolve_backend(config: DietConfig) -> str:
+    """`auto` picks sdpa unless a value term needs the probabilities (Shaw): then `band`, the banded fused path
+    at inference and the eager reference in training."""
+    if config.attn_backend != "auto":
+        return config.attn_backend
+    return "band" if config.position in NEEDS_PROBABILITIES else "sdpa"

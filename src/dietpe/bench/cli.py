@@ -1,0 +1,164 @@
+"""`dietpe bench`: the cost table of every position method (DIET Table 1 and Table 6, on this machine).
+
+    dietpe bench                                    bert-small and bert-base at 128 and 512 tokens
+    dietpe bench --shapes bert-small --peers        add Hugging Face BertModel (SDPA) and T5EncoderModel
+    dietpe bench --long                             inference memory at 8,192 tokens, relative methods only
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+from dataclasses import asdict
+
+import torch
+
+from dietpe import validate as V
+from dietpe.bench import cost, report
+from dietpe.errors import ConfigError
+from dietpe.tasks.runtime import set_threads
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must list positive integers")
+    return values
+
+
+_names = V.names  # a comma-separated, non-empty list
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("bench", help="time and memory of every position method against `none`",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shapes", type=_names, default=["bert-small", "bert-base"],
+                   help="model presets (default: bert-small,bert-base)")
+    p.add_argument("--lengths", type=_ints, default=[128, 512], help="sequence lengths (default: 128,512)")
+    p.add_argument("--batch", type=_ints, default=None,
+                   help="batch size, one for all lengths or one per length (default: 8 at 128, 2 at 512, "
+                        "so 1,024 tokens per step; elsewhere max(1, 1024 // length))")
+    p.add_argument("--methods", type=_names, default=list(cost.DEFAULT_METHODS),
+                   help="position methods, `+seg` for per-head segments (default: all, with diet-abs+seg and "
+                        "diet-rel+seg); `none` is always added as the baseline")
+    p.add_argument("--modes", type=_names, default=["train", "infer"], help="train, infer or both")
+    p.add_argument("--repeats", type=V.positive_int, default=15, help="timed cycles (default: 15)")
+    p.add_argument("--warmup", type=V.non_negative_int, default=2, help="untimed cycles first (default: 2)")
+    p.add_argument("--threads", type=V.positive_int, default=2, help="torch intra-op threads (default: 2)")
+    p.add_argument("--peers", action="store_true",
+                   help="add Hugging Face BertModel (SDPA) and T5EncoderModel on the same shapes")
+    p.add_argument("--no-memory", dest="memory", action="store_false",
+                   help="skip peak memory (one fresh process per configuration)")
+    p.add_argument("--long", action="store_true",
+                   help="also: inference at --long-length tokens for the methods with no absolute table")
+    p.add_argument("--long-length", type=V.positive_int, default=8192, help="length for --long (default: 8192)")
+    p.add_argument("--long-methods", type=_names, default=["none", "diet-rel", "diet-rel+seg", "t5", "alibi",
+                                                           "rotary"],
+                   help="methods for --long (default: none,diet-rel,diet-rel+seg,t5,alibi,rotary)")
+    p.add_argument("--json", default=None, help="also write the results as JSON to this path")
+    p.add_argument("--markdown", default=None, help="also write the tables as Markdown to this path")
+    p.set_defaults(func=run)
+
+
+def _batches(args) -> list[int]:
+    if args.batch is None:
+        return [max(1, 1024 // n) for n in args.lengths]
+    if len(args.batch) == 1:
+        return args.batch * len(args.lengths)
+    if len(args.batch) != len(args.lengths):
+        raise ConfigError(f"--batch lists {len(args.batch)} sizes for {len(args.lengths)} lengths; give one, or "
+                          f"one per length")
+    return args.batch
+
+
+def run(args) -> int:
+    if args.repeats < 1 or args.warmup < 0 or args.threads < 1:
+        raise ConfigError(f"--repeats ({args.repeats}) and --threads ({args.threads}) must be >= 1, "
+                          f"--warmup ({args.warmup}) >= 0")
+    for path, option in ((args.json, "--json"), (args.markdown, "--markdown")):
+        if path:
+            V.check_output_file(path, option)  # before the timings, not after
+    for mode in args.modes:
+        if mode not in ("train", "infer"):
+            raise ConfigError(f"--modes: {mode!r} is not one of 'train', 'infer'")
+    variants = [cost.Variant.parse(m) for m in args.methods]
+    long_variants = [cost.Variant.parse(m) for m in args.long_methods] if args.long else []
+    for v in long_variants:
+        if v.label not in cost.LENGTH_FREE:
+            raise ConfigError(f"--long-methods: {v.label!r} has a table indexed by absolute position (512 "
+                              f"entries); allowed: {', '.join(cost.LENGTH_FREE)}")
+    for shape in args.shapes:
+        cost.model_config(shape, cost.BASELINE)  # validates the name before any long run
+    peers = ["hf-bert", "hf-t5-encoder"] if args.peers else []
+    if peers:
+        try:
+            import transformers  # noqa: F401
+        except ImportError:
+            print("dietpe bench: transformers is not installed; no peers", file=sys.stderr)
+            peers = []
+    set_threads(args.threads)
+    cost.available_memory()  # read before any model exists: the memory groups of every phase use it
+
+    def log(msg: str) -> None:
+        print(f"[bench] {msg}", file=sys.stderr, flush=True)
+
+    settings = {"threads": args.threads, "repeats": args.repeats, "warmup": args.warmup,
+                "torch": torch.__version__, "machine": platform.machine(), "cpus": os.cpu_count(),
+                "command": "dietpe bench " + " ".join(sys.argv[2:]) if sys.argv[1:2] == ["bench"] else None}
+    # one phase per shape, length and mode (and memory, and long inputs): after each, the tables so far are
+    # written, so a run stopped by a time limit keeps every finished phase
+    phases = [(shape, length, batch, mode) for shape in args.shapes
+              for length, batch in zip(args.lengths, _batches(args)) for mode in args.modes]
+    total = len(phases) + (len(args.shapes) * len(args.lengths) if args.memory else 0) + bool(long_variants)
+    rows: dict[tuple[str, int, str], cost.Row] = {}
+    long_rows: list = []
+    done = 0
+
+    def write(final: bool) -> str:
+        status = {} if final else {"partial": f"{done} of {total} phases done"}
+        text = report.markdown(list(rows.values()), long_rows, {**settings, **status})
+        if args.markdown:
+            _write_atomic(args.markdown, text)
+        if args.json:
+            _write_atomic(args.json, json.dumps({"settings": {**settings, **status},
+                                                 "rows": [asdict(r) for r in rows.values()],
+                                                 "long": [asdict(r) for r in long_rows]}, indent=1))
+        if not final and (args.markdown or args.json):
+            log(f"{done}/{total} phases: tables so far in {' and '.join(p for p in (args.markdown, args.json) if p)}")
+        return text
+
+    for i, (shape, length, batch, mode) in enumerate(phases):
+        for row in cost.measure(shape, length, batch, variants, args.repeats, args.warmup, (mode,), peers, log=log):
+            key = (row.shape, row.length, row.method)
+            if key in rows:  # the other mode's figures join the row measured first
+                for field in (f"{mode}_ms", f"{mode}_ratio", f"{mode}_iqr"):
+                    setattr(rows[key], field, getattr(row, field))
+            else:
+                rows[key] = row
+        done += 1
+        write(final=False)
+        last_of_length = i + 1 == len(phases) or phases[i + 1][:2] != (shape, length)
+        if args.memory and last_of_length:
+            cost.add_memory([r for (s, n, _), r in rows.items() if (s, n) == (shape, length)], args.modes,
+                            args.threads, log=log)
+            done += 1
+            write(final=False)
+    if long_variants:
+        long_rows = cost.measure_long(args.shapes[0], args.long_length, long_variants, max(3, args.repeats // 3),
+                                      1, args.threads, memory=True, log=log)
+        done += 1
+    print(write(final=True))
+    return 0
+
+
+def _write_atomic(path: str, text: str) -> None:
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)

@@ -1,0 +1,304 @@
+"""The cost of each position method: DIET Table 1 (training and inference time against the baseline) and
+Table 6 (parameters), measured the same way for every method.
+
+    ratio(method) = median over cycles c of  t_c(method) / t_c(none)
+
+Each cycle runs one step of every candidate (in a rotated order), so load from other processes on the
+machine hits all candidates of a cycle alike and cancels in the per-cycle ratio; the median discards
+cycles that a burst of load hit unevenly. Warm-up steps run first and are not timed.
+
+A training step is forward, loss, backward and an AdamW step on the encoder (`DietModel`: embeddings,
+position encoding, the layers, BERT's pooler); the loss is the mean square of the last hidden states, so no
+task head dilutes the encoder's cost. Inference is a forward pass under `torch.inference_mode`. Inputs are
+sentence pairs: token type 0 for the first half of each sequence, 1 for the second, no padding.
+Peak memory is measured in a fresh process per configuration (`dietpe.bench.memory`).
+"""
+
+from __future__ import annotations
+
+import functools
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import Tensor, nn
+
+from dietpe.config import POSITIONS, PRESETS, DietConfig
+from dietpe.errors import ConfigError
+from dietpe.positions.registry import REGISTRY
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One row of the table: a position method and where segments enter. `+seg` in a label: per-head segments
+    (DIET eq. 2) instead of BERT's input segment embedding."""
+
+    position: str
+    segment: str = "input"
+
+    @property
+    def label(self) -> str:
+        return self.position + ("+seg" if self.segment == "per-head" else "")
+
+    @classmethod
+    def parse(cls, label: str) -> "Variant":
+        position, plus, rest = label.partition("+")
+        if position not in POSITIONS or (plus and rest != "seg"):
+            raise ConfigError(f"method {label!r} is not a position method, optionally with '+seg' (per-head "
+                              f"segments); allowed: {', '.join(POSITIONS)}")
+        return cls(position, "per-head" if plus else "input")
+
+
+BASELINE = Variant("none")
+# every method of the registry; DIET's (shareable, per-head) ones also with per-head segments (`+seg`)
+DEFAULT_METHODS = tuple(label for name, m in REGISTRY.items()
+                        for label in ((name, name + "+seg") if m.shareable else (name,)))
+# methods without a table indexed by absolute position: the only ones that run past max_position_embeddings
+LENGTH_FREE = tuple(label for label in DEFAULT_METHODS if not REGISTRY[label.split("+")[0]].learned_table)
+
+
+def model_config(shape: str, variant: Variant, max_length: int = 512, **overrides) -> DietConfig:
+    if shape not in PRESETS:
+        raise ConfigError(f"shape {shape!r} is not one of {', '.join(map(repr, PRESETS))}")
+    return DietConfig.from_preset(shape, position=variant.position, segment=variant.segment,
+                                  max_position_embeddings=max_length, **overrides)
+
+
+def build_model(config: DietConfig, seed: int = 0) -> nn.Module:
+    from dietpe.models.modeling import DietModel
+
+    torch.manual_seed(seed)
+    return DietModel(config)
+
+
+def make_inputs(batch: int, length: int, vocab_size: int, seed: int = 0) -> dict[str, Tensor]:
+    """Sentence pairs without padding: ids (B, L), token types 0 then 1."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1, vocab_size, (batch, length), generator=g)
+    types = torch.zeros(batch, length, dtype=torch.long)
+    types[:, length // 2:] = 1
+    return {"input_ids": ids, "token_type_ids": types}
+
+
+def parameter_count(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def first_output(out) -> Tensor:
+    """The last hidden states of a diet or Hugging Face encoder output."""
+    return out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+
+
+def training_step(model: nn.Module, inputs: dict[str, Tensor]) -> Callable[[], None]:
+    """forward, loss, backward, AdamW step: one closure per model, holding its optimizer."""
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def step() -> None:
+        model.train()
+        loss = first_output(model(**inputs)).float().square().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return step
+
+
+def inference_step(model: nn.Module, inputs: dict[str, Tensor]) -> Callable[[], None]:
+    def step() -> None:
+        model.eval()
+        with torch.inference_mode():
+            model(**inputs)
+
+    return step
+
+
+def interleaved_times(steps: dict[str, Callable[[], None]], repeats: int, warmup: int) -> dict[str, list[float]]:
+    """Seconds per step of every candidate, `repeats` cycles of one step each, after `warmup` untimed cycles.
+
+    The order within a cycle rotates, so no candidate always runs right after a particular other one."""
+    names = list(steps)
+    for _ in range(warmup):
+        for name in names:
+            steps[name]()
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for cycle in range(repeats):
+        shift = cycle % len(names)
+        for name in names[shift:] + names[:shift]:
+            start = time.perf_counter()
+            steps[name]()
+            times[name].append(time.perf_counter() - start)
+    return times
+
+
+def median_ratio(times: list[float], baseline: list[float]) -> float:
+    """The median over cycles of the per-cycle ratio t_c / baseline_c."""
+    if len(times) != len(baseline) or not times:
+        raise ValueError(f"need equally many cycles, got {len(times)} and {len(baseline)}")
+    return statistics.median(t / b for t, b in zip(times, baseline))
+
+
+def ratio_spread(times: list[float], baseline: list[float]) -> tuple[float, float]:
+    """The interquartile range of the per-cycle ratios, to show how far a median can be trusted."""
+    ratios = sorted(t / b for t, b in zip(times, baseline))
+    if len(ratios) < 4:
+        return ratios[0], ratios[-1]
+    q = statistics.quantiles(ratios, n=4)
+    return q[0], q[2]
+
+
+@dataclass
+class Row:
+    """One method at one shape and length."""
+
+    shape: str
+    method: str
+    length: int
+    batch: int
+    params: int
+    params_increase: float  # over `none`, as a fraction
+    train_ms: float | None = None
+    infer_ms: float | None = None
+    train_ratio: float | None = None
+    infer_ratio: float | None = None
+    train_iqr: tuple[float, float] | None = None
+    infer_iqr: tuple[float, float] | None = None
+    train_peak_mib: float | None = None  # peak RSS of the step above the idle process (model, inputs loaded)
+    infer_peak_mib: float | None = None
+
+
+@functools.cache
+def available_memory() -> int | None:
+    """Bytes the kernel says a new allocation can get without swapping (Linux), else None. Read once, before
+    the first model: with the bench's `MALLOC_TRIM_THRESHOLD_` freed memory stays in this process, so later
+    readings would count the earlier phases' models as gone from the machine."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def candidate_groups(labels: list[str], bytes_each: int, budget: int | None) -> list[list[str]]:
+    """Split the candidates into consecutive groups that fit `budget` bytes beside the baseline (which every
+    group times again, so each group's ratios are per-cycle as before). One group when everything fits."""
+    if budget is None or bytes_each <= 0:
+        return [list(labels)] if labels else []
+    per_group = max(1, budget // bytes_each - 1)  # minus the group's own `none`
+    return [list(labels[i:i + per_group]) for i in range(0, len(labels), per_group)]
+
+
+def measure(shape: str, length: int, batch: int, methods: list[Variant], repeats: int, warmup: int,
+            modes: tuple[str, ...] = ("train", "infer"), peers: list[str] | None = None,
+            max_length: int = 512, log: Callable[[str], None] | None = None,
+            memory_budget: int | None = None) -> list[Row]:
+    """Time every method (and peer) at one shape and length, interleaved; ratios to `none`.
+
+    Every candidate of a group is alive at once (weights, and AdamW's two moments when training): 17
+    bert-base candidates need about 22 GiB, so candidates are timed in groups that fit half the available
+    memory (`memory_budget` bytes), each group beside its own `none`."""
+    from dietpe.bench.peers import build_peer
+
+    if BASELINE not in methods:
+        methods = [BASELINE, *methods]
+    builders: dict[str, Callable[[], nn.Module]] = {
+        v.label: (lambda v=v: build_model(model_config(shape, v, max_length))) for v in methods}
+    for peer in peers or []:
+        builders[peer] = lambda peer=peer: build_peer(peer, shape, max_length)
+    baseline = builders.pop("none")()
+    weights = sum(p.numel() * p.element_size() for p in baseline.parameters())
+    each = weights * (3 if "train" in modes else 1)  # + AdamW's exp_avg and exp_avg_sq
+    groups = candidate_groups(list(builders), each,
+                              memory_budget if memory_budget is not None else _half(available_memory()))
+    vocab = DietConfig.from_preset(shape).vocab_size
+    inputs = make_inputs(batch, length, vocab)
+    base_count = parameter_count(baseline)
+    rows = {"none": Row(shape, "none", length, batch, base_count, 0.0)}
+    for k, group in enumerate(groups or [[]]):
+        models = {"none": baseline, **{label: builders[label]() for label in group}}
+        for label in group:
+            count = parameter_count(models[label])
+            rows[label] = Row(shape, label, length, batch, count, count / base_count - 1)
+        for mode in modes:
+            make = training_step if mode == "train" else inference_step
+            steps = {label: make(model, peer_inputs(label, inputs)) for label, model in models.items()}
+            if log:
+                part = f" (group {k + 1} of {len(groups)})" if len(groups) > 1 else ""
+                log(f"{shape} L={length} B={batch} {mode}: {len(steps)} candidates x {repeats} cycles{part}")
+            times = interleaved_times(steps, repeats, warmup)
+            base = times["none"]
+            for label, t in times.items():
+                if label == "none" and k > 0:
+                    continue  # the baseline's own row is the first group's
+                row = rows[label]
+                setattr(row, f"{mode}_ms", statistics.median(t) * 1e3)
+                setattr(row, f"{mode}_ratio", median_ratio(t, base))
+                setattr(row, f"{mode}_iqr", ratio_spread(t, base))
+            del steps  # drop optimizer states before the next mode
+        del models
+    order = ["none", *(label for group in groups for label in group)]
+    return [rows[label] for label in order]
+
+
+def _half(n: int | None) -> int | None:
+    return None if n is None else n // 2
+
+
+def peer_inputs(label: str, inputs: dict[str, Tensor]) -> dict[str, Tensor]:
+    """T5's encoder has no token types."""
+    if label == "hf-t5-encoder":
+        return {"input_ids": inputs["input_ids"]}
+    return inputs
+
+
+def add_memory(rows: list[Row], modes, threads: int, log: Callable[[str], None] | None = None) -> None:
+    """Fill each row's step peak memory, one fresh process per (method, mode)."""
+    from dietpe.bench.memory import measure_peak
+
+    for row in rows:
+        for mode in modes:
+            spec = {"shape": row.shape, "method": row.method, "length": row.length, "batch": row.batch,
+                    "mode": mode, "max_length": 512, "threads": threads}
+            if log:
+                log(f"memory {row.shape} {row.method} L={row.length} {mode}")
+            setattr(row, f"{mode}_peak_mib", measure_peak(spec)["step_mib"])
+
+
+@dataclass
+class LongRow:
+    """Inference at a long length (batch 1): time and the step's peak memory against `none`."""
+
+    shape: str
+    method: str
+    length: int
+    infer_ms: float
+    infer_ratio: float
+    peak_mib: float | None = None  # step peak above the idle process
+    peak_ratio: float | None = None
+    rss_mib: float | None = None  # whole-process high-water mark
+    rss_ratio: float | None = None
+
+
+def measure_long(shape: str, length: int, methods: list[Variant], repeats: int, warmup: int, threads: int,
+                 memory: bool = True, log: Callable[[str], None] | None = None) -> list[LongRow]:
+    """Inference at `length` tokens, batch 1, for methods without an absolute-position table."""
+    from dietpe.bench.memory import measure_peak
+
+    rows = measure(shape, length, 1, methods, repeats, warmup, modes=("infer",), log=log)
+    out = [LongRow(shape, r.method, length, r.infer_ms, r.infer_ratio) for r in rows]
+    if memory:
+        for row in out:
+            if log:
+                log(f"memory {shape} {row.method} L={length} infer")
+            m = measure_peak({"shape": shape, "method": row.method, "length": length, "batch": 1,
+                              "mode": "infer", "max_length": 512, "threads": threads})
+            row.peak_mib, row.rss_mib = m["step_mib"], m["peak_mib"]
+        base = next(r for r in out if r.method == "none")
+        for row in out:
+            row.peak_ratio = row.peak_mib / base.peak_mib
+            row.rss_ratio = row.rss_mib / base.rss_mib
+    return out

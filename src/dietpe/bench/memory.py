@@ -1,0 +1,82 @@
+"""Peak memory of one step, measured in a fresh process per configuration (Linux).
+
+PyTorch's CPU allocator is plain malloc, so neither tracemalloc nor torch's counters see it, and a
+process's peak RSS mixes in whatever ran before. The child therefore builds one model, runs one untimed
+step (AdamW states, oneDNN caches), returns freed memory to the system (glibc mmap threshold forced low, so
+every large tensor is its own mapping and goes back on free), resets the kernel's high-water mark
+(`echo 5 > /proc/self/clear_refs`), runs one more step and reads `VmHWM` from /proc/self/status.
+
+    step peak = VmHWM during the step - VmRSS just before it      (activations, gradients, temporaries)
+    peak RSS  = VmHWM during the step                              (adds the library, weights, optimizer state)
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import subprocess
+import sys
+
+import torch
+
+# glibc: no dynamic mmap threshold, so tensors above 64 KiB are mapped and unmapped, and RSS tracks live memory
+CHILD_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0", "MALLOC_ARENA_MAX": "2"}
+
+
+def _status_kib(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"/proc/self/status has no {field}: peak memory needs Linux")
+
+
+def _reset_high_water_mark() -> bool:
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def step_peak(spec: dict) -> dict:
+    """In this process: build spec's model, warm up, and measure one step. Returns sizes in MiB."""
+    from dietpe.bench import cost
+
+    torch.set_num_threads(spec.get("threads", 2))
+    label, shape = spec["method"], spec["shape"]
+    if label.startswith("hf-"):
+        from dietpe.bench.peers import build_peer
+
+        model = build_peer(label, shape, spec["max_length"])
+    else:
+        model = cost.build_model(cost.model_config(shape, cost.Variant.parse(label), spec["max_length"]))
+    inputs = cost.peer_inputs(label, cost.make_inputs(spec["batch"], spec["length"], 30522))
+    make = cost.training_step if spec["mode"] == "train" else cost.inference_step
+    step = make(model, inputs)
+    step()
+    gc.collect()
+    idle = _status_kib("VmRSS")
+    exact = _reset_high_water_mark()
+    step()
+    peak = _status_kib("VmHWM")
+    return {"idle_mib": idle / 1024, "peak_mib": peak / 1024, "step_mib": (peak - idle) / 1024,
+            "exact": exact}
+
+
+def measure_peak(spec: dict, timeout: float = 1800) -> dict:
+    """Run `step_peak(spec)` in a fresh Python process and return its result."""
+    env = {**os.environ, **CHILD_ENV}
+    for key in ("MALLOC_MMAP_MAX_",):  # the timing runs' setting would keep every tensor in the heap
+        env.pop(key, None)
+    done = subprocess.run([sys.executable, "-m", "dietpe.bench.memory", json.dumps(spec)], env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    if done.returncode != 0:
+        raise RuntimeError(f"memory child for {spec} failed:\n{done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+if __name__ == "__main__":
+    print(json.dumps(step_peak(json.loads(sys.argv[1]))))

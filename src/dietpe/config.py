@@ -1,0 +1,213 @@
+"""Typed model configuration, its validation, and the named presets.
+
+Every choice of where position and segment information enter attention is one named field here:
+`position`, `segment`, `sharing`, `position_rank`, `attention`. They are validated once, in
+`DietConfig.validate()`, with errors that list the allowed values.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, get_args
+
+from transformers import PretrainedConfig
+
+from dietpe.errors import ConfigError
+from dietpe.positions.registry import REGISTRY, names
+
+Position = Literal[tuple(REGISTRY)]  # the registry's names (dietpe.positions.registry)
+Segment = Literal["none", "input", "per-head"]
+Sharing = Literal["none", "head", "layer"]
+AttentionKind = Literal["full", "linformer"]
+Backend = Literal["auto", "eager", "sdpa", "flex"]
+
+POSITIONS: tuple[str, ...] = get_args(Position)
+SEGMENTS: tuple[str, ...] = get_args(Segment)
+SHARINGS: tuple[str, ...] = get_args(Sharing)
+ATTENTIONS: tuple[str, ...] = get_args(AttentionKind)
+BACKENDS: tuple[str, ...] = get_args(Backend)
+
+# Traits of the methods, from the registry: learned tables (inputs longer are refused), methods that need
+# key positions (not with Linformer), value terms that need the probabilities (eager only), and what
+# `sharing` applies to (DIET's per-head parameters, DIET Tables 5, 8, 9).
+LEARNED_ABSOLUTE = names(learned_table=True)
+NEEDS_KEY_POSITIONS = names(key_positions=True)
+NEEDS_PROBABILITIES = names(probabilities=True)
+SHAREABLE_POSITIONS = names(shareable=True)
+
+PRESETS: dict[str, dict] = {
+    # Sizes from BERT (Devlin et al.) and Turc et al.'s compact BERTs; bert-small is DIET's BERT_SMALL.
+    "bert-tiny": dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=2, intermediate_size=512),
+    "bert-mini": dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, intermediate_size=1024),
+    "bert-small": dict(hidden_size=512, num_hidden_layers=4, num_attention_heads=8, intermediate_size=2048),
+    "bert-base": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072),
+}
+
+
+def _check(name: str, value, allowed) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{name}={value!r} is not one of {', '.join(map(repr, allowed))}")
+
+
+class DietConfig(PretrainedConfig):
+    """Configuration of a diet Transformer (BERT block layout) with a chosen position method.
+
+    position: where and how positions enter (see `dietpe.positions` for each method's equation).
+    segment: `input` (BERT's token-type embedding), `per-head` (DIET eq. 2), or `none`.
+    sharing: of DIET's per-head parameters: `none`, `head` (heads of a layer share), `layer` (layers share).
+    position_rank: d_p of DIET-ABS (default: the head size).
+    input_positions: also add BERT's learned input position table (DIET Fig. 5's DIET-ABS + input table;
+        what `dietpe pretrain --init BERT --init-keep-positions` keeps), for a per-head `position`.
+    attention: `full` softmax attention or `linformer` (keys/values projected along the length to
+        `linformer_k`; with `diet-abs` this is DIET-ABS-LIN, eq. 4).
+    attn_backend: `auto` (SDPA unless the method needs the probabilities), `eager` (the reference),
+        `sdpa`, or `flex` (FlexAttention).
+    """
+
+    model_type = "diet"
+
+    def __init__(
+        self,
+        vocab_size: int = 30522,
+        hidden_size: int = 768,
+        num_hidden_layers: int = 12,
+        num_attention_heads: int = 12,
+        intermediate_size: int = 3072,
+        hidden_act: str = "gelu",
+        hidden_dropout_prob: float = 0.1,
+        attention_probs_dropout_prob: float = 0.1,
+        max_position_embeddings: int = 512,
+        type_vocab_size: int = 2,
+        initializer_range: float = 0.02,
+        layer_norm_eps: float = 1e-12,
+        pad_token_id: int = 0,
+        position: str = "absolute",
+        segment: str = "input",
+        sharing: str = "none",
+        position_rank: int | None = None,
+        attention: str = "full",
+        linformer_k: int = 128,
+        shaw_max_distance: int = 16,
+        t5_num_buckets: int = 32,
+        t5_max_distance: int = 128,
+        tupe_reset: bool = True,
+        rotary_base: float = 10000.0,
+        input_positions: bool = False,
+        position_scale: float = 1.0,
+        attn_backend: str = "auto",
+        classifier_dropout: float | None = None,
+        tie_word_embeddings: bool = True,
+        **kwargs,
+    ):
+        self.vocab_size = vocab_size
+        self.hidden_size = hidden_size
+        self.num_hidden_layers = num_hidden_layers
+        self.num_attention_heads = num_attention_heads
+        self.intermediate_size = intermediate_size
+        self.hidden_act = hidden_act
+        self.hidden_dropout_prob = hidden_dropout_prob
+        self.attention_probs_dropout_prob = attention_probs_dropout_prob
+        self.max_position_embeddings = max_position_embeddings
+        self.type_vocab_size = type_vocab_size
+        self.initializer_range = initializer_range
+        self.layer_norm_eps = layer_norm_eps
+        self.position = position
+        self.segment = segment
+        self.sharing = sharing
+        self.position_rank = position_rank
+        self.attention = attention
+        self.linformer_k = linformer_k
+        self.shaw_max_distance = shaw_max_distance
+        self.t5_num_buckets = t5_num_buckets
+        self.t5_max_distance = t5_max_distance
+        self.tupe_reset = tupe_reset
+        self.rotary_base = rotary_base
+        self.input_positions = input_positions
+        self.position_scale = position_scale
+        self.attn_backend = attn_backend
+        self.classifier_dropout = classifier_dropout
+        self.tie_word_embeddings = tie_word_embeddings  # BERT ties the MLM decoder to the word embeddings
+        super().__init__(pad_token_id=pad_token_id, **kwargs)
+        self.validate()
+
+    # -- derived sizes -------------------------------------------------------------------------
+    @property
+    def head_size(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    @property
+    def rank(self) -> int:
+        """d_p of DIET-ABS: `position_rank`, or the head size (the paper's default)."""
+        return self.position_rank if self.position_rank is not None else self.head_size
+
+    # -- validation ------------------------------------------------------------------------------
+    def validate(self) -> None:
+        """Raise ConfigError naming the field and the allowed values for anything invalid."""
+        _check("position", self.position, POSITIONS)
+        _check("segment", self.segment, SEGMENTS)
+        _check("sharing", self.sharing, SHARINGS)
+        _check("attention", self.attention, ATTENTIONS)
+        _check("attn_backend", self.attn_backend, BACKENDS)
+        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                     "intermediate_size", "max_position_embeddings", "linformer_k",
+                     "shaw_max_distance", "t5_num_buckets", "t5_max_distance"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{name}={value!r} must be a positive integer")
+        if self.hidden_size % self.num_attention_heads:
+            raise ConfigError(
+                f"hidden_size={self.hidden_size} is not divisible by num_attention_heads={self.num_attention_heads}")
+        if self.position == "rotary" and self.head_size % 2:
+            raise ConfigError(f"position='rotary' needs an even head size, got {self.head_size}")
+        if self.position_rank is not None:
+            if self.position != "diet-abs":
+                raise ConfigError(f"position_rank={self.position_rank} only applies to position='diet-abs', "
+                                  f"not {self.position!r}")
+            if not isinstance(self.position_rank, int) or self.position_rank < 1:
+                raise ConfigError(f"position_rank={self.position_rank!r} must be a positive integer")
+        if isinstance(self.position_scale, bool) or not isinstance(self.position_scale, (int, float)) or \
+                not (0 < self.position_scale < float("inf")):
+            raise ConfigError(f"position_scale={self.position_scale!r} must be a positive finite number")
+        if self.position_scale != 1 and self.position != "sinusoidal":
+            raise ConfigError(f"position_scale={self.position_scale} only applies to position='sinusoidal' (a scale "
+                              f"on its fixed input sinusoids), not {self.position!r}")
+        if self.input_positions not in (True, False):
+            raise ConfigError(f"input_positions={self.input_positions!r} must be true or false")
+        if self.input_positions and not REGISTRY[self.position].per_head:
+            raise ConfigError(f"input_positions=True adds BERT's learned input position table to a per-head method; "
+                              f"position={self.position!r} has no per-head term (use position='absolute' for BERT)")
+        if self.segment != "none" and self.type_vocab_size < 1:
+            raise ConfigError(f"segment={self.segment!r} needs type_vocab_size >= 1")
+        if self.sharing != "none" and self.position not in SHAREABLE_POSITIONS and self.segment != "per-head":
+            raise ConfigError(
+                f"sharing={self.sharing!r} shares DIET's per-head parameters, but position={self.position!r} "
+                f"and segment={self.segment!r} have none; use position in {SHAREABLE_POSITIONS} or "
+                f"segment='per-head', or sharing='none'")
+        if self.attention == "linformer":
+            if self.position in NEEDS_KEY_POSITIONS:
+                allowed = ", ".join(repr(n) for n in POSITIONS if n not in NEEDS_KEY_POSITIONS)
+                raise ConfigError(
+                    f"attention='linformer' projects keys along the length, so key positions no longer exist "
+                    f"and position={self.position!r} makes no sense; use one of {allowed} ('diet-abs' is "
+                    f"DIET-ABS-LIN)")
+            if self.segment == "per-head":
+                raise ConfigError("attention='linformer' cannot take segment='per-head' (projected keys have no "
+                                  "segment); use segment='input' or 'none'")
+            if self.linformer_k > self.max_position_embeddings:
+                raise ConfigError(f"linformer_k={self.linformer_k} exceeds max_position_embeddings="
+                                  f"{self.max_position_embeddings}")
+        if self.position in NEEDS_PROBABILITIES and self.attn_backend in ("sdpa", "flex"):
+            raise ConfigError(
+                f"attn_backend={self.attn_backend!r} cannot serve position={self.position!r}: Shaw's value term "
+                f"needs the attention probabilities; use attn_backend='eager' or 'auto'")
+
+        if self.attn_backend == "flex" and self.attention_probs_dropout_prob > 0:
+            raise ConfigError(
+                f"attn_backend='flex' has no attention dropout, but attention_probs_dropout_prob="
+                f"{self.attention_probs_dropout_prob}; set it to 0 or use attn_backend='sdpa'")
+
+    # -- presets ---------------------------------------------------------------------------------
+    @classmethod
+    def from_preset(cls, name: str, **overrides) -> "DietConfig":
+        """A named size (`bert-tiny`, `bert-mini`, `bert-small`, `bert-base`) with field overrides."""
+        _check("preset", name, tuple(PRESETS))
+        return cls(**{**PRESETS[name], **overrides})

@@ -1,0 +1,224 @@
+"""Pre-training text: read a corpus from local files or a Hugging Face dataset name into documents of sentences.
+
+The papers pre-train BERT on documents split into sentences and packed into full-length blocks (RoBERTa's
+FULL-SENTENCES, no next-sentence task). Here a corpus is `list[Document]`, a document is `list[str]` of
+sentences. Local layouts:
+
+* `*.txt`: one paragraph per line, a blank line ends a document (WikiText's layout);
+* `*.jsonl`: one JSON object per line, its `text` field one document;
+* `*.tsv`: a header row with a `text` (or `sentence`) column, each row one document;
+* a directory: `train.*` and `valid.*` / `validation.*` / `dev.*`, or the same with a name in front
+  (`ptb.train.txt`, WikiText's `wiki.train.tokens` / `wiki.valid.raw`, `name-train.txt`), or such a directory
+  as its only sub-directory (an unpacked archive).
+
+Files are UTF-8 (a leading byte-order mark is dropped); an invalid byte is reported with its file and line.
+
+Anything else that looks like `owner/name[:config]` is loaded with `datasets.load_dataset`; without a
+network that fails with a message saying so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import json
+import os
+import re
+from pathlib import Path
+
+from dietpe.data.text import iter_lines
+from dietpe.errors import DataError
+
+Document = list[str]
+
+SPLIT_NAMES = {
+    "train": ("train",),
+    "validation": ("valid", "validation", "dev", "val"),
+    "test": ("test",),
+}
+EXTENSIONS = (".txt", ".jsonl", ".tsv", ".tokens", ".raw")
+# Sentence ends: ., ! or ? then space (WikiText writes " . " between tokens, plain text ". ").
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=\S)")
+_NAMED_SPLIT = re.compile(r"^.+[._-](?P<split>[a-z]+)(?P<ext>\.[a-z]+)$")
+_HF_NAME = re.compile(r"^[A-Za-z0-9][\w.\-]*(/[\w.\-]+)?(:[\w.\-]+)?$")
+
+
+def split_sentences(paragraph: str) -> list[str]:
+    """Split a paragraph at sentence-final punctuation; empty pieces are dropped."""
+    return [s.strip() for s in _SENTENCE_END.split(paragraph) if s.strip()]
+
+
+def group_documents(paragraphs: Iterable[str | None]) -> list[Document]:
+    """Paragraphs -> documents of sentences; a blank paragraph ends a document."""
+    docs: list[Document] = []
+    current: Document = []
+    for text in paragraphs:
+        text = (text or "").strip()
+        if not text:
+            if current:
+                docs.append(current)
+                current = []
+            continue
+        current.extend(split_sentences(text))
+    if current:
+        docs.append(current)
+    return docs
+
+
+def read_text_file(path: Path) -> list[Document]:
+    """`*.txt`: a line is a paragraph, a blank line ends a document."""
+    return group_documents(iter_lines(path))
+
+
+def read_jsonl_file(path: Path, field: str = "text") -> list[Document]:
+    docs = []
+    for lineno, line in enumerate(iter_lines(path), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
+        if not isinstance(record, dict) or not isinstance(record.get(field), str):
+            raise DataError(f"{path}:{lineno}: expected an object with a string field {field!r}")
+        sentences = [s for para in record[field].splitlines() for s in split_sentences(para)]
+        if sentences:
+            docs.append(sentences)
+    return docs
+
+
+def read_tsv_file(path: Path) -> list[Document]:
+    docs = []
+    lines = iter_lines(path)
+    header = next(lines, "").rstrip("\r\n").split("\t")
+    column = next((c for c in ("text", "sentence") if c in header), None)
+    if column is None:
+        raise DataError(f"{path}:1: the header needs a 'text' or 'sentence' column, found {header}")
+    index = header.index(column)
+    for lineno, line in enumerate(lines, 2):
+        cells = line.rstrip("\r\n").split("\t")
+        if not line.strip():
+            continue
+        if len(cells) <= index:
+            raise DataError(f"{path}:{lineno}: {len(cells)} columns, the header names {len(header)}")
+        sentences = split_sentences(cells[index])
+        if sentences:
+            docs.append(sentences)
+    return docs
+
+
+def open_text(path: Path):
+    try:
+        return open(path, encoding="utf-8")
+    except FileNotFoundError:
+        raise DataError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise DataError(f"{path}: is a directory, expected a file") from None
+
+
+def read_file(path: str | Path) -> list[Document]:
+    """Read one local corpus file by its extension; unknown extensions are read as text."""
+    path = Path(path)
+    if not path.exists():
+        raise DataError(f"{path}: no such file")
+    if path.suffix == ".jsonl":
+        return read_jsonl_file(path)
+    if path.suffix == ".tsv":
+        return read_tsv_file(path)
+    return read_text_file(path)
+
+
+def find_split_file(directory: Path, split: str, depth: int = 1) -> Path | None:
+    """The file of `split` in a corpus directory: `train.txt`, `valid.jsonl`, ..., or one with a name in front
+    (`ptb.train.txt`, `wiki.valid.tokens`, `corpus-dev.txt`); else the same in its only sub-directory."""
+    for name in SPLIT_NAMES[split]:
+        for ext in EXTENSIONS:
+            for candidate in (directory / f"{name}{ext}", directory / f"wiki.{name}{ext}"):
+                if candidate.is_file():
+                    return candidate
+    entries = sorted(directory.iterdir())
+    named = [p for p in entries if p.is_file() and (m := _NAMED_SPLIT.match(p.name))
+             and m["split"] in SPLIT_NAMES[split] and m["ext"] in EXTENSIONS]
+    if len(named) > 1:
+        raise DataError(f"{directory}: several {split} files ({', '.join(p.name for p in named)}); pass the one "
+                        f"to use as a file")
+    if named:
+        return named[0]
+    subdirs = [p for p in entries if p.is_dir() and not p.name.startswith(".")]
+    if depth > 0 and len(subdirs) == 1 and not any(p.is_file() for p in entries):
+        return find_split_file(subdirs[0], split, depth - 1)
+    return None
+
+
+def _listing(directory: Path) -> str:
+    names = sorted(p.name + ("/" if p.is_dir() else "") for p in directory.iterdir())
+    if not names:
+        return "the folder is empty"
+    return "the folder holds " + ", ".join(names[:8]) + (", ..." if len(names) > 8 else "")
+
+
+def is_hf_name(source: str) -> bool:
+    return not os.path.exists(source) and bool(_HF_NAME.match(source)) and not Path(source).suffix in EXTENSIONS
+
+
+def read_corpus(source: str, split: str = "train") -> tuple[list[Document], str]:
+    """Documents of `split` from a file, a directory or a Hugging Face dataset name, and where they came from.
+
+    A file is the train split; for another split of a file, returns ([], ...) so the caller can hold out part.
+    """
+    path = Path(source)
+    if path.is_dir():
+        found = find_split_file(path, split)
+        if found is None:
+            if split == "train":
+                raise DataError(f"{path}: no {split} file found (looked for train.txt, <name>.train.txt, "
+                                f"wiki.train.tokens and the extensions {', '.join(EXTENSIONS)}); {_listing(path)}")
+            return [], f"{path} (no {split} file)"
+        docs, origin = read_file(found), str(found)
+    elif path.is_file():
+        if split != "train":
+            return [], str(path)
+        docs, origin = read_file(path), str(path)
+    elif is_hf_name(source):
+        docs, origin = read_hf_corpus(source, split), f"huggingface:{source}[{split}]"
+    else:
+        raise DataError(f"{source}: no such file or directory")
+    if split == "train" and not docs:
+        raise DataError(f"{origin}: the corpus is empty (no non-blank lines)")
+    return docs, origin
+
+
+def read_hf_corpus(name: str, split: str) -> list[Document]:
+    """`owner/name[:config]` through `datasets`; each row's `text` is a paragraph, blank rows end documents."""
+    rows = load_hf_dataset(name, split)
+    column = next((c for c in ("text", "sentence", "content") if c in rows.column_names), None)
+    if column is None:
+        raise DataError(f"huggingface:{name}: no text column (has {rows.column_names}); expected 'text'")
+    return group_documents(rows[column])
+
+
+def load_hf_dataset(name: str, split: str):
+    """Load `owner/name[:config]`'s split, with a clear message when there is no network or no such split."""
+    try:
+        import datasets
+    except ImportError:  # pragma: no cover - a declared dependency
+        raise DataError(f"{name}: the 'datasets' package is needed to load datasets by name") from None
+    dataset, _, config = name.partition(":")
+    names = [split] + [s for s in SPLIT_NAMES.get(split, ()) if s != split]
+    try:
+        loaded = datasets.load_dataset(dataset, config or None)
+    except Exception as e:  # datasets raises many kinds; all mean "cannot get it here"
+        offline = os.environ.get("HF_DATASETS_OFFLINE") == "1" or os.environ.get("HF_HUB_OFFLINE") == "1"
+        text = str(e).splitlines()[0] if str(e) else type(e).__name__
+        network = isinstance(e, (ConnectionError, TimeoutError)) or any(
+            w in text.lower() for w in ("connection", "offline", "network", "resolve", "reach", "internet"))
+        if offline or network:
+            raise DataError(f"{name}: cannot load this Hugging Face dataset: no network here ({text}). Download "
+                            f"it where a network exists, or pass a local file or directory instead") from None
+        raise DataError(f"{name}: cannot load this Hugging Face dataset ({text})") from None
+    for candidate in names:
+        if candidate in loaded:
+            return loaded[candidate]
+    if split == "train":
+        raise DataError(f"huggingface:{name}: no {split} split (has {', '.join(loaded)})")
+    return loaded[list(loaded)[0]].select([])

@@ -1,0 +1,132 @@
+"""Masked-LM data: full sentences packed into blocks, and BERT's 15% masking with the 80/10/10 rule.
+
+Packing follows RoBERTa's FULL-SENTENCES (Liu et al. 2019), which the DIET paper adopts: whole sentences are
+added to a block of `max_length` tokens, `[CLS] s1 s2 ... [SEP]`, crossing document boundaries with an extra
+`[SEP]`; no next-sentence task, one segment. A sentence longer than a block is cut into block-sized pieces.
+
+Masking (Devlin et al. 2019, 3.1): 15% of the non-special tokens are chosen; of those 80% become `[MASK]`,
+10% a random word, 10% stay. Labels are the original ids at chosen positions and -100 elsewhere. An example
+carrying `example_seed` (`dietpe.tasks.seeding.EpochExamples`) is masked by its own generator over its own
+length, so its mask is a pure function of that seed: independent of the batch, the padding and the global RNG.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from dietpe.errors import DataError
+
+IGNORE_INDEX = -100
+
+
+def pack_sentences(documents: Sequence[Sequence[Sequence[int]]], max_length: int, cls_id: int,
+                   sep_id: int) -> list[list[int]]:
+    """Pack tokenised sentences (documents of sentences of ids) into blocks of at most `max_length` ids."""
+    if max_length < 3:
+        raise DataError(f"max_length={max_length} leaves no room for text between [CLS] and [SEP]")
+    room = max_length - 2
+    blocks: list[list[int]] = []
+    body: list[int] = []
+
+    def flush():
+        nonlocal body
+        if body:
+            blocks.append([cls_id, *body, sep_id])
+        body = []
+
+    for doc in documents:
+        boundary = bool(body)  # a new document inside a block gets a separator before its first sentence
+        for sentence in doc:
+            for i in range(0, len(sentence), room):
+                piece = list(sentence[i:i + room])
+                if len(body) + boundary + len(piece) > room:
+                    flush()
+                    boundary = False
+                if boundary:
+                    body.append(sep_id)
+                    boundary = False
+                body.extend(piece)
+    flush()
+    return blocks
+
+
+def mask_tokens(input_ids: torch.Tensor, special_mask: torch.Tensor, mask_id: int, first_word_id: int,
+                vocab_size: int, probability: float = 0.15,
+                generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """BERT's masking of a `(B, L)` batch: returns (masked inputs, labels with -100 where not chosen).
+
+    `special_mask` is True at [CLS]/[SEP]/[PAD], which are never chosen. Random replacements are drawn from
+    the non-special ids `[first_word_id, vocab_size)`.
+    """
+    if not 0.0 < probability < 1.0:
+        raise DataError(f"mlm probability={probability} must lie strictly between 0 and 1")
+    inputs = input_ids.clone()
+    labels = input_ids.clone()
+    chance = torch.full(inputs.shape, probability)
+    chance.masked_fill_(special_mask, 0.0)
+    chosen = torch.bernoulli(chance, generator=generator).bool()
+    labels[~chosen] = IGNORE_INDEX
+    action = torch.rand(inputs.shape, generator=generator)
+    to_mask = chosen & (action < 0.8)
+    to_random = chosen & (action >= 0.8) & (action < 0.9)
+    inputs[to_mask] = mask_id
+    random_words = torch.randint(first_word_id, vocab_size, inputs.shape, generator=generator)
+    inputs[to_random] = random_words[to_random]
+    return inputs, labels
+
+
+class MlmCollator:
+    """Pads blocks and masks them; examples that already carry `labels` (a pre-masked validation set) are
+    only padded, so every method is evaluated on the same masked positions."""
+
+    def __init__(self, tokenizer, probability: float = 0.15, pad_to_multiple_of: int | None = None):
+        self.pad_id = tokenizer.pad_token_id
+        self.mask_id = tokenizer.mask_token_id
+        self.special_ids = torch.tensor(sorted(set(tokenizer.all_special_ids)))
+        self.first_word_id = int(self.special_ids.max()) + 1
+        self.vocab_size = len(tokenizer)
+        self.probability = probability
+        self.pad_to_multiple_of = pad_to_multiple_of
+
+    def pad(self, sequences: list[list[int]], value: int) -> torch.Tensor:
+        length = max(len(s) for s in sequences)
+        if self.pad_to_multiple_of:
+            length = -(-length // self.pad_to_multiple_of) * self.pad_to_multiple_of
+        out = torch.full((len(sequences), length), value, dtype=torch.long)
+        for i, s in enumerate(sequences):
+            out[i, :len(s)] = torch.as_tensor(s, dtype=torch.long)
+        return out
+
+    def __call__(self, features: list[dict], generator: torch.Generator | None = None) -> dict:
+        ids = self.pad([f["input_ids"] for f in features], self.pad_id)
+        attention_mask = self.pad([[1] * len(f["input_ids"]) for f in features], 0)
+        batch = {"input_ids": ids, "attention_mask": attention_mask,
+                 "token_type_ids": torch.zeros_like(ids)}
+        if "labels" in features[0]:
+            batch["labels"] = self.pad([f["labels"] for f in features], IGNORE_INDEX)
+        elif "example_seed" in features[0]:
+            labels = torch.full_like(ids, IGNORE_INDEX)
+            for i, f in enumerate(features):
+                n = len(f["input_ids"])
+                row = ids[i:i + 1, :n]
+                g = torch.Generator().manual_seed(int(f["example_seed"]))
+                masked, row_labels = mask_tokens(row, torch.isin(row, self.special_ids), self.mask_id,
+                                                 self.first_word_id, self.vocab_size, self.probability, g)
+                ids[i, :n], labels[i, :n] = masked[0], row_labels[0]
+            batch["input_ids"], batch["labels"] = ids, labels
+        else:
+            special = torch.isin(ids, self.special_ids)
+            batch["input_ids"], batch["labels"] = mask_tokens(
+                ids, special, self.mask_id, self.first_word_id, self.vocab_size, self.probability, generator)
+        return batch
+
+    def premask(self, blocks: list[list[int]], seed: int) -> list[dict]:
+        """Mask `blocks` once with a fixed seed: a validation set that is the same for every model."""
+        generator = torch.Generator().manual_seed(seed)
+        out = []
+        for block in blocks:
+            batch = self([{"input_ids": block}], generator=generator)
+            out.append({"input_ids": batch["input_ids"][0].tolist(), "labels": batch["labels"][0].tolist()})
+        return out

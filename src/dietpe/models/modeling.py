@@ -1,0 +1,347 @@
+"""diet Transformer encoders as Hugging Face models, in BERT's block layout (Devlin et al. 2019):
+
+    h_0 = LayerNorm(token + input position + input segment)          (input terms, if the method has them)
+    a   = LayerNorm(h + Dropout(W_O · Attention(h; LayerTerms_l)))    (qk, logit and value terms per layer)
+    h'  = LayerNorm(a + Dropout(W_2 · GELU(W_1 a)))
+
+The position encoding builds every layer's terms once per forward from positions (and segments) alone and
+passes them down; layers never look at the method's name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from torch import Tensor, nn
+from transformers import PreTrainedModel
+from transformers import initialization as hf_init
+from transformers.activations import ACT2FN
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_outputs import (
+    BaseModelOutputWithPooling,
+    MaskedLMOutput,
+    QuestionAnsweringModelOutput,
+    SequenceClassifierOutput,
+)
+
+from dietpe.attention.layer import MultiHeadAttention
+from dietpe.config import DietConfig
+from dietpe.errors import ConfigError, InputError
+from dietpe.positions.encoding import PositionEncoding
+from dietpe.positions.method import PositionMethod
+from dietpe.positions.segments import InputSegments
+
+
+# Keyword arguments the Hugging Face stack may pass that carry nothing for an encoder; anything else unknown
+# is refused rather than silently ignored.
+HARMLESS_KWARGS = frozenset({"use_cache"})
+
+
+def check_kwargs(kwargs: dict, where: str, allowed: frozenset = HARMLESS_KWARGS) -> None:
+    unknown = sorted(k for k in kwargs if k not in allowed)
+    if unknown:
+        raise InputError(f"{where} got unexpected keyword argument(s) {', '.join(map(repr, unknown))}")
+
+
+def cache_argument(past_key_values, kwargs: dict):
+    """The decoding cache of a forward: `past_key_values`, or `cache`, the name transformers' `generate()` passes
+    from 5.24 on (taken out of kwargs)."""
+    cache = kwargs.pop("cache", None)
+    if cache is not None and past_key_values is not None and cache is not past_key_values:
+        raise InputError("got both `cache` and `past_key_values`; give one")
+    return past_key_values if past_key_values is not None else cache
+
+
+def with_cache(output_cls, cache, **fields):
+    """A model output with the cache under the name the installed transformers gives it (`cache` from 5.24,
+    `past_key_values` before): `generate()` looks for it there."""
+    names = {f.name for f in dataclasses.fields(output_cls)}
+    return output_cls(**fields, **{"cache" if "cache" in names else "past_key_values": cache})
+
+
+def cache_of(output):
+    """The cache of a model output, under either name."""
+    return output["cache"] if "cache" in output else output.get("past_key_values")
+
+
+def check_like(name: str, value: Tensor | None, shape: tuple[int, ...]) -> None:
+    """A per-token input (attention_mask, token_type_ids) must have the input's (batch, length) shape."""
+    if value is None:
+        return
+    if not isinstance(value, Tensor):
+        raise InputError(f"{name} must be a tensor, got {type(value).__name__}")
+    if tuple(value.shape) != shape:
+        raise InputError(f"{name} has shape {tuple(value.shape)}, but the input is (batch, length) = {shape}")
+
+
+def padding_mask(attention_mask: Tensor | None, dtype: torch.dtype) -> Tensor | None:
+    """(B, Lk) 1 = keep, 0 = pad  ->  additive (B, 1, 1, Lk), or None when nothing is padded (while compiling
+    the mask is always built: looking would break the graph)."""
+    if attention_mask is None or (not torch.compiler.is_compiling() and bool(attention_mask.all())):
+        return None
+    return ((1.0 - attention_mask[:, None, None, :].to(dtype)) * torch.finfo(dtype).min)
+
+
+class DietPreTrainedModel(PreTrainedModel):
+    config_class = DietConfig
+    config: DietConfig
+    base_model_prefix = "diet"
+    supports_gradient_checkpointing = True  # non-reentrant only (see activation_checkpointing_enable)
+    _no_split_modules = ["DietLayer"]
+    # our losses are means over the batch: Trainer must scale them for accumulation and DDP itself
+    accepts_loss_kwargs = False
+
+    def activation_checkpointing_enable(self, activation_checkpointing_kwargs=None, **kwargs):
+        """Hugging Face's activation (gradient) checkpointing of every layer, non-reentrant: position terms
+        reach the layers as Python objects, not tensor arguments, which reentrant checkpointing would cut
+        off from their gradients."""
+        if (activation_checkpointing_kwargs or {}).get("use_reentrant"):
+            raise ConfigError("use_reentrant=True checkpointing would lose the gradients of position terms that "
+                              "reach layers outside their tensor arguments; use use_reentrant=False (the default)")
+        return super().activation_checkpointing_enable(activation_checkpointing_kwargs, **kwargs)
+
+    @torch.no_grad()
+    def _init_weights(self, module):
+        super()._init_weights(module)
+        std = self.config.initializer_range
+        if isinstance(module, (PositionMethod, InputSegments)):
+            module.reset_parameters(std)
+        elif isinstance(module, MultiHeadAttention) and module.proj_k is not None:
+            hf_init.normal_(module.proj_k, std=1.0 / module.proj_k.shape[0])
+            hf_init.normal_(module.proj_v, std=1.0 / module.proj_v.shape[0])
+        elif isinstance(module, DietLMHead):
+            hf_init.zeros_(module.bias)
+
+
+class DietEmbeddings(nn.Module):
+    """Token embeddings plus whatever the position encoding adds at the input."""
+
+    def __init__(self, config: DietConfig):
+        super().__init__()
+        self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, input_ids: Tensor | None, extra: Tensor | None, inputs_embeds: Tensor | None = None) -> Tensor:
+        x = self.word_embeddings(input_ids) if inputs_embeds is None else inputs_embeds
+        if extra is not None:
+            x = x + extra.to(x.dtype)
+        return self.dropout(self.LayerNorm(x))
+
+
+class DietLayer(GradientCheckpointingLayer):
+    def __init__(self, config: DietConfig):
+        super().__init__()
+        self.attention = MultiHeadAttention(config, linformer=config.attention == "linformer")
+        self.attention_output = nn.Linear(config.hidden_size, config.hidden_size)
+        self.attention_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.intermediate = nn.Linear(config.hidden_size, config.intermediate_size)
+        self.act = ACT2FN[config.hidden_act]
+        self.output = nn.Linear(config.intermediate_size, config.hidden_size)
+        self.output_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, hidden, terms, mask, key_padding, need_probs):
+        attn, probs, _ = self.attention(hidden, terms, mask, key_padding=key_padding, need_probs=need_probs)
+        hidden = self.attention_norm(hidden + self.dropout(self.attention_output(attn)))
+        ffn = self.output(self.act(self.intermediate(hidden)))
+        return self.output_norm(hidden + self.dropout(ffn)), probs
+
+
+class DietModel(DietPreTrainedModel):
+    """The encoder: embeddings, position encoding, and the stack of layers; optional BERT pooler."""
+
+    def __init__(self, config: DietConfig, add_pooling_layer: bool = True):
+        super().__init__(config)
+        self.embeddings = DietEmbeddings(config)
+        self.positions = PositionEncoding(config)
+        self.layers = nn.ModuleList(DietLayer(config) for _ in range(config.num_hidden_layers))
+        self.pooler = nn.Linear(config.hidden_size, config.hidden_size) if add_pooling_layer else None
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.embeddings.word_embeddings
+
+    def set_input_embeddings(self, value):
+        self.embeddings.word_embeddings = value
+
+    def _check_inputs(self, input_ids: Tensor | None, inputs_embeds: Tensor | None, attention_mask: Tensor | None,
+                      token_type_ids: Tensor | None) -> tuple[int, int]:
+        """Refuse malformed inputs with one line naming the value and the limit; returns (batch, length)."""
+        if (input_ids is None) == (inputs_embeds is None):
+            raise InputError("give exactly one of input_ids and inputs_embeds")
+        if input_ids is not None:
+            if not isinstance(input_ids, Tensor) or input_ids.dtype.is_floating_point or input_ids.dim() != 2:
+                what = (f"shape {tuple(input_ids.shape)} {input_ids.dtype}" if isinstance(input_ids, Tensor)
+                        else type(input_ids).__name__)
+                raise InputError(f"input_ids must be an integer tensor (batch, length), got {what}")
+            shape = tuple(input_ids.shape)
+        else:
+            d = self.config.hidden_size
+            if not isinstance(inputs_embeds, Tensor) or inputs_embeds.dim() != 3 or inputs_embeds.shape[-1] != d:
+                what = tuple(inputs_embeds.shape) if isinstance(inputs_embeds, Tensor) else type(inputs_embeds)
+                raise InputError(f"inputs_embeds must be (batch, length, hidden_size={d}), got {what}")
+            shape = tuple(inputs_embeds.shape[:2])
+        if 0 in shape:
+            raise InputError(f"empty input: (batch, length) = {shape}")
+        check_like("attention_mask", attention_mask, shape)
+        check_like("token_type_ids", token_type_ids, shape)
+        if token_type_ids is not None and token_type_ids.dtype.is_floating_point:
+            raise InputError(f"token_type_ids must be integers, got {token_type_ids.dtype}")
+        self.positions.check(shape[1], token_type_ids)
+        if torch.compiler.is_compiling():
+            return shape  # the checks of values read the data, which would break the graph
+        if input_ids is not None:
+            lo, hi = int(input_ids.min()), int(input_ids.max())
+            if lo < 0 or hi >= self.config.vocab_size:
+                raise InputError(f"token id {lo if lo < 0 else hi} is outside the vocabulary "
+                                 f"[0, {self.config.vocab_size - 1}] (vocab_size={self.config.vocab_size})")
+        elif not bool(torch.isfinite(inputs_embeds).all()):
+            raise InputError("inputs_embeds contains NaN or infinite values")
+        return shape
+
+    def forward(
+        self,
+        input_ids: Tensor | None = None,
+        attention_mask: Tensor | None = None,
+        token_type_ids: Tensor | None = None,
+        position_ids: Tensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        inputs_embeds: Tensor | None = None,
+        **kwargs,
+    ) -> BaseModelOutputWithPooling:
+        """input_ids (B, L), or inputs_embeds (B, L, D) used instead of the token embeddings (the input
+        position and segment terms are still added). position_ids: (L,), (1, L) or (B, L), default 0 .. L-1;
+        every method reads them (relative ones through pos_i - pos_j)."""
+        check_kwargs(kwargs, f"{type(self).__name__}.forward")
+        b, length = self._check_inputs(input_ids, inputs_embeds, attention_mask, token_type_ids)
+        device = (input_ids if input_ids is not None else inputs_embeds).device
+        starts = (0, 0) if position_ids is None else None  # default positions: known runs 0 .. L-1
+        pos, position_ids = self.positions.positions(position_ids, b, length, device)  # (L,) | (B, L); (1|B, L)
+        if token_type_ids is None and self.positions.num_segments:
+            token_type_ids = torch.zeros(b, length, dtype=torch.long, device=device)
+        hidden = self.embeddings(input_ids, self.positions.embed(position_ids, token_type_ids), inputs_embeds)
+        # position-only terms are built here, once per forward, and handed to every layer
+        ctx = self.positions.context(pos, pos, token_type_ids, starts=starts)
+        mask = padding_mask(attention_mask, hidden.dtype)
+        need_probs = bool(output_attentions)
+        all_hidden, all_probs = [hidden] if output_hidden_states else None, [] if need_probs else None
+        recompute = self.training and any(layer.gradient_checkpointing for layer in self.layers)
+        for i, layer in enumerate(self.layers):
+            terms = self.positions.layer_terms(ctx, i)
+            if recompute:
+                terms = terms.for_checkpointing()
+            hidden, probs = layer(hidden, terms, mask, attention_mask, need_probs)
+            if need_probs:
+                all_probs.append(probs)
+            if output_hidden_states:
+                all_hidden.append(hidden)
+        pooled = torch.tanh(self.pooler(hidden[:, 0])) if self.pooler is not None else None
+        return BaseModelOutputWithPooling(
+            last_hidden_state=hidden, pooler_output=pooled,
+            hidden_states=tuple(all_hidden) if all_hidden is not None else None,
+            attentions=tuple(all_probs) if all_probs is not None else None)
+
+
+class DietLMHead(nn.Module):
+    """BERT's MLM head: transform, then a decoder tied to the word embeddings."""
+
+    def __init__(self, config: DietConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.act = ACT2FN[config.hidden_act]
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.decoder = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.bias = nn.Parameter(torch.zeros(config.vocab_size))
+
+    def forward(self, hidden: Tensor) -> Tensor:
+        return self.decoder(self.LayerNorm(self.act(self.dense(hidden)))) + self.bias
+
+
+class DietForMaskedLM(DietPreTrainedModel):
+    _tied_weights_keys = {"lm_head.decoder.weight": "diet.embeddings.word_embeddings.weight"}
+
+    def __init__(self, config: DietConfig):
+        super().__init__(config)
+        self.diet = DietModel(config, add_pooling_layer=False)
+        self.lm_head = DietLMHead(config)
+        self.post_init()
+
+    def get_output_embeddings(self):
+        return self.lm_head.decoder
+
+    def set_output_embeddings(self, value):
+        self.lm_head.decoder = value
+
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None, labels=None,
+                output_attentions=None, output_hidden_states=None, return_dict=None, inputs_embeds=None,
+                **kwargs) -> MaskedLMOutput:
+        check_kwargs(kwargs, f"{type(self).__name__}.forward")
+        out = self.diet(input_ids, attention_mask, token_type_ids, position_ids, output_attentions,
+                        output_hidden_states, inputs_embeds=inputs_embeds)
+        logits = self.lm_head(out.last_hidden_state)
+        loss = None
+        if labels is not None:
+            loss = nn.functional.cross_entropy(logits.view(-1, logits.shape[-1]).float(), labels.view(-1),
+                                               ignore_index=-100)
+        return MaskedLMOutput(loss=loss, logits=logits, hidden_states=out.hidden_states, attentions=out.attentions)
+
+
+class DietForSequenceClassification(DietPreTrainedModel):
+    """[CLS] pooled output -> classifier. num_labels == 1: regression (MSE), as BERT does for STS-B."""
+
+    def __init__(self, config: DietConfig):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.diet = DietModel(config)
+        drop = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
+        self.dropout = nn.Dropout(drop)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.post_init()
+
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None, labels=None,
+                output_attentions=None, output_hidden_states=None, return_dict=None, inputs_embeds=None,
+                **kwargs) -> SequenceClassifierOutput:
+        check_kwargs(kwargs, f"{type(self).__name__}.forward")
+        out = self.diet(input_ids, attention_mask, token_type_ids, position_ids, output_attentions,
+                        output_hidden_states, inputs_embeds=inputs_embeds)
+        logits = self.classifier(self.dropout(out.pooler_output))
+        loss = None
+        if labels is not None:
+            if self.num_labels == 1:
+                loss = nn.functional.mse_loss(logits.squeeze(-1).float(), labels.float())
+            else:
+                if labels.dtype.is_floating_point or int(labels.min()) < 0 or int(labels.max()) >= self.num_labels:
+                    raise InputError(f"classification labels must be integers in [0, {self.num_labels - 1}] "
+                                     f"(num_labels={self.num_labels})")
+                loss = nn.functional.cross_entropy(logits.float(), labels.view(-1))
+        return SequenceClassifierOutput(loss=loss, logits=logits, hidden_states=out.hidden_states,
+                                        attentions=out.attentions)
+
+
+class DietForQuestionAnswering(DietPreTrainedModel):
+    """Span extraction: a start and an end logit per token (BERT's SQuAD head)."""
+
+    def __init__(self, config: DietConfig):
+        super().__init__(config)
+        self.diet = DietModel(config, add_pooling_layer=False)
+        self.qa_outputs = nn.Linear(config.hidden_size, 2)
+        self.post_init()
+
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
+                start_positions=None, end_positions=None, output_attentions=None, output_hidden_states=None,
+                return_dict=None, inputs_embeds=None, **kwargs) -> QuestionAnsweringModelOutput:
+        check_kwargs(kwargs, f"{type(self).__name__}.forward")
+        out = self.diet(input_ids, attention_mask, token_type_ids, position_ids, output_attentions,
+                        output_hidden_states, inputs_embeds=inputs_embeds)
+        start, end = self.qa_outputs(out.last_hidden_state).unbind(-1)  # (B, L) each
+        loss = None
+        if start_positions is not None and end_positions is not None:
+            n = start.shape[1]  # positions outside the sequence are ignored, as in BERT
+            loss = (nn.functional.cross_entropy(start.float(), start_positions.clamp(0, n), ignore_index=n)
+                    + nn.functional.cross_entropy(end.float(), end_positions.clamp(0, n), ignore_index=n)) / 2
+        return QuestionAnsweringModelOutput(loss=loss, start_logits=start, end_logits=end,
+                                            hidden_states=out.hidden_states, attentions=out.attentions)

@@ -1,0 +1,26 @@
+"""ALiBi (Press et al. 2022, §3), beyond the papers: A_ij = q_i·k_j / √d_h - m_h · |i - j| (bidirectional form
+for encoders; a decoder's causal mask hides j > i, leaving the paper's -m_h (i - j)). Fixed slopes m_h.
+Entry point: logit bias, computed once per forward, shared by layers.
+"""
+
+from __future__ import annotations
+
+
+from dietpe.positions.base import Context, DistanceBias, LayerTerms
+from dietpe.positions.functional import alibi_bias, alibi_slopes
+from dietpe.positions.method import PositionMethod
+
+
+class ALiBi(PositionMethod):
+    def __init__(self, num_heads: int):
+        super().__init__()
+        self.num_heads = num_heads
+
+    def layer_terms(self, ctx: Context, layer: int) -> LayerTerms:
+        def build():
+            slopes = alibi_slopes(self.num_heads).to(ctx.q_pos.device)  # (H,)
+            # consecutive positions: a Toeplitz matrix, never built whole unless a backend asks for it
+            term = DistanceBias(alibi_bias, (slopes,), ctx.q_pos, ctx.k_pos, ctx.diagonal_offsets())
+            return self.keep(ctx, "alibi", (slopes,), term)
+
+        return LayerTerms(logits=[ctx.cached("alibi_term", build)])

@@ -1,0 +1,73 @@
+"""DIET: decoupled positional attention (Chen et al. 2021, "A Simple and Effective Positional Encoding for
+Transformers", §3).
+
+    DIET-ABS   (eq. 1)  A_ij = (x_i W_Q)(x_j W_K)ᵀ / √d + (P_Q P_Kᵀ)_ij            P_Q, P_K ∈ R^{n×d_p} per head
+    DIET-REL   (eq. 3)  A_ij = (x_i W_Q)(x_j W_K)ᵀ / √d + R_{i-j}                 one scalar per offset per head
+    DIET-ABS-LIN (eq. 4) A_ij = (x_i W_Q)((E X)_j W_K)ᵀ / √d + (P_Q P_Kᵀ)_ij      P_K ∈ R^{k×d_p} (Linformer)
+
+Both are per layer by default; `sharing` gives the ablations of Tables 5, 8, 9 (`head`: heads of a layer
+share one table, `layer`: all layers share). DIET-REL is unclipped and unbucketed: the table covers every
+offset up to the configured maximum length; longer inputs reuse the edge offsets' values.
+Entry point: logit bias (DIET-ABS is low rank and may be folded into queries and keys by a backend).
+"""
+
+from __future__ import annotations
+
+from dietpe.positions.base import Context, LayerTerms, LowRankBias, TableBias
+from dietpe.positions.functional import relative_offsets, take_rows
+from dietpe.positions.method import PositionMethod, normal_parameter, shared_layer, sharing_shape
+
+
+class DietAbs(PositionMethod):
+    logit_parameters = ("p_q", "p_k")
+
+    def __init__(self, num_layers: int, num_heads: int, max_length: int, rank: int, sharing: str,
+                 projected_keys: int | None = None):
+        super().__init__()
+        self.max_length, self.sharing = max_length, sharing
+        n_layers, n_heads = sharing_shape(sharing, num_layers, num_heads)
+        self.p_q = normal_parameter(n_layers, n_heads, max_length, rank)
+        # with Linformer (eq. 4) keys are the k projected slots, so P_K has k rows
+        self.p_k = normal_parameter(n_layers, n_heads, projected_keys or max_length, rank)
+
+    def layer_terms(self, ctx: Context, layer: int) -> LayerTerms:
+        table = shared_layer(self.sharing, layer)
+
+        def build():
+            fq = take_rows(self.layer_table(ctx, "p_q", table), ctx.q_pos, ctx.q_start)  # (1|B, H|1, Lq, r)
+            # Linformer's keys are its k projected slots, not positions
+            p_k = self.layer_table(ctx, "p_k", table)
+            fk = p_k.unsqueeze(0) if ctx.projected_keys else take_rows(p_k, ctx.k_pos, ctx.k_start)
+            # P_Q P_Kᵀ, kept between inference forwards (DIET §3.1)
+            product = self.kept(ctx, f"diet_abs_{table}", (fq, fk), fq.shape[-3] * fq.shape[-2] * fk.shape[-2],
+                                lambda: fq @ fk.transpose(-1, -2))
+            return LowRankBias(fq, fk, product)
+
+        return LayerTerms(logits=[ctx.cached(f"diet_abs_{table}", build)])
+
+
+class DietRel(PositionMethod):
+    logit_parameters = ("r",)
+
+    def __init__(self, num_layers: int, num_heads: int, max_length: int, sharing: str):
+        super().__init__()
+        self.span, self.sharing = max_length - 1, sharing
+        n_layers, n_heads = sharing_shape(sharing, num_layers, num_heads)
+        self.r = normal_parameter(n_layers, n_heads, 2 * max_length - 1)  # R_{i-j}, i-j in [-(n-1), n-1]
+
+    def layer_terms(self, ctx: Context, layer: int) -> LayerTerms:
+        table = shared_layer(self.sharing, layer)
+        def index():  # (1|B, Lq, Lk), shared by layers; built only if some term needs more than its diagonals
+            return ctx.cached("diet_rel_index", lambda: self.bucket(relative_offsets(ctx.q_pos, ctx.k_pos)))
+
+        diagonals = ctx.cached("diet_rel_diagonals", lambda: self.bucket(ctx.diagonal_offsets()))
+        def build():  # one term per table, its dense form kept between inference forwards
+            r = self.layer_table(ctx, "r", table)
+            return self.keep(ctx, f"diet_rel_{table}", (r,), TableBias(
+                r, ctx.q_pos, ctx.k_pos, self.bucket, index, diagonals=diagonals))
+
+        return LayerTerms(logits=[ctx.cached(f"diet_rel_{table}", build)])
+
+    def bucket(self, offsets):
+        """Offset i - j -> column of R: every offset its own, the edges reused beyond the table."""
+        return None if offsets is None else offsets.clamp(-self.span, self.span) + self.span

@@ -1,0 +1,132 @@
+"""The base class of a position (or segment) method and the layout of parameters shared by heads or layers.
+
+A method owns its parameters and, once per forward, turns a `Context` into contributions to the four entry
+points of `dietpe.positions.base`: `embed` for the input, `layer_terms` for qk, logit and value terms.
+Sharing (DIET Tables 5, 8, 9): `none` keeps a (layer, head) table each, `head` one per layer broadcast over
+heads, `layer` one per head used by every layer.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, TypeVar
+
+import torch
+from torch import Tensor, nn
+from transformers import initialization as hf_init
+
+from dietpe.positions.base import EMPTY, Context, LayerTerms, RowsTerm
+
+T = TypeVar("T")
+
+
+#: position-only products up to this many elements (64 MiB in float32) are kept between inference forwards
+KEEP_ELEMENTS = 1 << 24
+
+
+class PositionMethod(nn.Module):
+    """Base: contributes nothing. Subclasses override `embed` and/or `layer_terms`."""
+
+    #: longest sequence the method's learned tables allow; None when any length works
+    max_length: int | None = None
+    #: parameters added to the attention logits as they are (per-head scalar tables) or as the factors of a
+    #: logit term (DIET-ABS's P_Q, P_K), yet initialised at the embedding std: `--logit-lr-scale` applies to
+    #: these, for every method alike (dietpe.tasks.optim, docs/study.md)
+    logit_parameters: tuple[str, ...] = ()
+
+    def embed(self, position_ids: Tensor) -> Tensor | None:
+        """Input entry point: (1|B, L, D) added to the token embeddings, or None."""
+        return None
+
+    def kept(self, ctx: Context, name: str, tensors: tuple[Tensor, ...], elements: int,
+             build: Callable[[], T]) -> Callable[[], T] | None:
+        """`build` made to keep its result between inference forwards, or None where it cannot.
+
+        DIET §3.1: the position term "is independent of the input, [so] we only need to compute the matrix
+        multiplication once for each training batch, and we can cache the computed matrix before running
+        inference". So a method's position-only term, a function of `tensors` (its parameters) and the
+        positions alone, is built once per forward in training and, at inference, once while the tensors and
+        the positions stay the same. The entry is keyed by the lengths and starts of the default positions
+        and holds a copy of the tensors it was built from; a forward uses it only if every tensor still equals
+        its copy exactly (version counters would not do: fused optimizers update parameters without bumping
+        them). One entry per name, at most KEEP_ELEMENTS elements; never with per-example or custom
+        positions, a gradient to track, or while compiling."""
+        if (ctx.q_start is None or ctx.k_start is None or elements > KEEP_ELEMENTS
+                or torch.compiler.is_compiling()
+                or (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))):
+            return None
+        store = self.__dict__.setdefault("_kept", {})  # not state: never saved, nor moved by .to()
+        key = (ctx.q_pos.shape[-1], ctx.k_pos.shape[-1], ctx.q_start, ctx.k_start, ctx.q_pos.device)
+
+        def fetch() -> T:
+            hit = store.get(name)
+            if hit is not None and hit[0] == key and all(same_bits(a, b) for a, b in zip(hit[1], tensors)):
+                return hit[2]
+            value = build()
+            store[name] = (key, tuple(t.detach().clone() for t in tensors), value)
+            return value
+
+        return fetch
+
+    def train(self, mode: bool = True) -> "PositionMethod":
+        """Leaving inference frees what `kept` holds: training builds its terms every forward."""
+        if mode:
+            self.__dict__.pop("_kept", None)
+        return super().train(mode)
+
+    def keep(self, ctx: Context, name: str, tensors: tuple[Tensor, ...], term: RowsTerm) -> RowsTerm:
+        """`term`, a function of `tensors` and the positions, with its dense form kept between inference
+        forwards (see `kept`)."""
+        lq, lk = term.size
+        term.product = self.kept(ctx, name, tensors, term.heads * lq * lk, lambda: term._rows(slice(None)))
+        return term
+
+    def layer_table(self, ctx: Context, name: str, layer: int) -> Tensor:
+        """Layer `layer`'s slice of the per-layer parameter `name` (n_layers, ...). The slices are taken by one
+        `unbind` per forward, so the backward writes each layer's gradient straight into one stacked gradient
+        instead of a zero-filled copy of the whole parameter per layer, added up."""
+        return ctx.cached(f"{type(self).__name__}.{name} by layer", lambda: getattr(self, name).unbind(0))[layer]
+
+    def layer_terms(self, ctx: Context, layer: int) -> LayerTerms:
+        """qk, logit and value contributions to attention layer `layer`."""
+        return EMPTY
+
+    def draw(self, ctx: Context, layer: int) -> Tensor | None:
+        """The method's position-only logits in `layer` for the context's positions, (1, H|1, Lq, Lk): the sum
+        of its logit terms that need no query (DIET Fig. 4, 7; TUPE Fig. 6). None when it puts nothing
+        position-only into the logits (input methods, rotary, Shaw's query-times-offset key term)."""
+        dense = [t.dense(None) for t in self.layer_terms(ctx, layer).logits if not t.query_dependent]
+        return sum(dense[1:], dense[0]) if dense else None
+
+    def position_table(self, length: int) -> Tensor | None:
+        """The absolute position embeddings (n, D) the method has for positions 0..n-1 (DIET Fig. 5), or None."""
+        return None
+
+    def reset_parameters(self, std: float) -> None:
+        # HF's init helpers skip tensors already loaded from a checkpoint
+        for p in self.parameters(recurse=False):
+            hf_init.normal_(p, std=std)
+
+
+def same_bits(a: Tensor, b: Tensor) -> bool:
+    """Whether two tensors hold the same bits: compared as 64-bit words where the layout allows (about twice as
+    fast as a float comparison, and stricter: -0.0 differs from 0.0)."""
+    if a.dtype != b.dtype or a.device != b.device or a.shape != b.shape:
+        return False
+    if a.is_contiguous() and b.is_contiguous() and a.numel() * a.element_size() % 8 == 0 and a.numel():
+        return torch.equal(a.reshape(-1).view(torch.int64), b.reshape(-1).view(torch.int64))
+    return torch.equal(a, b)
+
+
+def sharing_shape(sharing: str, num_layers: int, num_heads: int) -> tuple[int, int]:
+    """How many distinct (layers, heads) parameter tables a sharing mode keeps."""
+    return (1 if sharing == "layer" else num_layers, 1 if sharing == "head" else num_heads)
+
+
+def shared_layer(sharing: str, layer: int) -> int:
+    """Which table a layer reads: its own, or table 0 when all layers share one."""
+    return 0 if sharing == "layer" else layer
+
+
+def normal_parameter(*shape: int) -> nn.Parameter:
+    # real values are set by reset_parameters via the model's _init_weights; empty() keeps meta-device loading cheap
+    return nn.Parameter(torch.empty(*shape))

@@ -1,0 +1,48 @@
+"""Segment (token type) information, at the input or per head.
+
+    input     BERT (Devlin et al. 2019, §3.2): a learned segment embedding added to the token embeddings.
+    per-head  DIET eq. 2: E_S(S(i), S(j)) = Ŝ_{S(i), S(j)}, a k×k table of scalars per head (and per layer,
+              subject to `sharing`) added to the logits. As a product Ŝ[S(i), :] · onehot(S(j))ᵀ it is a
+              rank-k term, so backends may fold it into queries and keys instead of building (B, H, L, L).
+"""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+from dietpe.positions.base import Context, LayerTerms, SegmentBias
+from dietpe.positions.method import PositionMethod, normal_parameter, shared_layer, sharing_shape
+
+
+class InputSegments(nn.Module):
+    """Entry point: input."""
+
+    def __init__(self, num_segments: int, hidden_size: int):
+        super().__init__()
+        self.num_segments = num_segments
+        self.weight = normal_parameter(num_segments, hidden_size)
+
+    def embed(self, segment_ids: Tensor) -> Tensor:
+        return nn.functional.embedding(segment_ids, self.weight)  # (B, L, D)
+
+    reset_parameters = PositionMethod.reset_parameters
+
+
+class PerHeadSegments(PositionMethod):
+    """Entry point: logit bias."""
+
+    logit_parameters = ("table",)
+
+    def __init__(self, num_layers: int, num_heads: int, num_segments: int, sharing: str):
+        super().__init__()
+        self.num_segments, self.sharing = num_segments, sharing
+        n_layers, n_heads = sharing_shape(sharing, num_layers, num_heads)
+        self.table = normal_parameter(n_layers, n_heads, num_segments, num_segments)  # Ŝ
+
+    def layer_terms(self, ctx: Context, layer: int) -> LayerTerms:
+        if ctx.q_segments is None:
+            return LayerTerms()
+        table = shared_layer(self.sharing, layer)
+
+        return LayerTerms(logits=[ctx.cached(f"segments_{table}", lambda: SegmentBias(
+            self.layer_table(ctx, "table", table), ctx.q_segments, ctx.k_segments))])

@@ -1,0 +1,56 @@
+"""Shaw et al. (2018), relative position representations, as written in DIET's companion paper (eq. 3):
+
+    A_ij = x_i W_Q (x_j W_K + a^K_clip(i-j,k))ᵀ / √d_h,     o_i = Σ_j softmax(A)_ij (x_j W_V + a^V_clip(i-j,k))
+
+with a^K, a^V ∈ R^{2k+1, d_h} learned per layer and shared by the heads, distances clipped to ±k.
+Entry points: logit bias (a query-dependent key term) and values.
+"""
+
+from __future__ import annotations
+
+import math
+
+from torch import Tensor
+
+from dietpe.positions.base import Band, Context, LayerTerms, QueryRelativeBias, ValueTerm
+from dietpe.positions.functional import OneHot, clipped_offset_index, relative_offsets
+from dietpe.positions.method import PositionMethod, normal_parameter
+
+
+class Shaw(PositionMethod):
+    def __init__(self, num_layers: int, head_size: int, max_distance: int):
+        super().__init__()
+        self.max_distance = max_distance
+        self.key = normal_parameter(num_layers, 2 * max_distance + 1, head_size)  # a^K per layer
+        self.value = normal_parameter(num_layers, 2 * max_distance + 1, head_size)  # a^V per layer
+        self.scale = 1.0 / math.sqrt(head_size)
+
+    def bucket(self, offsets):
+        return clipped_offset_index(offsets, self.max_distance)
+
+    def band(self, ctx: Context) -> Band | None:
+        """The offsets as a band (consecutive positions: pos_i - pos_j = i + delta - j), else None."""
+        diagonals = ctx.diagonal_offsets()  # (Lq + Lk - 1,) from pos_0 - pos'_(Lk-1), or None
+        if diagonals is None:
+            return None
+        if ctx.q_start is not None and ctx.k_start is not None:
+            delta = ctx.q_start - ctx.k_start
+        else:
+            delta = int(diagonals[0]) + ctx.k_pos.shape[-1] - 1
+        return Band(delta, self.max_distance)
+
+    def layer_terms(self, ctx: Context, layer: int) -> LayerTerms:
+        bucket = self.bucket
+        m, dtype = self.key.shape[1], self.key.dtype
+
+        # built when first read, once per forward: the banded inference path reads neither
+        def index() -> Tensor:  # (1|B, Lq, Lk)
+            return ctx.cached("shaw_index", lambda: bucket(relative_offsets(ctx.q_pos, ctx.k_pos)))
+
+        def onehot() -> OneHot | None:
+            return ctx.cached("shaw_onehot", lambda: OneHot.of(index(), m, dtype))
+
+        band = ctx.cached("shaw_band", lambda: self.band(ctx))
+        key = QueryRelativeBias(self.key[layer][:, None, :], ctx.q_pos, ctx.k_pos, bucket, self.scale,
+                                index=index, band=band, onehot=onehot)  # r: (M, 1, Dh)
+        return LayerTerms(logits=[key], values=[ValueTerm(self.value[layer], index, band, onehot)])

@@ -1,0 +1,57 @@
+"""T5 relative attention bias (Raffel et al. 2020, §2.1; DIET companion eq. 4):
+
+    A_ij = q_i·k_j / √d_h + b_h[bucket(j - i)]
+
+one scalar per bucket per head, shared by all layers, log buckets (32 buckets, max distance 128 by default):
+bidirectional in an encoder, unidirectional (all buckets for j <= i) in causal self-attention, as T5's
+decoder does (`causal`, from the config). Entry point: logit bias, computed once per forward for the whole
+model.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from dietpe.positions.base import Context, LayerTerms, TableBias
+from dietpe.positions.functional import relative_offsets, t5_bucket, t5_causal_bucket
+from dietpe.positions.method import PositionMethod, normal_parameter
+
+
+def t5_offset_bucket(num_buckets: int, max_distance: int, causal: bool = False):
+    """Offset i - j -> T5 bucket; T5 buckets memory - query = pos_j - pos_i. causal: the unidirectional
+    buckets of T5's decoder."""
+    bucket = t5_causal_bucket if causal else t5_bucket
+    return lambda offsets: bucket(-offsets, num_buckets, max_distance)
+
+
+def t5_index(ctx: Context, num_buckets: int, max_distance: int, causal: bool = False) -> Tensor:
+    """(1|B, Lq, Lk) bucket of each query-key pair."""
+    return ctx.cached(f"t5_index_{num_buckets}_{max_distance}_{causal}", lambda: t5_offset_bucket(
+        num_buckets, max_distance, causal)(relative_offsets(ctx.q_pos, ctx.k_pos)))
+
+
+def t5_diagonals(ctx: Context, num_buckets: int, max_distance: int, causal: bool = False) -> Tensor | None:
+    """(Lq + Lk - 1,) bucket of each offset i - j along the diagonals (see TableBias), or None."""
+
+    def build():
+        offsets = ctx.diagonal_offsets()
+        return None if offsets is None else t5_offset_bucket(num_buckets, max_distance, causal)(offsets)
+
+    return ctx.cached(f"t5_diagonals_{num_buckets}_{max_distance}_{causal}", build)
+
+
+class T5(PositionMethod):
+    logit_parameters = ("bias",)
+
+    def __init__(self, num_heads: int, num_buckets: int, max_distance: int, causal: bool = False):
+        super().__init__()
+        self.num_buckets, self.max_distance, self.causal = num_buckets, max_distance, causal
+        self.bias = normal_parameter(num_heads, num_buckets)  # b_h, shared by layers
+
+    def layer_terms(self, ctx: Context, layer: int) -> LayerTerms:
+        # one TableBias object for all layers, so its dense form is built once per forward
+        n, dist, causal = self.num_buckets, self.max_distance, self.causal
+        term = ctx.cached("t5_term", lambda: self.keep(ctx, "t5", (self.bias,), TableBias(
+            self.bias, ctx.q_pos, ctx.k_pos, t5_offset_bucket(n, dist, causal),
+            lambda: t5_index(ctx, n, dist, causal), diagonals=t5_diagonals(ctx, n, dist, causal))))
+        return LayerTerms(logits=[term])

@@ -1,0 +1,116 @@
+"""TUPE: untied positional encoding (Ke et al. 2021, eq. 10 and 11, appendix B).
+
+    TUPE-A  A_ij = (x_i W_Q)(x_j W_K)ᵀ / √(2d) + reset_θ( (p_i U_Q)(p_j U_K)ᵀ / √(2d), i, j )
+    TUPE-R  A_ij = (x_i W_Q)(x_j W_K)ᵀ / √(2d) + reset_θ( (p_i U_Q)(p_j U_K)ᵀ / √(2d) + b_{j-i}, i, j )
+
+p_i is a learned absolute embedding with layer norm applied whenever it is used; U_Q, U_K (D×D, split into
+heads) are shared by all layers, so the positional correlation is computed once per forward. reset_θ
+(eq. 9) replaces row 0 (from [CLS]) by θ_1 and column 0 (to [CLS]) by θ_2, per head, with
+θ_k = (p_θk U_Q)(p_θk U_K)ᵀ / √(2d) (appendix B). b is T5's bucketed bias, per head, shared by layers.
+In TUPE-R the reset also replaces b on [CLS]'s row and column by two learned buckets per head, b_[CLS]→ and
+b_→[CLS], which add to θ_1 and θ_2: the form of the authors' released code (its `rp_bucket[0, :]` and
+`rp_bucket[:, 0]`), where eq. 11 leaves it open. In the multi-head form d is the head size.
+`tupe_reset=False` gives TUPE-A^tie-cls (and TUPE-R with b_{j-i} everywhere).
+Entry points: logit bias (the absolute part is low rank, with the reset as two extra rank-1 columns, so it
+can be folded into queries and keys), and score scale (1/√2 on the content term).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from dietpe.positions.base import Context, LayerTerms, LowRankBias, TableBias
+from dietpe.positions.method import PositionMethod, normal_parameter
+from dietpe.positions.t5 import t5_diagonals, t5_index, t5_offset_bucket
+
+
+class TUPE(PositionMethod):
+    # TUPE-R's relative buckets and [CLS] buckets; its table p and projections U_Q, U_K are in embedding units
+    logit_parameters = ("bias", "cls_bias")
+
+    def __init__(self, hidden_size: int, num_heads: int, max_length: int, eps: float, reset: bool,
+                 relative: bool, num_buckets: int, max_distance: int, causal: bool = False):
+        super().__init__()
+        self.max_length, self.num_heads, self.reset, self.relative = max_length, num_heads, reset, relative
+        self.causal = causal  # T5's unidirectional buckets in causal self-attention
+        self.num_buckets, self.max_distance = num_buckets, max_distance
+        self.head_size = hidden_size // num_heads
+        self.p = normal_parameter(max_length, hidden_size)  # p_i
+        self.p_theta = normal_parameter(2, hidden_size)  # p_θ1, p_θ2
+        self.norm = nn.LayerNorm(hidden_size, eps=eps)
+        self.u_q = nn.Linear(hidden_size, hidden_size)
+        self.u_k = nn.Linear(hidden_size, hidden_size)
+        if relative:
+            self.bias = normal_parameter(num_heads, num_buckets)
+            if reset:  # [CLS]-to-others and others-to-[CLS] buckets, added to θ_1, θ_2
+                self.cls_bias = normal_parameter(num_heads, 2)
+
+    def _heads(self, normed: Tensor, proj: nn.Linear) -> Tensor:
+        # (1|B, n, D) -> (1|B, H, n, Dh)
+        return proj(normed).unflatten(-1, (self.num_heads, self.head_size)).transpose(-2, -3)
+
+    def _normed(self, pos: Tensor, start: int | None) -> Tensor:
+        """LN(p) at positions (1|B, L): rows of a slice when the positions are known to be start, start + 1, ...
+        (its gradient is a slice, not a scatter-add)."""
+        return self.norm(self.p[pos] if start is None else self.p[start:start + pos.shape[-1]].unsqueeze(0))
+
+    def correlation_factors(self, q_pos: Tensor, k_pos: Tensor,
+                            starts: tuple[int | None, int | None] = (None, None)) -> tuple[Tensor, Tensor]:
+        """(fq, fk), (1|B, H, Lq, r), (1|B, H, Lk, r): fq fkᵀ = reset_θ((p_i U_Q)(p_j U_K)ᵀ / √(2d)).
+        Positions (L,) or per example (B, L); the reset applies where the position is 0 ([CLS]'s). starts:
+        (q0, k0) where the positions are known to be the runs q0, q0 + 1, ... and k0, ... (`Context`)."""
+        scale = 1.0 / math.sqrt(2 * self.head_size)
+        q_pos, k_pos = q_pos.view(-1, q_pos.shape[-1]), k_pos.view(-1, k_pos.shape[-1])  # (1|B, L)
+        normed_q = self._normed(q_pos, starts[0])
+        same = starts[0] is not None and starts[0] == starts[1] and q_pos.shape == k_pos.shape
+        normed_k = normed_q if same else self._normed(k_pos, starts[1])  # self-attention: LN(p) once
+        fq = self._heads(normed_q, self.u_q) * scale  # (1|B, H, Lq, Dh)
+        fk = self._heads(normed_k, self.u_k)  # (1|B, H, Lk, Dh)
+        if self.reset:
+            theta_p = self.norm(self.p_theta)
+            tq, tk = self._heads(theta_p, self.u_q), self._heads(theta_p, self.u_k)  # (H, 2, Dh)
+            theta = (tq * tk).sum(-1) * scale  # (H, 2): θ_1, θ_2
+            if self.relative:
+                theta = theta + self.cls_bias
+            q_cls = (q_pos == 0).to(fq.dtype)[:, None, :]  # (1|B, 1, Lq)
+            k_cls = (k_pos == 0).to(fk.dtype)[:, None, :]  # (1|B, 1, Lk)
+            # the correlation no longer touches [CLS]
+            fq, fk = fq * (1 - q_cls[..., None]), fk * (1 - k_cls[..., None])
+            # row i = 0 gets θ_1 against every key; rows i != 0 get θ_2 against key 0
+            col_q = torch.stack((theta[:, :1] * q_cls, theta[:, 1:] * (1 - q_cls)), dim=-1)  # (1|B, H, Lq, 2)
+            col_k = torch.stack((torch.ones_like(k_cls), k_cls), dim=-1).expand(-1, self.num_heads, -1, -1)
+            fq, fk = torch.cat((fq, col_q), -1), torch.cat((fk, col_k), -1)
+        return fq, fk
+
+    def position_table(self, length: int) -> Tensor:
+        """LN(p_i): TUPE's positional embeddings as its attention uses them."""
+        return self.norm(self.p[:length])
+
+    def layer_terms(self, ctx: Context, layer: int) -> LayerTerms:
+        def correlation() -> tuple[Tensor, Tensor, Tensor]:
+            fq, fk = self.correlation_factors(ctx.q_pos, ctx.k_pos, (ctx.q_start, ctx.k_start))
+            return fq, fk, fq @ fk.transpose(-1, -2)
+
+        def build():
+            # factors and product kept between inference forwards (DIET §3.1's cache; TUPE's term is also
+            # position-only), else built once per forward
+            kept = self.kept(ctx, "tupe", tuple(self.parameters()), self.num_heads * ctx.q_pos.shape[-1]
+                             * ctx.k_pos.shape[-1], correlation)
+            if kept is None:
+                terms = [LowRankBias(*self.correlation_factors(ctx.q_pos, ctx.k_pos, (ctx.q_start, ctx.k_start)))]
+            else:
+                fq, fk, product = kept()
+                terms = [LowRankBias(fq, fk, lambda: product)]
+            if self.relative:
+                # on [CLS]'s row and column b_{j-i} gives way to the [CLS] buckets in θ
+                keep = (lambda qp, kp: (qp != 0) & (kp != 0)) if self.reset else None
+                n, dist, causal = self.num_buckets, self.max_distance, self.causal
+                terms.append(self.keep(ctx, "tupe_r", (self.bias,), TableBias(
+                    self.bias, ctx.q_pos, ctx.k_pos, t5_offset_bucket(n, dist, causal),
+                    lambda: t5_index(ctx, n, dist, causal), keep, t5_diagonals(ctx, n, dist, causal))))
+            return LayerTerms(logits=terms, score_scale=1.0 / math.sqrt(2))
+
+        return ctx.cached("tupe_terms", build)  # shared by all layers: computed once per forward

@@ -1,0 +1,178 @@
+"""Kill-safe checkpoints, exact resume and saved run settings for the Hugging Face `Trainer`; atomic files.
+
+Kill safety: `Trainer` (transformers 5) writes `checkpoint-N/` in place, so a kill during a save leaves a
+directory that `get_last_checkpoint` would pick up. `CompleteCheckpoints` writes a marker into the checkpoint
+after every file (model, optimizer, scheduler, RNG states, trainer state) is written, and resuming uses only
+the newest checkpoint with a marker; unmarked ones are deleted first, so they can never be loaded.
+`train_resumable` does not run an extra step from a checkpoint at the last step, and `check_run_settings`
+refuses to resume (or reuse) an output folder made with other settings. (What makes the resumed run end
+bit-identical is in `dietpe.tasks.seeding`.)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import sys
+from pathlib import Path
+
+import torch
+from transformers import TrainerCallback
+
+from dietpe.errors import ConfigError
+from dietpe.tasks.runtime import is_main_process
+
+COMPLETE = "diet-complete.json"
+
+
+_CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
+
+
+def write_json_atomic(path: str | Path, obj) -> None:
+    """Write JSON to a temporary file and rename it: a reader sees the old file or the new, never half."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=2, sort_keys=False, default=float)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def read_json(path: str | Path):
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+class CompleteCheckpoints(TrainerCallback):
+    """Marks a checkpoint complete once `Trainer` has written all of it (on_save runs after the save)."""
+
+    def on_save(self, args, state, control, **kwargs):
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.barrier()  # every rank has written its RNG state
+        if state.is_world_process_zero:
+            folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+            if folder.is_dir():
+                write_json_atomic(folder / COMPLETE, {"global_step": state.global_step})
+        return control
+
+
+def checkpoints(output_dir: str | Path) -> list[tuple[int, Path, bool]]:
+    """(step, folder, complete) of every checkpoint folder, oldest first."""
+    out = []
+    root = Path(output_dir)
+    if root.is_dir():
+        for p in root.iterdir():
+            m = _CHECKPOINT.match(p.name)
+            if m and p.is_dir():
+                complete = (p / COMPLETE).is_file() and (p / "trainer_state.json").is_file()
+                out.append((int(m.group(1)), p, complete))
+    return sorted(out)
+
+
+def resumable_checkpoint(output_dir: str | Path, remove_incomplete: bool = True) -> Path | None:
+    """The newest complete checkpoint; incomplete ones (a kill during a save) are deleted if asked."""
+    found = checkpoints(output_dir)
+    if remove_incomplete:
+        for step, folder, complete in found:
+            if not complete:
+                print(f"dietpe: removing incomplete checkpoint {folder} (interrupted during a save)", file=sys.stderr)
+                shutil.rmtree(folder, ignore_errors=True)
+    done = [folder for _, folder, complete in found if complete]
+    return done[-1] if done else None
+
+
+def train_resumable(trainer, resume: Path | None):
+    """`trainer.train()`, resuming from `resume` if given. A checkpoint at (or past) the last step is loaded, not
+    trained on: `Trainer` would run one more step before noticing (41 steps for `--steps 40`). Returns the
+    `TrainOutput`, or None when nothing was left to train."""
+    if resume is not None:
+        saved = read_json(Path(resume) / "trainer_state.json")
+        if saved.get("max_steps") and saved["global_step"] >= saved["max_steps"]:
+            from transformers import TrainerState
+            # the checkpoint's weights, trainer state and callbacks' states, as train() would restore them
+            trainer._load_from_checkpoint(str(resume))
+            trainer.state = TrainerState.load_from_json(str(Path(resume) / "trainer_state.json"))
+            trainer._load_callback_state()
+            return None
+    return trainer.train(resume_from_checkpoint=str(resume) if resume else None)
+
+
+RUN_SETTINGS = "run_settings.json"
+
+
+def _plain(value):
+    """JSON's view of a value (tuples become lists), so saved and new settings compare equal."""
+    return json.loads(json.dumps(value, default=str))
+
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+    """{"settings": {"lr": 1}} -> {"settings.lr": 1}, so a difference is named by its field."""
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def file_fingerprint(path: str | Path) -> str:
+    """sha256 of a file's bytes (first 16 hex digits), or '' if there is no such file."""
+    path = Path(path)
+    if not path.is_file():
+        return ""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()[:16]
+
+
+def local_path(text: str | None) -> str | None:
+    """An absolute path for a local file or folder (the same run from another directory), else the text."""
+    if text is None:
+        return None
+    path = Path(text)
+    return str(path.resolve()) if path.exists() else text
+
+
+def check_run_settings(output_dir: str | Path, settings: dict, fresh_hint: str = "--overwrite",
+                       products: tuple[str, ...] = ()) -> None:
+    """Record `settings` in `output_dir` (atomically) before a run writes anything else, or, if the folder holds
+    results of an earlier run, refuse to go on with different settings: a ConfigError names each differing
+    field, old -> new, and says how to start afresh.
+
+    `products` are glob patterns of what a run leaves (checkpoints count too). Results without a settings file
+    come from an unknown run and are refused; a settings file alone (a run that failed before producing
+    anything) is simply replaced."""
+    output_dir = Path(output_dir)
+    path = output_dir / RUN_SETTINGS
+    new = _plain(settings)
+    found = sorted({p.name for pattern in products for p in output_dir.glob(pattern)})
+    found += [folder.name for _, folder, _ in checkpoints(output_dir)]
+    if found and path.is_file():
+        try:
+            old = read_json(path)
+        except (OSError, ValueError):
+            old = None
+        if not isinstance(old, dict):
+            raise ConfigError(f"{path}: unreadable run settings; to start afresh use {fresh_hint} or another "
+                              f"output folder")
+        old, flat = _flatten(old), _flatten(new)
+        diff = [k for k in sorted(set(old) | set(flat)) if old.get(k) != flat.get(k)]
+        if diff:
+            changes = "; ".join(f"{k}: {old.get(k)!r} -> {flat.get(k)!r}" for k in diff)
+            raise ConfigError(f"{output_dir} holds a run with other settings ({changes}); to start afresh use "
+                              f"{fresh_hint}, or give another output folder")
+        return
+    if found:
+        raise ConfigError(f"{output_dir} holds an earlier run ({', '.join(found[:3])}) without {RUN_SETTINGS}, "
+                          f"so its settings are unknown; to start afresh use {fresh_hint}, or give another "
+                          f"output folder")
+    if is_main_process():
+        write_json_atomic(path, new)

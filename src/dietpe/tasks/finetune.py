@@ -1,0 +1,375 @@
+"""`dietpe finetune`: fine-tuning protocol of the DIET paper (appendix A, Table 7; Tables 2 and 3).
+
+GLUE tasks from their TSVs, XNLI and span QA (XQuAD, MLQA, TyDiQA-GoldP in SQuAD JSON); sentence pairs as two
+segments. A grid of learning rates x N seeds; each run is evaluated after every epoch (or every
+`--eval-steps`) and scored at its best evaluation ("the maximum over all checkpoints"); a learning rate's
+score is the median over seeds, and the best learning rate is reported. Cross-lingual zero-shot: train on
+English, evaluate every language given; the checkpoint is chosen on English where English is evaluated.
+
+A finished run writes `result.json` atomically; a rerun skips finished runs. A run in progress is checkpointed
+at each evaluation (kill-safe, `dietpe.tasks.checkpoints`) and resumed exactly: a killed grid loses at most one
+evaluation interval, and ends bit-identical to an uninterrupted one. The grid's settings (model fingerprint,
+task, hyper-parameters) are recorded in the output folder; a rerun with other settings is refused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import shutil
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from dietpe import validate as V
+from dietpe.data import metrics as M
+from dietpe.data.qa import best_answers, encode_eval, encode_train
+from dietpe.data.tasks import TaskData, load_task
+from dietpe.data.tokenizer import load_tokenizer
+from dietpe.errors import ConfigError, DataError
+from dietpe.tasks.checkpoints import (
+    CompleteCheckpoints,
+    check_run_settings,
+    checkpoints,
+    file_fingerprint,
+    local_path,
+    read_json,
+    resumable_checkpoint,
+    train_resumable,
+    write_json_atomic,
+)
+from dietpe.tasks.recipes import FINETUNE_RECIPES, check_model_length
+from dietpe.tasks.runtime import (
+    ListDataset,
+    ProgressBar,
+    add_threads_option,
+    batch_layout,
+    is_main_process,
+    replace_progress,
+    set_threads,
+    world_size,
+)
+from dietpe.tasks.seeding import SeededTrainer
+
+RESULT = "result.json"
+SUMMARY = "summary.json"
+
+
+def add_finetune_options(p: argparse.ArgumentParser, recipe_default: str = "cpu") -> None:
+    g = p.add_argument_group("fine-tuning")
+    g.add_argument("--ft-recipe", choices=sorted(FINETUNE_RECIPES), default=recipe_default,
+                   help="'paper' is DIET Table 7 (lr {1,2,3,4}e-5 x 5 seeds, 5 epochs, batch 32, warm-up 0.1)")
+    g.add_argument("--lrs", help="comma-separated learning rates (default: the recipe's grid)")
+    g.add_argument("--seeds", type=V.positive_int,
+                   help="runs per learning rate (seeds 0..N-1); the median is reported")
+    g.add_argument("--epochs", type=V.positive_float, help="training epochs per run")
+    g.add_argument("--ft-batch-size", type=V.positive_int, help="global fine-tuning batch")
+    g.add_argument("--ft-max-length", type=V.int_at_least(5, ": [CLS] A [SEP] B [SEP]"),
+                   help="maximum tokens per example (pairs: both segments)")
+    g.add_argument("--eval-steps", type=V.positive_int, help="evaluate every N steps instead of every epoch")
+    g.add_argument("--max-train", type=V.positive_int, help="use only the first N training examples")
+    g.add_argument("--max-eval", type=V.positive_int, help="use only the first N examples of each evaluation set")
+    g.add_argument("--doc-stride", type=V.non_negative_int, default=64,
+                   help="QA: overlap of context windows, in tokens; less than the room the question leaves")
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("finetune", help="fine-tune a pre-trained model on GLUE/XNLI/QA (lr grid x seeds)",
+                              description=__doc__.splitlines()[0],
+                              formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("model", help="a pre-trained model directory, or a `dietpe pretrain` run folder (its model/ is "
+                                 "used)")
+    p.add_argument("task", help="a task directory in its official layout (e.g. glue/CoLA, xnli, xquad) or a "
+                                "Hugging Face name such as nyu-mll/glue:cola")
+    p.add_argument("--task-name", dest="task_type",
+                   help="which task the data is (cola, sst-2, mrpc, sts-b, qqp, mnli, qnli, rte, wnli, xnli, qa, "
+                        "order, pair-order, topic, tsv); default: from the directory name")
+    p.add_argument("--train-file", help="training file, overriding the directory layout (e.g. MNLI's "
+                                        "train.tsv for XNLI, SQuAD's train-v1.1.json for XQuAD)")
+    p.add_argument("--eval-files", nargs="+", help="evaluation files, overriding the directory layout")
+    p.add_argument("--train-split", default="train", help="file prefix of the training split (XNLI: dev)")
+    p.add_argument("--eval-split", default="dev", help="file prefix of the evaluation split (XNLI: test)")
+    p.add_argument("--train-language", default="en", help="cross-lingual: the language fine-tuned on")
+    p.add_argument("-o", "--output-dir", default="runs/finetune")
+    add_finetune_options(p)
+    add_threads_option(p)
+    p.set_defaults(func=main)
+
+
+def settings(args) -> dict:
+    r = FINETUNE_RECIPES[args.ft_recipe]
+
+    def given(value, default):  # 0 is a value to check, never "unset": only None takes the recipe's
+        return default if value is None else value
+
+    lrs = r.learning_rates
+    if args.lrs is not None:
+        try:
+            lrs = tuple(float(x) for x in args.lrs.split(","))
+        except ValueError:
+            raise ConfigError(f"--lrs {args.lrs!r} is not a comma-separated list of numbers (e.g. 1e-4,3e-4)") \
+                from None
+        bad = [lr for lr in lrs if not (lr > 0 and math.isfinite(lr))]
+        if bad:
+            raise ConfigError(f"--lrs {args.lrs!r}: {bad[0]:g} is not a positive learning rate (must be > 0)")
+    s = dict(lrs=lrs, seeds=given(args.seeds, r.seeds), epochs=given(args.epochs, r.epochs),
+             batch_size=given(args.ft_batch_size, r.batch_size), max_length=given(args.ft_max_length, r.max_length),
+             warmup=r.warmup, weight_decay=r.weight_decay, max_grad_norm=r.max_grad_norm,
+             eval_steps=args.eval_steps, max_eval=args.max_eval, doc_stride=args.doc_stride)
+    options = dict(seeds="--seeds", batch_size="--ft-batch-size", max_length="--ft-max-length",
+                   eval_steps="--eval-steps", max_eval="--max-eval")
+    for key, option in options.items():
+        if s[key] is not None and s[key] < 1:
+            raise ConfigError(f"{option}={s[key]} must be a positive integer (>= 1)")
+    if not (s["epochs"] > 0 and math.isfinite(s["epochs"])):
+        raise ConfigError(f"--epochs={s['epochs']} must be positive")
+    if s["doc_stride"] < 0:
+        raise ConfigError(f"--doc-stride={s['doc_stride']} must be >= 0")
+    return s
+
+
+# -- encoding ------------------------------------------------------------------------------------------------
+
+def encode_pairs(examples, tokenizer, max_length: int, regression: bool) -> list[dict]:
+    a = [e.text_a for e in examples]
+    b = [e.text_b for e in examples] if examples and examples[0].text_b is not None else None
+    enc = tokenizer(a, b, truncation=True, max_length=max_length)
+    return [{"input_ids": enc["input_ids"][i], "token_type_ids": enc["token_type_ids"][i],
+             "attention_mask": enc["attention_mask"][i],
+             "labels": float(e.label) if regression else int(e.label)} for i, e in enumerate(examples)]
+
+
+class Scorer:
+    """Encodes a task's evaluation sets and turns model predictions into the task's metrics."""
+
+    def __init__(self, data: TaskData, tokenizer, s: dict, select_on: str | None):
+        self.spec, self.data, self.tokenizer, self.s = data.spec, data, tokenizer, s
+        self.sets: dict[str, tuple[ListDataset, object]] = {}
+        for name, examples in data.evals.items():
+            examples = examples[:s["max_eval"]] if s["max_eval"] else examples
+            if self.spec.kind == "qa":
+                feats, meta = encode_eval(examples, tokenizer, s["max_length"], s["doc_stride"])
+                self.sets[name] = (ListDataset(feats), (examples, meta))
+            else:
+                feats = encode_pairs(examples, tokenizer, s["max_length"], self.spec.kind == "regression")
+                self.sets[name] = (ListDataset(feats), np.array([f["labels"] for f in feats]))
+        self.primary = self.spec.metrics[0]
+        self.select_on = select_on if select_on in self.sets else None
+
+    def score(self, name: str, predictions) -> dict[str, float]:
+        _, gold = self.sets[name]
+        if self.spec.kind == "qa":
+            examples, meta = gold
+            start, end = predictions
+            answers = best_answers(examples, meta, start, end)
+            return M.squad_scores(answers, {e.id: [a["text"] for a in e.answers] for e in examples})
+        logits = predictions[0] if isinstance(predictions, tuple) else predictions
+        pred = logits.reshape(-1) if self.spec.kind == "regression" else logits.argmax(-1)
+        return M.task_metrics(self.spec.metrics, pred, gold)
+
+    def selection_score(self, per_set: dict[str, dict[str, float]]) -> float:
+        """What picks the best evaluation of a run: English if evaluated, else the mean over sets."""
+        if self.select_on:
+            return per_set[self.select_on][self.primary]
+        return float(np.mean([m[self.primary] for m in per_set.values()]))
+
+
+def make_trainer_class():
+    from transformers import TrainerCallback
+    from transformers.trainer_callback import ExportableState
+
+    class EvalHistory(TrainerCallback, ExportableState):
+        """The run's evaluations, saved in each checkpoint's trainer state and restored on resume."""
+
+        def __init__(self, history: list | None = None):
+            self.history = list(history or [])
+
+        def state(self) -> dict:
+            return {"args": {"history": self.history}, "attributes": {}}
+
+    class TaskTrainer(SeededTrainer):
+        """Trainer whose evaluation scores every evaluation set with the task's official metrics."""
+
+        def __init__(self, *a, scorer: Scorer, callbacks=None, **kw):
+            super().__init__(*a, callbacks=[*(callbacks or []), EvalHistory()], **kw)
+            self.scorer = scorer
+
+        @property
+        def history(self) -> list[dict]:
+            """The evaluations so far (the callback object is replaced when a checkpoint is resumed)."""
+            return next(cb for cb in self.callback_handler.callbacks if isinstance(cb, EvalHistory)).history
+
+        def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix="eval"):
+            per_set = {}
+            for name, (dataset, _) in self.scorer.sets.items():
+                out = self.predict(dataset, metric_key_prefix=metric_key_prefix)
+                per_set[name] = self.scorer.score(name, out.predictions)
+            score = self.scorer.selection_score(per_set)
+            metrics = {f"{metric_key_prefix}_score": score}
+            for name, values in per_set.items():
+                for k, v in values.items():
+                    metrics[f"{metric_key_prefix}_{name}_{k}"] = v
+            self.history.append({"step": self.state.global_step, "epoch": self.state.epoch, "score": score,
+                                 "metrics": per_set})
+            self.log(metrics)
+            self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
+            return metrics
+
+    return TaskTrainer
+
+
+def model_class(kind: str):
+    from dietpe import DietForQuestionAnswering, DietForSequenceClassification
+    return DietForQuestionAnswering if kind == "qa" else DietForSequenceClassification
+
+
+def quiet_load(cls, model_dir: Path, **kwargs):
+    """`from_pretrained` (safetensors only) without the load report: the MLM head is meant to be dropped and
+    the pooler and classifier are meant to be new."""
+    from transformers.utils import logging as hf_logging
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        return cls.from_pretrained(model_dir, use_safetensors=True, **kwargs)
+    finally:
+        hf_logging.set_verbosity(level)
+
+
+def run_one(model_dir: Path, data: TaskData, train_set: ListDataset, scorer: Scorer, tokenizer, lr: float,
+            seed: int, s: dict, out: Path, quiet: bool, description: str, report_to: str = "tensorboard") -> dict:
+    """One fine-tuning run; returns its history and best evaluation."""
+    from transformers import DataCollatorWithPadding, TrainingArguments, set_seed
+
+    spec = data.spec
+    per_device, accumulation = batch_layout(s["batch_size"], s["batch_size"])
+    steps_per_epoch = max(1, len(train_set) // s["batch_size"])
+    args = TrainingArguments(
+        output_dir=str(out), num_train_epochs=s["epochs"], learning_rate=lr, warmup_steps=s["warmup"],
+        lr_scheduler_type="linear", weight_decay=s["weight_decay"], max_grad_norm=s["max_grad_norm"],
+        per_device_train_batch_size=per_device, per_device_eval_batch_size=128,
+        gradient_accumulation_steps=accumulation,
+        eval_strategy="steps" if s["eval_steps"] else "epoch", eval_steps=s["eval_steps"],
+        save_strategy="steps" if s["eval_steps"] else "epoch", save_steps=s["eval_steps"], save_total_limit=2,
+        restore_callback_states_from_checkpoint=True,
+        logging_steps=max(1, steps_per_epoch // 5), seed=seed, data_seed=seed,
+        report_to=[report_to] if report_to != "none" else [], use_cpu=not torch.cuda.is_available(),
+        disable_tqdm=quiet, remove_unused_columns=False, log_level="warning", ddp_find_unused_parameters=False)
+    set_seed(seed)  # the new head's initialisation and dropout differ per seed
+    kwargs = {} if spec.kind == "qa" else dict(
+        num_labels=spec.num_labels,
+        problem_type="regression" if spec.kind == "regression" else "single_label_classification")
+    model = quiet_load(model_class(spec.kind), model_dir, **kwargs)
+    first_eval = next(iter(scorer.sets.values()))[0]  # Trainer insists on one; evaluate() scores them all
+    trainer = make_trainer_class()(model=model, args=args, train_dataset=train_set, eval_dataset=first_eval,
+                                   data_collator=DataCollatorWithPadding(tokenizer), scorer=scorer,
+                                   callbacks=[CompleteCheckpoints()])
+    replace_progress(trainer, ProgressBar(description, score_key="eval_score"))
+    resume = resumable_checkpoint(out, remove_incomplete=is_main_process())
+    trainer.accelerator.wait_for_everyone()
+    start = time.time()
+    train_resumable(trainer, resume)
+    if not trainer.history:  # fewer steps than one evaluation interval
+        trainer.evaluate()
+    best = max(trainer.history, key=lambda h: h["score"])
+    return dict(lr=lr, seed=seed, best=best, history=trainer.history, seconds=time.time() - start,
+                train_loss=[(r["step"], r["loss"]) for r in trainer.state.log_history if "loss" in r])
+
+
+def summarise(runs: list[dict], spec, select_on: str | None) -> dict:
+    """Median over seeds per learning rate (each metric of each evaluation set); the best learning rate."""
+    by_lr: dict[float, list[dict]] = {}
+    for r in runs:
+        by_lr.setdefault(r["lr"], []).append(r)
+    per_lr = {}
+    for lr, rs in sorted(by_lr.items()):
+        sets = rs[0]["best"]["metrics"].keys()
+        per_lr[lr] = {
+            "score": statistics.median(r["best"]["score"] for r in rs),
+            "seeds": len(rs),
+            "metrics": {name: {k: statistics.median(r["best"]["metrics"][name][k] for r in rs)
+                               for k in rs[0]["best"]["metrics"][name]} for name in sets},
+        }
+    best_lr = max(per_lr, key=lambda lr: per_lr[lr]["score"])
+    best = per_lr[best_lr]
+    sets = list(best["metrics"])
+    # The table's numbers: each metric averaged over the evaluation sets (languages, MNLI m/mm).
+    averaged = {k: float(np.mean([best["metrics"][n][k] for n in sets])) for k in spec.metrics}
+    return dict(task=spec.name, kind=spec.kind, metrics=list(spec.metrics), primary=spec.metrics[0],
+                select_on=select_on, best_lr=best_lr, score=best["score"], averaged=averaged,
+                per_set=best["metrics"], per_lr={str(k): v for k, v in per_lr.items()})
+
+
+def run_finetune(model_dir: str | Path, data: TaskData, output_dir: str | Path, s: dict, *,
+                 train_language: str = "en", quiet: bool = False, label: str = "",
+                 report_to: str = "tensorboard") -> dict:
+    """The lr x seed grid on one task; returns (and writes) its summary."""
+    model_dir, output_dir = Path(model_dir), Path(output_dir)
+    log = (lambda m: None) if quiet or not is_main_process() else (
+        lambda m: print(f"[finetune] {m}", file=sys.stderr))
+    if not (model_dir / "config.json").is_file():
+        raise DataError(f"{model_dir}: not a pre-trained model directory (no config.json); pass dietpe pretrain's "
+                        f"<output>/model")
+    from dietpe import DietConfig
+    config = DietConfig.from_pretrained(model_dir)
+    check_model_length(config, s["max_length"], str(model_dir))
+    tokenizer = load_tokenizer(model_dir)
+    spec = data.spec
+    run = dict(task="finetune", model=local_path(str(model_dir)),
+               model_sha256=file_fingerprint(model_dir / "model.safetensors"),
+               tokenizer_sha256=file_fingerprint(model_dir / "tokenizer.json"), data=local_path(data.source),
+               task_name=spec.name, train_examples=len(data.train),
+               eval_sets={name: len(examples) for name, examples in data.evals.items()},
+               train_language=train_language, settings=s, processes=world_size())
+    check_run_settings(output_dir, run, "another -o (or delete the folder)", products=(SUMMARY, "lr*-seed*"))
+    if spec.kind == "qa":
+        train_set = ListDataset(encode_train(data.train, tokenizer, s["max_length"], s["doc_stride"]))
+    else:
+        train_set = ListDataset(encode_pairs(data.train, tokenizer, s["max_length"], spec.kind == "regression"))
+    if len(train_set) < s["batch_size"]:
+        raise DataError(f"{data.source}: {len(train_set)} training examples, fewer than one batch of "
+                        f"{s['batch_size']}")
+    scorer = Scorer(data, tokenizer, s, train_language)
+    log(f"{spec.name}: {len(data.train):,} training examples; evaluating on "
+        + ", ".join(f"{n} ({len(d):,})" for n, (d, _) in scorer.sets.items())
+        + f"; {len(s['lrs'])} learning rate(s) x {s['seeds']} seed(s)")
+    runs = []
+    for lr in s["lrs"]:
+        for seed in range(s["seeds"]):
+            out = output_dir / f"lr{lr:g}-seed{seed}"
+            if (out / RESULT).is_file():
+                runs.append(read_json(out / RESULT))
+                continue
+            result = run_one(model_dir, data, train_set, scorer, tokenizer, lr, seed, s, out, quiet,
+                             f"{label}{spec.name} lr={lr:g} seed={seed}", report_to)
+            if is_main_process():
+                write_json_atomic(out / RESULT, result)
+                for _, folder, _ in checkpoints(out):  # finished: its checkpoints are no longer needed
+                    shutil.rmtree(folder, ignore_errors=True)
+            runs.append(result)
+    summary = summarise(runs, spec, scorer.select_on)
+    summary["runs"] = [{k: r[k] for k in ("lr", "seed", "best", "seconds")} for r in runs]
+    if is_main_process():
+        write_json_atomic(output_dir / SUMMARY, summary)
+    metric_text = " / ".join(f"{k} {summary['averaged'][k]:.2f}" for k in spec.metrics)
+    log(f"{spec.name}: {metric_text} (median of {s['seeds']} seed(s) at lr {summary['best_lr']:g})")
+    return summary
+
+
+def main(args) -> int:
+    set_threads(args.threads)
+    s = settings(args)
+    out = V.check_output_dir(args.output_dir, "-o")
+    data = load_task(args.task, args.task_type, args.train_file, args.eval_files, args.train_split,
+                     args.eval_split, args.train_language, args.max_train)
+    model_dir = V.find_model_dir(args.model)  # MODEL or a `dietpe pretrain` run folder holding MODEL/model
+    with V.created_only_on_success(out):
+        summary = run_finetune(model_dir, data, out, s, train_language=args.train_language)
+    if is_main_process():
+        print(f"{summary['task']}\tbest lr {summary['best_lr']:g}")
+        for name, values in summary["per_set"].items():
+            print(f"  {name}\t" + "\t".join(f"{k}={v:.2f}" for k, v in values.items()))
+    return 0

@@ -1,0 +1,348 @@
+"""`dietpe pretrain`: masked-LM pre-training as in the DIET paper (appendix A): BERT's MLM without the
+next-sentence task, full sentences packed to the maximum length (RoBERTa), AdamW with linear warm-up and
+decay, gradient clipping, the hyper-parameters of its Table 7 as the `paper` recipe.
+
+Runs on the Hugging Face `Trainer`, so `torchrun --nproc_per_node N` or `accelerate launch` distribute it
+(gloo on CPU). Checkpoints are marked complete after they are written and a rerun resumes from the newest
+complete one (see `dietpe.tasks.seeding`). Reports validation MLM loss (mean over masked tokens) and perplexity
+on a validation set masked once with a fixed seed, so every method is scored on the same positions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import math
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from dietpe import validate as V
+from dietpe.config import LEARNED_ABSOLUTE
+from dietpe.data.corpus import read_corpus
+from dietpe.data.mlm import MlmCollator, pack_sentences
+from dietpe.data.tokenizer import load_tokenizer, save_tokenizer, train_wordpiece
+from dietpe.errors import ConfigError, DataError
+from dietpe.methods import Method, parse_method
+from dietpe.tasks.checkpoints import (
+    CompleteCheckpoints,
+    check_run_settings,
+    file_fingerprint,
+    local_path,
+    read_json,
+    resumable_checkpoint,
+    train_resumable,
+    write_json_atomic,
+)
+from dietpe.tasks.recipes import PRETRAIN_RECIPES, SIZES, build_config
+from dietpe.tasks.runtime import (
+    ListDataset,
+    ProgressBar,
+    add_threads_option,
+    batch_layout,
+    is_main_process,
+    log_history_curves,
+    replace_progress,
+    set_threads,
+    world_size,
+)
+from dietpe.tasks.optim import LogitLrTrainer
+from dietpe.tasks.seeding import EpochExamples
+
+RESULTS = "pretrain_results.json"
+VALIDATION_SEED = 1234  # the masking of the validation set, shared by all methods
+
+
+def add_pretrain_options(p: argparse.ArgumentParser, recipe_default: str = "cpu") -> None:
+    """Options shared by `dietpe pretrain` and `dietpe compare`; unset ones come from the recipe."""
+    g = p.add_argument_group("pre-training")
+    g.add_argument("--recipe", choices=sorted(PRETRAIN_RECIPES), default=recipe_default,
+                   help="hyper-parameter preset: 'paper' is DIET Table 7 (500k steps, batch 4096, lr 0.0018); "
+                        "'cpu' a CPU-session budget; 'toy' the built-in comparison (default: %(default)s)")
+    g.add_argument("--size", choices=sorted(SIZES), help="model size preset (default: the recipe's)")
+    g.add_argument("--tokenizer", help="an existing tokenizer (directory or tokenizer.json); default: train "
+                                       "WordPiece on the corpus")
+    g.add_argument("--vocab-size", type=V.int_at_least(6, ": 5 special tokens and a word"),
+                   help="WordPiece vocabulary size when training one")
+    g.add_argument("--max-length", type=V.int_at_least(3, ": [CLS], a token and [SEP]"),
+                   help="block length in tokens ([CLS] and [SEP] included)")
+    g.add_argument("--steps", type=V.positive_int, help="optimizer steps")
+    g.add_argument("--batch-size", type=V.positive_int, help="global batch (all processes, after accumulation)")
+    g.add_argument("--device-batch-size", type=V.positive_int, default=64,
+                   help="largest batch one process computes at once; the rest is gradient accumulation")
+    g.add_argument("--lr", type=V.positive_float, help="peak learning rate")
+    g.add_argument("--warmup", type=V.fraction, help="warm-up fraction of the steps, in [0, 1)")
+    g.add_argument("--save-steps", type=V.positive_int, help="checkpoint interval in steps")
+    g.add_argument("--max-documents", type=V.positive_int, help="use only the first N documents of the corpus")
+    g.add_argument("--max-validation", type=V.positive_int,
+                   help="score validation MLM loss on the first N validation blocks only (faster evaluations)")
+    g.add_argument("--seed", type=V.seed, default=0, help="seed of initialisation and data order")
+    g.add_argument("--logit-lr-scale", type=V.positive_float,
+                   help="learning rate of the position and segment parameters added to the attention logits "
+                        "(DIET-REL's R, T5's buckets, DIET-ABS's P_Q/P_K, per-head segments) relative to --lr, "
+                        "for every method alike (default: the recipe's; docs/study.md)")
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("pretrain", help="masked-LM pre-training (DIET appendix A)",
+                              description=__doc__.splitlines()[0],
+                              formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("corpus", help="text file(s) directory (train.txt, valid.txt), a .txt/.jsonl/.tsv file, or a "
+                                  "Hugging Face dataset name such as wikitext:wikitext-2-raw-v1")
+    p.add_argument("--validation", help="validation corpus (default: the corpus's valid file, else 5%% of the "
+                                        "documents held out)")
+    p.add_argument("--method", default="absolute",
+                   help="position method spec, e.g. absolute, diet-rel, diet-rel:segment=input:sharing=layer")
+    p.add_argument("-o", "--output-dir", default="runs/pretrain", help="where checkpoints and the model go")
+    p.add_argument("--overwrite", action="store_true", help="start afresh instead of resuming")
+    p.add_argument("--init", help="continue pre-training a BERT checkpoint (folder or hub name, safetensors): its "
+                                  "content weights and sizes, the method's position parameters fresh, BERT's input "
+                                  "positions kept for 'absolute', or beside a per-head method when the spec says "
+                                  "input_positions=true (e.g. diet-rel:input_positions=true), else dropped; its "
+                                  "tokenizer unless --tokenizer; the log "
+                                  "lists what was loaded, initialised and dropped")
+    add_pretrain_options(p)
+    add_threads_option(p)
+    p.set_defaults(func=main)
+
+
+def settings(args) -> dict:
+    """The recipe with the command line's overrides applied."""
+    r = PRETRAIN_RECIPES[args.recipe]
+
+    def given(value, default):  # 0 is a value to check, never "unset": only None takes the recipe's
+        return default if value is None else value
+
+    steps = given(args.steps, r.max_steps)
+    s = dict(size=given(args.size, r.size), vocab_size=given(args.vocab_size, r.vocab_size),
+             max_length=given(args.max_length, r.max_length), steps=steps,
+             batch_size=given(args.batch_size, r.batch_size), lr=given(args.lr, r.learning_rate),
+             warmup=given(args.warmup, r.warmup), save_steps=given(args.save_steps, min(r.save_steps, steps)),
+             weight_decay=r.weight_decay, adam_epsilon=r.adam_epsilon, max_grad_norm=r.max_grad_norm)
+    scale = given(getattr(args, "logit_lr_scale", None), r.logit_lr_scale)
+    if scale != 1:  # recorded only when used, so runs made before the option existed still resume
+        if not (scale > 0 and math.isfinite(scale)):
+            raise ConfigError(f"--logit-lr-scale={scale} must be positive and finite")
+        s["logit_lr_scale"] = scale
+    for key in ("vocab_size", "max_length", "steps", "batch_size", "save_steps"):
+        if s[key] < 1:
+            raise ConfigError(f"--{key.replace('_', '-')}={s[key]} must be a positive integer")
+    if not 0 <= s["warmup"] < 1:
+        raise ConfigError(f"--warmup={s['warmup']} must be a fraction in [0, 1)")
+    if not (s["lr"] > 0 and math.isfinite(s["lr"])):
+        raise ConfigError(f"--lr={s['lr']} must be positive and finite")
+    return s
+
+
+def prepare_data(corpus: str, validation: str | None, tokenizer_path: str | None, vocab_size: int,
+                 max_length: int, output_dir: Path, max_documents: int | None, log=print,
+                 max_validation: int | None = None):
+    """Read, tokenise and pack the corpus: (tokenizer, train blocks, validation blocks)."""
+    docs, origin = read_corpus(corpus, "train")
+    if validation:
+        val_docs, val_origin = read_corpus(validation, "train")
+    else:
+        val_docs, val_origin = read_corpus(corpus, "validation")
+    if max_documents:
+        docs = docs[:max_documents]
+    if not val_docs:  # hold out 5% of the training documents
+        cut = max(1, len(docs) // 20)
+        if len(docs) < 2:
+            raise DataError(f"{origin}: one document only; give a --validation corpus")
+        docs, val_docs, val_origin = docs[cut:], docs[:cut], f"{origin} (first {cut} documents held out)"
+    log(f"corpus: {len(docs):,} documents from {origin}; validation: {len(val_docs):,} from {val_origin}")
+
+    saved = output_dir / "tokenizer"
+    if tokenizer_path:
+        tokenizer = load_tokenizer(tokenizer_path)
+    elif (saved / "tokenizer.json").is_file():
+        tokenizer = load_tokenizer(saved)  # resuming: the vocabulary must not change
+    else:
+        log(f"training a WordPiece tokenizer (vocabulary {vocab_size:,}) on the corpus")
+        tokenizer = train_wordpiece((s for d in docs for s in d), vocab_size=vocab_size)
+        if is_main_process():
+            tmp = output_dir / "tokenizer.tmp"
+            shutil.rmtree(tmp, ignore_errors=True)
+            tokenizer.save_pretrained(tmp)
+            shutil.rmtree(saved, ignore_errors=True)
+            tmp.rename(saved)
+
+    def encode(documents):
+        flat = [s for d in documents for s in d]
+        ids = [e.ids for e in tokenizer.backend_tokenizer.encode_batch(flat, add_special_tokens=False)]
+        out, i = [], 0
+        for d in documents:
+            out.append(ids[i:i + len(d)])
+            i += len(d)
+        return out
+
+    cls_id, sep_id = tokenizer.cls_token_id, tokenizer.sep_token_id
+    train_blocks = pack_sentences(encode(docs), max_length, cls_id, sep_id)
+    val_blocks = pack_sentences(encode(val_docs), max_length, cls_id, sep_id)
+    if not train_blocks:
+        raise DataError(f"{origin}: no text left after tokenisation")
+    if not val_blocks:
+        raise DataError(f"{val_origin}: the validation corpus is empty")
+    if max_validation:
+        val_blocks = val_blocks[:max_validation]
+    n_tokens = sum(len(b) for b in train_blocks)
+    log(f"packed {len(train_blocks):,} training blocks ({n_tokens:,} tokens) and {len(val_blocks):,} validation "
+        f"blocks of at most {max_length} tokens; vocabulary {len(tokenizer):,}")
+    return tokenizer, train_blocks, val_blocks
+
+
+@torch.no_grad()
+def mlm_loss(model, dataset: ListDataset, collator: MlmCollator, batch_size: int = 64) -> float:
+    """Mean cross-entropy over all masked tokens of a pre-masked dataset."""
+    was_training = model.training
+    model.eval()
+    total, count = 0.0, 0
+    for i in range(0, len(dataset), batch_size):
+        batch = collator([dataset[j] for j in range(i, min(i + batch_size, len(dataset)))])
+        labels = batch.pop("labels")
+        logits = model(**batch).logits
+        keep = labels != -100
+        total += torch.nn.functional.cross_entropy(logits[keep].float(), labels[keep], reduction="sum").item()
+        count += int(keep.sum())
+    model.train(was_training)
+    if count == 0:
+        raise DataError("the validation set has no masked tokens; it is too small")
+    return total / count
+
+
+def run_pretrain(corpus: str, method: Method, output_dir: str | Path, s: dict, *, validation: str | None = None,
+                 tokenizer: str | None = None, seed: int = 0, device_batch_size: int = 64,
+                 max_documents: int | None = None, max_validation: int | None = None, overwrite: bool = False,
+                 quiet: bool = False, report_to: str = "tensorboard", description: str | None = None, prepared=None,
+                 init: str | None = None) -> dict:
+    """Pre-train one model; resumes from a complete checkpoint and returns the results (also in RESULTS).
+
+    `prepared`: (tokenizer, train blocks, validation blocks) already made, shared by compared methods.
+    The run is a pure function of its settings and seed (see `dietpe.tasks.seeding`); they are recorded in the
+    output folder before anything else, and a rerun with other settings is refused."""
+    from transformers import TrainingArguments, set_seed
+
+    from dietpe import DietForMaskedLM
+
+    output_dir = Path(output_dir)
+    log = (lambda *a: None) if quiet or not is_main_process() else (lambda m: print(f"[pretrain] {m}",
+                                                                                      file=sys.stderr))
+    if overwrite and output_dir.exists() and is_main_process():
+        shutil.rmtree(output_dir)
+    per_device, accumulation = batch_layout(s["batch_size"], device_batch_size)
+    tokenizer_file = Path(tokenizer) / "tokenizer.json" if tokenizer and Path(tokenizer).is_dir() else tokenizer
+    run = dict(task="pretrain", method=method.name, config=method.config_fields(), settings=s, seed=seed,
+               corpus=local_path(corpus), validation=local_path(validation), tokenizer=local_path(tokenizer),
+               tokenizer_sha256=file_fingerprint(tokenizer_file) if tokenizer else None,
+               max_documents=max_documents, max_validation=max_validation, device_batch_size=per_device,
+               accumulation=accumulation, processes=world_size())
+    if init:  # recorded only when given, so runs made before --init existed still resume
+        run["init"] = local_path(init)
+    if prepared is not None:  # compare's shared data: the vocabulary itself identifies it
+        run["vocabulary_sha256"] = hashlib.sha256(prepared[0].backend_tokenizer.to_str().encode()).hexdigest()[:16]
+    check_run_settings(output_dir, run, "--overwrite", products=("model", "tokenizer", RESULTS))
+    done = output_dir / RESULTS
+    if done.is_file() and (output_dir / "model" / "config.json").is_file():
+        log(f"{output_dir}: finished earlier, reusing it (--overwrite to redo)")
+        return read_json(done)
+    output_dir.mkdir(parents=True, exist_ok=True)
+
+    args = TrainingArguments(
+        output_dir=str(output_dir), max_steps=s["steps"], learning_rate=s["lr"], warmup_steps=s["warmup"],
+        lr_scheduler_type="linear", weight_decay=s["weight_decay"], adam_epsilon=s["adam_epsilon"],
+        max_grad_norm=s["max_grad_norm"], per_device_train_batch_size=per_device,
+        per_device_eval_batch_size=64, gradient_accumulation_steps=accumulation,
+        logging_steps=max(1, min(50, s["steps"] // 20)), eval_strategy="steps", eval_steps=s["save_steps"],
+        save_strategy="steps", save_steps=s["save_steps"], save_total_limit=2, seed=seed, data_seed=seed,
+        report_to=[report_to] if report_to != "none" else [], use_cpu=not torch.cuda.is_available(),
+        dataloader_drop_last=False, disable_tqdm=quiet, remove_unused_columns=False,
+        ddp_find_unused_parameters=False, log_level="warning", save_only_model=False)
+
+    if prepared is not None:
+        tok, train_blocks, val_blocks = prepared
+    else:
+        with args.main_process_first(desc="data preparation", local=False):
+            tok, train_blocks, val_blocks = prepare_data(corpus, validation, tokenizer, s["vocab_size"],
+                                                         s["max_length"], output_dir, max_documents, log,
+                                                         max_validation)
+    collator = MlmCollator(tok)
+    val_set = ListDataset(collator.premask(val_blocks, VALIDATION_SEED))
+    train_set = EpochExamples([{"input_ids": b} for b in train_blocks], seed)  # masks: f(seed, epoch, index)
+
+    set_seed(seed)  # identical initialisation of the parameters all methods share
+    if init:  # BERT's sizes and content weights; the method's position parameters fresh (dietpe.models.bert)
+        from dietpe.models.bert import from_bert, init_config
+
+        config = init_config(init, s["max_length"], **method.config_fields())
+        if len(tok) > config.vocab_size:
+            raise ConfigError(f"the tokenizer has {len(tok):,} tokens, the BERT checkpoint {init} "
+                              f"{config.vocab_size:,}; use the checkpoint's tokenizer (--tokenizer)")
+        model, report = from_bert(init, DietForMaskedLM, config=config)
+        log(f"--init {report.summary()}")
+    else:
+        config = build_config(method, s["size"], len(tok), s["max_length"], tok.pad_token_id)
+        model = DietForMaskedLM(config)
+    log(f"{method.name}: {sum(p.numel() for p in model.parameters()):,} parameters, {s['steps']:,} steps of "
+        f"batch {s['batch_size']} ({per_device} x {accumulation} accumulation x {args.world_size} process(es))")
+
+    trainer = LogitLrTrainer(model=model, args=args, train_dataset=train_set, eval_dataset=val_set,
+                             data_collator=collator, callbacks=[CompleteCheckpoints()],
+                             logit_lr_scale=s.get("logit_lr_scale", 1.0))
+    replace_progress(trainer, ProgressBar(description or f"pretrain {method.name}"))
+    resume = None if overwrite else resumable_checkpoint(output_dir, remove_incomplete=is_main_process())
+    trainer.accelerator.wait_for_everyone()
+    if resume:
+        log(f"resuming from {resume}")
+    start = time.time()
+    train_resumable(trainer, resume)
+    seconds = time.time() - start
+
+    results = None
+    if trainer.is_world_process_zero():
+        val_loss = mlm_loss(trainer.model, val_set, collator)
+        final = output_dir / "model"
+        tmp = output_dir / "model.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        trainer.model.save_pretrained(tmp, safe_serialization=True)
+        save_tokenizer(tok, tmp, config.max_position_embeddings if method.position in LEARNED_ABSOLUTE else None)
+        shutil.rmtree(final, ignore_errors=True)
+        tmp.rename(final)
+        results = dict(method=method.name, position=method.position, segment=method.segment,
+                       sharing=method.sharing, val_loss=val_loss, perplexity=math.exp(min(val_loss, 50)),
+                       steps=trainer.state.global_step, seconds=seconds, processes=args.world_size,
+                       parameters=sum(p.numel() for p in trainer.model.parameters()),
+                       settings=s, corpus=corpus, model_dir=str(final),
+                       curves=log_history_curves(trainer.state.log_history))
+        write_json_atomic(done, results)
+        log(f"{method.name}: validation MLM loss {val_loss:.4f}, perplexity {results['perplexity']:.2f} "
+            f"({trainer.state.global_step} steps, {seconds:.0f}s); model in {final}")
+    trainer.accelerator.wait_for_everyone()
+    return results if results is not None else read_json(done)
+
+
+def check_before_work(method: Method, s: dict, device_batch_size: int) -> None:
+    """What can be refused without reading data: the model's shape at this size, the batch layout."""
+    build_config(method, s["size"], s["vocab_size"], s["max_length"], 0)
+    batch_layout(s["batch_size"], device_batch_size)
+
+
+def main(args) -> int:
+    set_threads(args.threads)
+    method = parse_method(args.method)
+    s = settings(args)
+    check_before_work(method, s, args.device_batch_size)
+    out = V.check_output_dir(args.output_dir, "-o")
+    if args.tokenizer:
+        load_tokenizer(args.tokenizer)
+    if args.overwrite and out.exists():  # --overwrite deletes the old run: read the new data first
+        read_corpus(args.corpus, "train")
+        if args.validation:
+            read_corpus(args.validation, "train")
+    with V.created_only_on_success(out):
+        run_pretrain(args.corpus, method, out, s, validation=args.validation, tokenizer=args.tokenizer or args.init,
+                     seed=args.seed, device_batch_size=args.device_batch_size, max_documents=args.max_documents,
+                     max_validation=args.max_validation, overwrite=args.overwrite, init=args.init)
+    return 0

@@ -1,0 +1,97 @@
+"""Model sizes and the papers' recipes (DIET appendix A, Table 7): what `dietpe pretrain`, `dietpe finetune` and
+`dietpe compare` train with unless the command line says otherwise."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dietpe.config import PRESETS, DietConfig
+from dietpe.errors import ConfigError
+from dietpe.methods import Method
+from dietpe.positions.encoding import check_length
+
+# `toy` is the built-in comparison's size (fits ~10 CPU minutes for 12 methods); the rest are diet's presets.
+SIZES: dict[str, tuple[str, dict]] = {
+    "toy": ("bert-tiny", dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=256)),
+    # The built-in study (docs/study.md): the toy width with 8 heads of d_h = 8, so that 32-token windows are
+    # longer than d_h + d_p (DIET Theorem 1's gap can show) at the toy's cost.
+    "study": ("bert-tiny", dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=8, intermediate_size=256)),
+    **{name: (name, {}) for name in PRESETS},
+}
+
+
+def build_config(method: Method, size: str, vocab_size: int, max_length: int, pad_token_id: int,
+                 max_position_embeddings: int | None = None, dropout: float | None = None) -> DietConfig:
+    if size not in SIZES:
+        raise ConfigError(f"model size {size!r} is not one of {', '.join(SIZES)}")
+    preset, overrides = SIZES[size]
+    max_positions = max_position_embeddings or max_length
+    check_length(method.position, max_length, max_positions, "max_length=", "raise max_position_embeddings",
+                 ConfigError)
+    if dropout is not None:
+        overrides = {**overrides, "hidden_dropout_prob": dropout, "attention_probs_dropout_prob": dropout}
+    fields = {**overrides, **method.config_fields()}  # a method's fields override the size preset's
+    return DietConfig.from_preset(preset, **fields, vocab_size=vocab_size, max_position_embeddings=max_positions,
+                                  pad_token_id=pad_token_id)
+
+
+def check_model_length(config: DietConfig, max_length: int, where: str) -> None:
+    """Refuse, before training, a length the pretrained model's position method cannot serve."""
+    check_length(config.position, max_length, config.max_position_embeddings, "max_length=",
+                 f"the model in {where}; use --max-length {config.max_position_embeddings} or less", ConfigError)
+
+
+@dataclass(frozen=True)
+class PretrainRecipe:
+    learning_rate: float
+    warmup: float            # fraction of the steps
+    max_length: int
+    batch_size: int          # global, reached with gradient accumulation
+    max_steps: int
+    save_steps: int
+    weight_decay: float = 0.01
+    adam_epsilon: float = 1e-6
+    max_grad_norm: float = 1.0
+    vocab_size: int = 30000
+    size: str = "bert-base"
+    # learning rate of logit-unit position parameters relative to learning_rate, every method alike
+    # (dietpe.tasks.optim; docs/study.md)
+    logit_lr_scale: float = 1.0
+
+
+@dataclass(frozen=True)
+class FinetuneRecipe:
+    learning_rates: tuple[float, ...]
+    seeds: int
+    epochs: float
+    batch_size: int
+    max_length: int
+    warmup: float = 0.1
+    weight_decay: float = 0.01
+    max_grad_norm: float = 1.0
+
+
+PRETRAIN_RECIPES = {
+    # DIET appendix A, Table 7 (English): 500k steps, lr 0.0018, warm-up 2.5%, length 128, batch 4096.
+    "paper": PretrainRecipe(1.8e-3, 0.025, 128, 4096, 500_000, 20_000),
+    # A budget for a CPU session: same shape, a few hundred steps of bert-mini.
+    "cpu": PretrainRecipe(1e-3, 0.06, 128, 32, 600, 100, size="bert-mini", vocab_size=8000),
+    # The built-in comparison: the toy size on the generated corpus.
+    "toy": PretrainRecipe(2e-3, 0.06, 32, 32, 800, 200, size="toy", vocab_size=1000),
+    # The built-in study (docs/study.md): 8 heads, 500 steps; parameters added to the logits (per-head tables,
+    # DIET-ABS's factors) at 10x the learning rate, for every method.
+    "study": PretrainRecipe(2e-3, 0.06, 32, 32, 500, 125, size="study", vocab_size=1000, logit_lr_scale=10.0),
+}
+
+
+FINETUNE_RECIPES = {
+    # Table 7: lr grid {1,2,3,4}e-5, warm-up 10%, batch 32, 5 (or 10) epochs, length 128; median of 5 seeds.
+    "paper": FinetuneRecipe((1e-5, 2e-5, 3e-5, 4e-5), 5, 5, 32, 128),
+    "cpu": FinetuneRecipe((1e-4,), 1, 3, 32, 128),
+    "toy": FinetuneRecipe((1e-3,), 2, 3, 32, 32),
+    # The built-in study (docs/study.md): 8 epochs, at which 1e-3 is the stable learning rate of the grid
+    # {1e-3, 3e-3}, one fine-tuning seed per pre-training seed (3 pre-training seeds give the interval) ...
+    "study": FinetuneRecipe((1e-3,), 1, 8, 32, 32),
+    # ... and with --budget 2 or more the papers' protocol: the grid, the median of 3 fine-tuning seeds.
+    "study-full": FinetuneRecipe((1e-3, 3e-3), 3, 8, 32, 32),
+}

@@ -1,0 +1,487 @@
+"""`dietpe translate train` and `dietpe translate eval`: the papers' third experiment, Transformer translation from
+scratch with the position method in every attention layer of encoder and decoder (Chen et al. 2021, §5.3;
+Vaswani et al. 2017, §5: Adam β=(0.9, 0.98), ε=1e-9, inverse-square-root learning rate after a linear
+warm-up, label smoothing 0.1; beam 10, length penalty 0.6 at test time; BLEU by SacreBLEU).
+
+train: line-aligned files -> joint BPE vocabulary (saved as `tokenizer/`) -> DietForConditionalGeneration on the
+    Hugging Face `Trainer`. Checkpoints are marked complete only once fully written, and a rerun of the same
+    command resumes from the newest complete one (`dietpe.tasks.checkpoints.CompleteCheckpoints`); the finished model
+    goes to `final/` (written to a temporary directory, then renamed). Validation loss (plain cross-entropy,
+    no smoothing) every `--eval-steps`.
+eval: batched beam search with `generate()`, detokenised output to a file, SacreBLEU with its signature;
+    `--speed` decodes every batch with and without the cache, interleaved, checks the outputs match, and
+    reports sentences per second for each.
+
+Length penalty: Hugging Face's, score = log P(y) / |y|^α. The papers' (GNMT, tensor2tensor) divides by
+((5 + |y|) / 6)^α; both rank hypotheses of equal length alike and favour longer ones for α > 0.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+from transformers import TrainerCallback, TrainingArguments
+
+from dietpe import validate as V
+from dietpe.config import LEARNED_ABSOLUTE
+from dietpe.data.parallel import (
+    encode_pairs,
+    encode_sources,
+    find_split,
+    load_joint_tokenizer,
+    read_parallel,
+    train_joint_bpe,
+)
+from dietpe.data.tokenizer import save_tokenizer
+from dietpe.errors import ConfigError, DataError
+from dietpe.methods import Method, parse_method
+from dietpe.models.seq2seq import SEQ2SEQ_PRESETS, DietForConditionalGeneration, DietSeq2SeqConfig, shift_right
+from dietpe.positions.encoding import check_length
+from dietpe.tasks.checkpoints import (
+    CompleteCheckpoints,
+    check_run_settings,
+    file_fingerprint,
+    resumable_checkpoint,
+    train_resumable,
+    write_json_atomic,
+)
+from dietpe.tasks.runtime import ListDataset, ProgressBar, replace_progress, set_threads
+from dietpe.tasks.seeding import SeededTrainer
+
+# what changes the trained model: recorded in the run directory, and a rerun with other values is refused
+RESULT_ARGS = ("preset", "vocab_size", "max_length", "bad_lines", "batch_size", "grad_accum",
+               "learning_rate", "warmup_steps", "label_smoothing", "dropout", "max_grad_norm", "epochs", "max_steps",
+               "eval_steps", "max_train_pairs", "max_valid_pairs", "seed")
+
+
+# -- shared helpers ------------------------------------------------------------------------------------------
+
+# config fields the run sets from its tokenizer; any other DietSeq2SeqConfig field may be set in --method
+TRANSLATION_RUN_FIELDS = {"vocab_size": "the tokenizer (--vocab-size)", "pad_token_id": "the tokenizer",
+                          "bos_token_id": "the tokenizer", "eos_token_id": "the tokenizer"}
+
+
+def parse_translation_method(spec: str) -> Method:
+    """A method spec for the encoder-decoder: `t5`, `shaw:shaw_max_distance=16:num_decoder_layers=4` (config
+    fields of DietSeq2SeqConfig, the preset's sizes included); no segments in translation."""
+    return parse_method(spec, DietSeq2SeqConfig, segment="none", run_fields=TRANSLATION_RUN_FIELDS)
+
+
+def save_dir_atomic(target: Path, write) -> None:
+    """Call `write(tmp_dir)`, then rename tmp_dir to `target`: a reader finds the whole directory or none."""
+    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    write(tmp)
+    if target.exists():
+        shutil.rmtree(target)
+    os.replace(tmp, target)
+
+
+# -- training ------------------------------------------------------------------------------------------------
+
+class TranslationCollator:
+    """Pads a batch: source (pad id, attention mask), labels (-100), decoder inputs = labels shifted right."""
+
+    def __init__(self, pad_id: int, start_id: int):
+        self.pad_id, self.start_id = pad_id, start_id
+
+    def __call__(self, features: list[dict]) -> dict:
+        b = len(features)
+        s = max(len(f["input_ids"]) for f in features)
+        t = max(len(f["labels"]) for f in features)
+        input_ids = torch.full((b, s), self.pad_id, dtype=torch.long)
+        attention_mask = torch.zeros((b, s), dtype=torch.long)
+        labels = torch.full((b, t), -100, dtype=torch.long)
+        for i, f in enumerate(features):
+            input_ids[i, :len(f["input_ids"])] = torch.tensor(f["input_ids"])
+            attention_mask[i, :len(f["input_ids"])] = 1
+            labels[i, :len(f["labels"])] = torch.tensor(f["labels"])
+        return dict(input_ids=input_ids, attention_mask=attention_mask, labels=labels,
+                    decoder_input_ids=shift_right(labels, self.start_id, self.pad_id))
+
+
+class TranslationTrainer(SeededTrainer):
+    """Label-smoothed cross-entropy per target token while training; plain cross-entropy when evaluating, so
+    the validation loss is a log-perplexity."""
+
+    def __init__(self, *args, label_smoothing: float = 0.0, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.label_smoothing = label_smoothing
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        labels = inputs.pop("labels")
+        outputs = model(**inputs)
+        logits = outputs.logits
+        eps = self.label_smoothing if model.training else 0.0
+        total = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1),
+                                            ignore_index=-100, label_smoothing=eps, reduction="sum")
+        count = num_items_in_batch if num_items_in_batch is not None else labels.ne(-100).sum()
+        loss = total / count
+        return (loss, outputs) if return_outputs else loss
+
+
+class PrintEvaluations(TrainerCallback):
+    """One plain line per validation, readable in a log file (the progress bar redraws in place)."""
+
+    def on_evaluate(self, args, state, control, metrics=None, **kwargs):
+        if metrics and "eval_loss" in metrics and state.is_world_process_zero:
+            loss = metrics["eval_loss"]
+            print(f"step {state.global_step}/{state.max_steps}: validation loss {loss:.4f} "
+                  f"(perplexity {math.exp(min(loss, 50)):.2f})", file=sys.stderr, flush=True)
+
+
+def _train_files(args) -> tuple[Path, Path, Path, Path]:
+    if args.data:
+        if not (args.source and args.target):
+            raise ConfigError("--data needs --source and --target language codes (e.g. --source de --target en)")
+        return (find_split(args.data, "train", args.source), find_split(args.data, "train", args.target),
+                find_split(args.data, "valid", args.source), find_split(args.data, "valid", args.target))
+    files = (args.train_source, args.train_target, args.valid_source, args.valid_target)
+    if not all(files):
+        raise ConfigError("give --data DIR --source L1 --target L2, or all four of --train-source, "
+                          "--train-target, --valid-source, --valid-target")
+    return tuple(Path(f) for f in files)
+
+
+def build_config(args, vocab_size: int, tokenizer) -> DietSeq2SeqConfig:
+    method = parse_translation_method(args.method)
+    overrides = method.config_fields()
+    if args.dropout is not None:
+        overrides.setdefault("hidden_dropout_prob", args.dropout)
+        overrides.setdefault("attention_probs_dropout_prob", args.dropout)
+    # a learned table must cover the longest sequence training admits
+    overrides.setdefault("max_position_embeddings", max(args.max_length, 256))
+    check_length(method.position, args.max_length, overrides["max_position_embeddings"], "--max-length ",
+                 "raise max_position_embeddings in --method or lower --max-length", ConfigError)
+    return DietSeq2SeqConfig.from_preset(
+        args.preset, vocab_size=vocab_size, pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, **overrides)
+
+
+def run_train(args) -> int:
+    set_threads(args.threads)
+    out = Path(args.output_dir)
+    train_src, train_tgt, valid_src, valid_tgt = _train_files(args)
+    if getattr(args, "overwrite", False) and out.exists():
+        shutil.rmtree(out)
+    files = dict(train_source=train_src, train_target=train_tgt, valid_source=valid_src, valid_target=valid_tgt)
+    run = dict(task="translate train", **{k: str(Path(f).resolve()) for k, f in files.items()},
+               **{f"{k}_sha256": file_fingerprint(f) for k, f in files.items()},
+               method=parse_translation_method(args.method).name, **{k: getattr(args, k) for k in RESULT_ARGS})
+    # recorded before the tokenizer is trained, so a tokenizer left by a failed run is reused only by the same run
+    check_run_settings(out, run, "--overwrite", products=("final", "tokenizer", "run.json", "data_report.json"))
+    if (out / "final" / "config.json").is_file():
+        print(f"dietpe translate: {out}/final exists: training finished already", file=sys.stderr)
+        return 0
+    out.mkdir(parents=True, exist_ok=True)
+
+    # data: never truncated; bad pairs are skipped and counted, or refused with --bad-lines error
+    t0 = time.time()
+    src, tgt = read_parallel(train_src, train_tgt)
+    vsrc, vtgt = read_parallel(valid_src, valid_tgt)
+    if args.max_train_pairs:
+        src, tgt = src[:args.max_train_pairs], tgt[:args.max_train_pairs]
+    if args.max_valid_pairs:
+        vsrc, vtgt = vsrc[:args.max_valid_pairs], vtgt[:args.max_valid_pairs]
+    tok_dir = out / "tokenizer"
+    if (tok_dir / "tokenizer.json").is_file():  # resuming: the vocabulary must stay the one the model learned
+        tokenizer = load_joint_tokenizer(tok_dir)
+    else:
+        tokenizer = train_joint_bpe((line for line in src + tgt if line), args.vocab_size)
+        save_dir_atomic(tok_dir, tokenizer.save_pretrained)
+    train, train_report = encode_pairs(tokenizer, src, tgt, args.max_length, args.max_length, args.bad_lines,
+                                       (str(train_src), str(train_tgt)))
+    valid, valid_report = encode_pairs(tokenizer, vsrc, vtgt, args.max_length, args.max_length, args.bad_lines,
+                                       (str(valid_src), str(valid_tgt)))
+    for name, report in (("train", train_report), ("valid", valid_report)):
+        print(f"dietpe translate: {report.summary(name)}", file=sys.stderr)
+    if not train or not valid:
+        raise DataError(f"no usable pairs left in {'training' if not train else 'validation'} data")
+    write_json_atomic(out / "data_report.json", dict(train=train_report.to_dict(), valid=valid_report.to_dict(),
+                                                     vocab_size=len(tokenizer), seconds=round(time.time() - t0, 1)))
+
+    config = build_config(args, len(tokenizer), tokenizer)
+    torch.manual_seed(args.seed)
+    model = DietForConditionalGeneration(config)
+    steps_per_epoch = math.ceil(len(train) / (args.batch_size * args.grad_accum))
+    max_steps = args.max_steps or steps_per_epoch * args.epochs
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"dietpe translate: {args.preset} method={args.method}, {n_params / 1e6:.1f}M parameters, "
+          f"{len(train)} pairs, {max_steps} steps ({max_steps / steps_per_epoch:.2f} epochs)", file=sys.stderr)
+
+    # transformers 5 writes safetensors only: no pickle checkpoints to opt out of
+    targs = TrainingArguments(
+        output_dir=str(out), max_steps=max_steps, per_device_train_batch_size=args.batch_size,
+        per_device_eval_batch_size=args.batch_size, gradient_accumulation_steps=args.grad_accum,
+        learning_rate=args.learning_rate, lr_scheduler_type="inverse_sqrt", warmup_steps=args.warmup_steps,
+        adam_beta1=0.9, adam_beta2=0.98, adam_epsilon=1e-9, weight_decay=0.0, max_grad_norm=args.max_grad_norm,
+        eval_strategy="steps", eval_steps=args.eval_steps, save_strategy="steps", save_steps=args.save_steps,
+        save_total_limit=args.save_total_limit, logging_steps=args.logging_steps, seed=args.seed,
+        train_sampling_strategy="group_by_length", remove_unused_columns=False, prediction_loss_only=True,
+        report_to="none", dataloader_num_workers=0, use_cpu=not torch.cuda.is_available())
+    trainer = TranslationTrainer(
+        model=model, args=targs, train_dataset=ListDataset(train), eval_dataset=ListDataset(valid),
+        data_collator=TranslationCollator(config.pad_token_id, config.decoder_start_token_id),
+        processing_class=tokenizer, callbacks=[CompleteCheckpoints(), PrintEvaluations()],
+        label_smoothing=args.label_smoothing)
+    replace_progress(trainer, ProgressBar(f"translate {args.method}"))
+    resume = resumable_checkpoint(out)
+    if resume is not None:
+        print(f"dietpe translate: resuming from {resume}", file=sys.stderr)
+    started = time.time()
+    result = train_resumable(trainer, resume)
+    last = trainer.state.log_history[-2:] if trainer.state.log_history else []
+    done = [row for row in last if "eval_loss" in row and row.get("step") == trainer.state.global_step]
+    metrics = done[-1] if done else trainer.evaluate()  # the last step was validated already, or now
+    print(f"dietpe translate: validation loss {metrics['eval_loss']:.4f}", file=sys.stderr)
+
+    def write_final(tmp: Path) -> None:
+        trainer.save_model(str(tmp))
+        (tmp / "training_args.bin").unlink(missing_ok=True)  # a pickle; the run's arguments are in run_settings.json
+        save_tokenizer(tokenizer, tmp, config.max_position_embeddings if config.position in LEARNED_ABSOLUTE else None)
+        write_json_atomic(tmp / "train_summary.json", dict(
+            position=config.position, method=args.method, preset=args.preset, steps=trainer.state.global_step,
+            train_loss=result.training_loss if result is not None else None, eval_loss=metrics["eval_loss"],
+            seconds_this_session=round(time.time() - started, 1), parameters=n_params,
+            curves=[{k: row[k] for k in ("step", "loss", "eval_loss") if k in row}
+                    for row in trainer.state.log_history]))
+
+    save_dir_atomic(out / "final", write_final)
+    print(f"dietpe translate: model written to {out / 'final'}", file=sys.stderr)
+    return 0
+
+
+# -- evaluation ----------------------------------------------------------------------------------------------
+
+def find_model_dir(path: str | Path) -> Path:
+    """A model directory itself, or a training run: its `final/`, else its newest complete checkpoint."""
+    path = Path(path)
+    if (path / "config.json").is_file():
+        return path
+    if (path / "final" / "config.json").is_file():
+        return path / "final"
+    if path.is_dir():
+        ckpt = resumable_checkpoint(path, remove_incomplete=False)
+        if ckpt is not None:
+            return ckpt
+    raise DataError(f"{path}: no translation model here (expected config.json, final/ or a complete checkpoint-N/)")
+
+
+def load_model(path: str | Path):
+    model_dir = find_model_dir(path)
+    tokenizer = load_joint_tokenizer(model_dir if (model_dir / "tokenizer.json").is_file()
+                                     else model_dir.parent / "tokenizer")
+    model = DietForConditionalGeneration.from_pretrained(str(model_dir)).eval()
+    if len(tokenizer) != model.config.vocab_size:
+        raise DataError(f"{model_dir}: tokenizer has {len(tokenizer)} tokens but the model {model.config.vocab_size}")
+    return model, tokenizer, model_dir
+
+
+def pad_batch(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    s = max(len(x) for x in seqs)
+    ids = torch.full((len(seqs), s), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), s), dtype=torch.long)
+    for i, x in enumerate(seqs):
+        ids[i, :len(x)] = torch.tensor(x)
+        mask[i, :len(x)] = 1
+    return ids, mask
+
+
+def new_tokens_for(model, source_length: int, requested: int | None) -> int:
+    """How many tokens to decode for a batch: requested, or 1.5·|source| + 10, within a learned table."""
+    limit = model.max_decode_length
+    if requested is not None:
+        if limit is not None and requested > limit:
+            raise ConfigError(f"--max-new-tokens {requested} exceeds max_position_embeddings={limit}, the decoder's "
+                              f"learned position table (position={model.config.position!r})")
+        return requested
+    n = int(1.5 * source_length) + 10
+    return min(n, limit) if limit is not None else n
+
+
+def translate(model, tokenizer, ids: list[list[int]], batch_size: int, beams: int, length_penalty: float,
+              max_new_tokens: int | None = None, use_cache: bool = True, speed: bool = False, progress=True):
+    """Translate token-id sources in length-sorted batches; returns (hypotheses, timings).
+
+    With `speed`, each batch is also decoded with the cache off, in alternating order, and timed."""
+    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+    hyps: list[str] = [""] * len(ids)
+    timing = {"cached_s": 0.0, "uncached_s": 0.0, "mismatched_sentences": 0}
+    batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+        bar = tqdm(total=len(ids), desc="translate", unit="sent", file=sys.stderr, dynamic_ncols=True)
+    for n, batch in enumerate(batches):
+        src, mask = pad_batch([ids[i] for i in batch], tokenizer.pad_token_id)
+        kwargs = dict(attention_mask=mask, num_beams=beams, length_penalty=length_penalty, do_sample=False,
+                      max_new_tokens=new_tokens_for(model, src.shape[1], max_new_tokens), early_stopping=True)
+        modes = [use_cache] if not speed else ([True, False] if n % 2 == 0 else [False, True])
+        outputs = {}
+        for cached in modes:
+            start = time.perf_counter()
+            with torch.inference_mode():
+                outputs[cached] = model.generate(src, use_cache=cached, **kwargs)
+            timing["cached_s" if cached else "uncached_s"] += time.perf_counter() - start
+        if speed:
+            a, b = outputs[True], outputs[False]
+            same = a.shape == b.shape and torch.equal(a, b)
+            if not same:
+                w = max(a.shape[1], b.shape[1])
+                a = nn.functional.pad(a, (0, w - a.shape[1]), value=tokenizer.pad_token_id)
+                b = nn.functional.pad(b, (0, w - b.shape[1]), value=tokenizer.pad_token_id)
+                timing["mismatched_sentences"] += int((a != b).any(dim=1).sum())
+        texts = tokenizer.batch_decode(outputs[modes[0]], skip_special_tokens=True)
+        for i, text in zip(batch, texts):
+            hyps[i] = text.strip()
+        if bar is not None:
+            bar.update(len(batch))
+    if bar is not None:
+        bar.close()
+    return hyps, timing
+
+
+def train_main(args) -> int:
+    """`dietpe translate train`: everything that can be refused is refused before the output folder is touched."""
+    from types import SimpleNamespace
+
+    out = V.check_output_dir(args.output_dir, "--output-dir")
+    build_config(args, args.vocab_size, SimpleNamespace(pad_token_id=0, bos_token_id=1, eos_token_id=2))
+    train_src, train_tgt, valid_src, valid_tgt = _train_files(args)
+    read_parallel(train_src, train_tgt)  # UTF-8, line counts: before --overwrite removes an earlier run
+    read_parallel(valid_src, valid_tgt)
+    with V.created_only_on_success(out):
+        return run_train(args)
+
+
+def eval_outputs(args, model_dir: Path) -> tuple[Path, Path]:
+    output = Path(args.output) if args.output else model_dir / f"translations.{Path(args.source).name}"
+    report = Path(args.report) if args.report else output.with_name(output.name + ".json")
+    return V.check_output_file(output, "--output"), V.check_output_file(report, "--report")
+
+
+def run_eval(args) -> int:
+    import sacrebleu
+
+    set_threads(args.threads)
+    if args.beams < 1:
+        raise ConfigError(f"--beams {args.beams} must be at least 1")
+    found = find_model_dir(args.model)
+    V.check_model_files(found)
+    eval_outputs(args, found)  # before hours of decoding
+    src_lines, ref_lines = read_parallel(args.source, args.reference)  # a bad file before the model loads
+    from transformers.utils import logging as hf_logging
+    hf_logging.disable_progress_bar()  # no "Loading weights" bar in the output
+    model, tokenizer, model_dir = load_model(args.model)
+    if args.max_new_tokens is not None:
+        new_tokens_for(model, 1, args.max_new_tokens)  # beyond a learned position table: refused now
+    if args.limit:
+        src_lines = src_lines[:args.limit]
+        ref_lines = ref_lines[:args.limit] if ref_lines is not None else None
+    if ref_lines is not None:
+        empty = [n for n, r in enumerate(ref_lines, start=1) if not r]
+        if empty:
+            raise DataError(f"{args.reference}:{empty[0]}: empty reference line ({len(empty)} in all)")
+    ids = encode_sources(tokenizer, src_lines, model.encoder.positions.max_length, str(args.source))
+    hyps, timing = translate(model, tokenizer, ids, args.batch_size, args.beams, args.length_penalty,
+                             args.max_new_tokens, use_cache=not args.no_cache, speed=args.speed)
+    output = Path(args.output) if args.output else model_dir / f"translations.{Path(args.source).name}"
+    output.parent.mkdir(parents=True, exist_ok=True)
+    tmp = output.with_name(f".{output.name}.tmp-{os.getpid()}")
+    tmp.write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
+    os.replace(tmp, output)
+    report = dict(model=str(model_dir), source=str(args.source), reference=args.reference, output=str(output),
+                  sentences=len(hyps), beams=args.beams, length_penalty=args.length_penalty,
+                  length_penalty_form="HF: log P / len^alpha", cache=not args.no_cache,
+                  threads=torch.get_num_threads())
+    n = len(hyps)
+    if args.speed:
+        report.update(cached_sentences_per_s=n / timing["cached_s"], uncached_sentences_per_s=n / timing["uncached_s"],
+                      cache_speedup=timing["uncached_s"] / timing["cached_s"],
+                      mismatched_sentences=timing["mismatched_sentences"])
+        print(f"speed: {report['cached_sentences_per_s']:.2f} sent/s with cache, "
+              f"{report['uncached_sentences_per_s']:.2f} without ({report['cache_speedup']:.2f}x); "
+              f"{timing['mismatched_sentences']} sentences differ")
+    else:
+        seconds = timing["cached_s" if not args.no_cache else "uncached_s"]
+        report["sentences_per_s"] = n / seconds
+        print(f"speed: {n / seconds:.2f} sentences/s ({'with' if not args.no_cache else 'without'} cache)")
+    if ref_lines is not None:
+        bleu = sacrebleu.metrics.BLEU()
+        score = bleu.corpus_score(hyps, [ref_lines])
+        report.update(bleu=score.score, bleu_text=str(score), signature=str(bleu.get_signature()))
+        print(f"{score} ({bleu.get_signature()})")
+    print(f"translations written to {output}")
+    report_path = Path(args.report) if args.report else output.with_name(output.name + ".json")
+    write_json_atomic(report_path, report)
+    return 0
+
+
+# -- command line --------------------------------------------------------------------------------------------
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser("translate", help="train and evaluate encoder-decoder translation models",
+                                   description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="translate_command", metavar="{train,eval}")
+    parser.set_defaults(func=lambda a: (parser.print_help(), 2)[1])
+
+    t = sub.add_parser("train", help="train a translation model on line-aligned parallel files")
+    t.add_argument("--data", help="directory with train.L1/train.L2 and val.L1/val.L2 (or valid./dev.)")
+    t.add_argument("--source", help="source language code (file suffix), with --data")
+    t.add_argument("--target", help="target language code (file suffix), with --data")
+    for name in ("train-source", "train-target", "valid-source", "valid-target"):
+        t.add_argument(f"--{name}", help="explicit file instead of --data")
+    t.add_argument("--output-dir", required=True, help="run directory: tokenizer/, checkpoints, final/")
+    t.add_argument("--overwrite", action="store_true", help="start afresh instead of resuming")
+    t.add_argument("--method", "--position", dest="method", default="sinusoidal",
+                   help="position method spec, as for dietpe pretrain, with DietSeq2SeqConfig fields: e.g. t5, "
+                        "shaw:shaw_max_distance=16, diet-rel:num_decoder_layers=4:hidden_size=256")
+    t.add_argument("--preset", default="transformer-small", choices=tuple(SEQ2SEQ_PRESETS),
+                   help="model size (transformer-base is the paper's)")
+    t.add_argument("--vocab-size", type=V.int_at_least(5, ": 4 special tokens and a piece"), default=8000, help="joint BPE vocabulary size")
+    t.add_argument("--max-length", type=V.int_at_least(2, ": a token and </s>"), default=128, help="longest source or target, tokens with </s>")
+    t.add_argument("--bad-lines", choices=("skip", "error"), default="skip",
+                   help="pairs with an empty side or over --max-length: skip and count (default) or stop")
+    t.add_argument("--batch-size", type=V.positive_int, default=64, help="sentence pairs per step")
+    t.add_argument("--grad-accum", type=V.positive_int, default=1)
+    t.add_argument("--learning-rate", type=V.positive_float, default=1e-3, help="peak, reached at the end of warm-up")
+    t.add_argument("--warmup-steps", type=V.non_negative_int, default=1000)
+    t.add_argument("--label-smoothing", type=V.fraction, default=0.1)
+    t.add_argument("--dropout", type=V.fraction, default=None, help="hidden and attention dropout (preset: 0.1)")
+    t.add_argument("--max-grad-norm", type=V.non_negative_float, default=1.0)
+    t.add_argument("--epochs", type=V.positive_int, default=10)
+    t.add_argument("--max-steps", type=V.positive_int, default=None, help="overrides --epochs")
+    t.add_argument("--eval-steps", type=V.positive_int, default=500)
+    t.add_argument("--save-steps", type=V.positive_int, default=500)
+    t.add_argument("--save-total-limit", type=V.positive_int, default=2)
+    t.add_argument("--logging-steps", type=V.positive_int, default=50)
+    t.add_argument("--max-train-pairs", type=V.positive_int, default=None, help="use only the first N training pairs")
+    t.add_argument("--max-valid-pairs", type=V.positive_int, default=None, help="use only the first N validation pairs")
+    t.add_argument("--seed", type=V.seed, default=1)
+    t.add_argument("--threads", type=V.positive_int, default=None, help="torch CPU threads")
+    t.set_defaults(func=train_main)
+
+    e = sub.add_parser("eval", help="beam-search translation and SacreBLEU")
+    e.add_argument("model", help="a run directory (uses final/ or the newest checkpoint) or a model directory")
+    e.add_argument("--source", required=True, help="source sentences, one per line")
+    e.add_argument("--reference", help="reference translations, line-aligned; gives BLEU")
+    e.add_argument("--output", help="detokenised translations (default: MODEL/translations.SOURCE)")
+    e.add_argument("--report", help="JSON report (default: OUTPUT.json)")
+    e.add_argument("--beams", type=V.positive_int, default=10)
+    e.add_argument("--length-penalty", type=V.finite_float, default=0.6, help="alpha in log P / len^alpha")
+    e.add_argument("--batch-size", type=V.positive_int, default=32, help="sentences per generate() call")
+    e.add_argument("--max-new-tokens", type=V.positive_int, default=None, help="default: 1.5 x source length + 10")
+    e.add_argument("--limit", type=V.positive_int, default=None, help="translate only the first N lines (a fixed subset)")
+    e.add_argument("--no-cache", action="store_true", help="rerun the whole prefix at every step")
+    e.add_argument("--speed", action="store_true",
+                   help="decode every batch with and without the cache, interleaved; report both speeds")
+    e.add_argument("--threads", type=V.positive_int, default=None, help="torch CPU threads")
+    e.set_defaults(func=run_eval)

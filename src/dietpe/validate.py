@@ -1,0 +1,212 @@
+"""Checks the command line makes before any work: argparse types for numbers with limits, output folders and
+files that can be written, model folders that can be loaded. Each failure is one line naming the value and the
+limit (argparse prints `dietpe CMD: error: argument --steps: 0 is not a positive integer (must be >= 1)`; the
+others raise DietError, which `dietpe.cli` prints the same way)."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+
+from dietpe.errors import ConfigError, DataError
+
+# -- argparse types -------------------------------------------------------------------------------------------
+
+
+def _parse(text: str, cast, what: str):
+    try:
+        return cast(text)
+    except (TypeError, ValueError):
+        raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
+
+
+def int_at_least(low: int, why: str = ""):
+    """An argparse type: an integer >= low (`why` says what the limit is for)."""
+    def parse(text: str) -> int:
+        value = _parse(text, int, "an integer")
+        if value < low:
+            kind = "not a positive integer" if low == 1 else ("not a non-negative integer" if low == 0
+                                                               else "too small")
+            raise argparse.ArgumentTypeError(f"{text} is {kind} (must be >= {low}{why})")
+        return value
+    parse.__name__ = f"int >= {low}"
+    return parse
+
+
+positive_int = int_at_least(1)
+non_negative_int = int_at_least(0)
+
+
+def seed(text: str) -> int:
+    value = _parse(text, int, "an integer")
+    if not 0 <= value < 2 ** 32:
+        raise argparse.ArgumentTypeError(f"{text} is not a seed (must be >= 0 and < 2**32)")
+    return value
+
+
+def _float(text: str, limit: str = "") -> float:
+    value = _parse(text, float, "a number")
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text} is not a finite number{limit}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    value = _float(text, " (must be positive and finite)")
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text} is not a positive number (must be > 0)")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    value = _float(text, " (must be >= 0 and finite)")
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text} is not a non-negative number (must be >= 0)")
+    return value
+
+
+def finite_float(text: str) -> float:
+    return _float(text)
+
+
+def fraction(text: str) -> float:
+    """A number in [0, 1): warm-up fractions, dropout, label smoothing."""
+    value = _parse(text, float, "a number")
+    if not 0 <= value < 1:  # NaN fails too
+        raise argparse.ArgumentTypeError(f"{text} is not a fraction in [0, 1)")
+    return value
+
+
+def names(text: str) -> list[str]:
+    """A comma-separated, non-empty list of names."""
+    values = [x.strip() for x in text.split(",") if x.strip()]
+    if not values:
+        raise argparse.ArgumentTypeError(f"{text!r} names nothing (give a comma-separated list)")
+    return values
+
+
+# -- output folders and files -----------------------------------------------------------------------------------
+
+
+def _probe_write(folder: Path) -> None:
+    """Create and remove a file in `folder`: the only test that holds for root, ACLs and read-only mounts."""
+    fd, name = tempfile.mkstemp(prefix=".diet-write-test-", dir=folder)
+    os.close(fd)
+    os.unlink(name)
+
+
+def _existing_ancestor(path: Path) -> Path:
+    parent = path
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    return parent
+
+
+def check_output_dir(path: str | Path, option: str) -> Path:
+    """Refuse, before any work, an output folder that is a file, lies under a file, or cannot be written.
+
+    Creates nothing: the folder (and missing parents) are made later by the command itself."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"{option} {path}: is a file, not a folder; name a folder (created if missing)")
+    parent = _existing_ancestor(path)
+    if not parent.is_dir():
+        raise ConfigError(f"{option} {path}: {parent} is a file, not a folder, so nothing can be created under it")
+    try:
+        _probe_write(parent)
+    except OSError as e:
+        raise ConfigError(f"{option} {path}: cannot write in {parent} ({e.strerror or e}); choose a writable "
+                          f"folder") from None
+    return path
+
+
+def check_output_file(path: str | Path, option: str) -> Path:
+    """Refuse, before any work, an output file that is a folder or cannot be created."""
+    path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"{option} {path}: is a folder, not a file; name a file")
+    parent = _existing_ancestor(path.parent)
+    if not parent.is_dir():
+        raise ConfigError(f"{option} {path}: {parent} is a file, not a folder, so nothing can be created under it")
+    try:
+        _probe_write(parent)
+    except OSError as e:
+        raise ConfigError(f"{option} {path}: cannot write in {parent} ({e.strerror or e})") from None
+    return path
+
+
+def _remove_empty(folder: Path, stop: Path) -> None:
+    while folder != stop and folder.is_dir():
+        try:
+            folder.rmdir()  # only if empty
+        except OSError:
+            return
+        folder = folder.parent
+
+
+@contextlib.contextmanager
+def created_only_on_success(path: str | Path, disposable: tuple[str, ...] = ("run_settings.json",)):
+    """If the command fails, remove the output folder (and the parents it made) again when it did not exist
+    before and holds nothing but `disposable` bookkeeping files: a mistake in the input leaves no trace, and
+    fixing it does not meet a folder "holding a run with other settings"."""
+    path = Path(path).absolute()
+    existed = path.exists()
+    ancestor = _existing_ancestor(path)
+    try:
+        yield
+    except Exception:
+        if not existed and path.is_dir():
+            entries = list(path.iterdir())
+            if all(p.is_file() and (p.name in disposable or p.name.startswith(".")) for p in entries):
+                for p in entries:
+                    p.unlink(missing_ok=True)
+                _remove_empty(path, ancestor)
+        raise
+
+
+# -- model folders ----------------------------------------------------------------------------------------------
+
+
+def find_model_dir(path: str | Path, what: str = "pre-trained model") -> Path:
+    """The folder holding config.json: `path` itself or `path/model` (a `dietpe pretrain` run folder), checked."""
+    path = Path(path)
+    if not path.exists():
+        raise DataError(f"{path}: no such {what} folder")
+    for candidate in (path, path / "model"):
+        if (candidate / "config.json").is_file():
+            check_model_files(candidate)
+            return candidate
+    raise DataError(f"{path}: not a {what} (no config.json here or in {path / 'model'}); pass a `dietpe pretrain` "
+                    f"run folder or its model/ folder")
+
+
+def check_model_files(model_dir: str | Path) -> None:
+    """config.json parses and every safetensors file is whole, so loading cannot fail half-way."""
+    from dietpe.data.text import read_text
+
+    model_dir = Path(model_dir)
+    config = model_dir / "config.json"
+    try:
+        json.loads(read_text(config))
+    except json.JSONDecodeError as e:
+        raise DataError(f"{config}:{e.lineno}: not valid JSON ({e.msg}); the model folder is damaged") from None
+    weights = sorted(model_dir.glob("*.safetensors"))
+    if not weights:
+        held = ", ".join(sorted(p.name for p in model_dir.iterdir())[:8])
+        raise DataError(f"{model_dir}: no model.safetensors (the weights) next to config.json; the folder holds "
+                        f"{held}")
+    from safetensors import safe_open
+
+    for file in weights:
+        try:
+            with safe_open(str(file), framework="pt"):
+                pass
+        except Exception as e:  # safetensors raises its own SafetensorError
+            reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise DataError(f"{file}: cannot read the weights ({reason}): the file is truncated or corrupt; copy "
+                            f"or save the model again") from None
