@@ -7,7 +7,8 @@
 and `flex` (FlexAttention) compute the same thing; the tests hold them to the reference, gradients included.
 Low-rank logit terms (fq·fkᵀ) are folded into extra query/key channels for the fused kernels:
 [q', fq / s]·[k', fk]ᵀ · s = q'·k'ᵀ · s + fq·fkᵀ, so no (B, H, Lq, Lk) bias is built for them.
-Shapes: q (B, H, Lq, Dh), k and v (B, H, Lk, Dh), mask (B|1, 1, Lq|1, Lk) additive or None.
+Shapes: q (B, H, Lq, Dh), k and v (B, H, Lk, Dh), mask (B|1, 1|H, Lq|1, Lk) additive (0 or finfo.min, as
+`dietpe.attention.masks` builds it) or None.
 """
 
 from __future__ import annotations
@@ -222,9 +223,10 @@ _compiled_flex: Callable | None = None
 
 
 def _mask_mod(mask: Tensor):
-    """The additive padding / causal mask (B|1, 1, Lq|1, Lk) of 0 and -inf-like values as a mask_mod."""
-    per_batch, per_query = mask.shape[0] > 1, mask.shape[2] > 1
-    return lambda b, h, qi, ki: mask[b if per_batch else 0, 0, qi if per_query else 0, ki] == 0
+    """The additive mask (B|1, 1|H, Lq|1, Lk) of 0 and finfo.min (padding, causality, packed documents) as a
+    mask_mod: a pair is attended where the mask is 0."""
+    per_batch, per_head, per_query = mask.shape[0] > 1, mask.shape[1] > 1, mask.shape[2] > 1
+    return lambda b, h, qi, ki: mask[b if per_batch else 0, h if per_head else 0, qi if per_query else 0, ki] == 0
 
 
 def _block_mask(mask: Tensor | None, b: int, lq: int, lk: int, cache: dict):
@@ -236,8 +238,8 @@ def _block_mask(mask: Tensor | None, b: int, lq: int, lk: int, cache: dict):
     if hit is not None and hit[0] is mask:
         return hit[1]
     from torch.nn.attention.flex_attention import create_block_mask
-    block_mask = create_block_mask(_mask_mod(mask), b if mask.shape[0] > 1 else None, None, lq, lk,
-                                   device=mask.device)
+    block_mask = create_block_mask(_mask_mod(mask), b if mask.shape[0] > 1 else None,
+                                   mask.shape[1] if mask.shape[1] > 1 else None, lq, lk, device=mask.device)
     cache["flex_block_mask"] = (mask, block_mask)
     return block_mask
 
@@ -312,7 +314,8 @@ def band_or_eager(q, k, v, terms: LayerTerms, mask, scale, dropout_p, need_probs
     paths (the banded fused path from `banded.MIN_KEYS` keys on, below it every pair explicit in fewer passes);
     else the reference, which training needs (the value term reads the dropped probabilities and their
     gradient)."""
-    plan = None if need_probs else _banded.plan(q, k, terms, dropout_p)
+    per_head_mask = mask is not None and mask.shape[1] > 1  # the banded paths read one mask for all heads
+    plan = None if need_probs or per_head_mask else _banded.plan(q, k, terms, dropout_p)
     if plan is None:
         return eager(q, k, v, terms, mask, scale, dropout_p, need_probs)
     path, *rest = plan

@@ -155,7 +155,8 @@ class DietCausalModel(DietPreTrainedModel):
         past = cache.get_seq_length() if cache is not None else 0
         ctx, q_ids = step_positions(self.positions, position_ids, b, past, length, device)
         hidden = self.embeddings(input_ids, self.positions.embed(q_ids, None), inputs_embeds)
-        mask = step_mask(b, past, length, attention_mask, hidden.dtype, device)
+        mask = step_mask(b, past, length, attention_mask, hidden.dtype, device,
+                         heads=self.config.num_attention_heads)
         need_probs = bool(output_attentions)
         all_hidden, all_probs = [hidden] if output_hidden_states else None, [] if need_probs else None
         recompute = self.training and any(layer.gradient_checkpointing for layer in self.layers)
@@ -237,7 +238,8 @@ class DietForCausalLM(DietPreTrainedModel, GenerationMixin):
             inputs["inputs_embeds"] = inputs_embeds
         else:
             inputs["input_ids"] = input_ids[:, past:]
-        if position_ids is None and attention_mask is not None and not bool(attention_mask.all()):
+        if (position_ids is None and attention_mask is not None and attention_mask.dim() == 2
+                and not bool(attention_mask.all())):
             position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)  # (B, Lpast + L)
         if position_ids is not None:
             inputs["position_ids"] = position_ids

@@ -26,6 +26,7 @@ from transformers.modeling_outputs import (
 )
 
 from dietpe.attention.layer import MultiHeadAttention
+from dietpe.attention.masks import additive, check_4d, is_4d, keep_of, refuse_empty_rows
 from dietpe.config import DietConfig
 from dietpe.errors import ConfigError, InputError
 from dietpe.positions.encoding import PositionEncoding
@@ -73,6 +74,26 @@ def check_like(name: str, value: Tensor | None, shape: tuple[int, ...]) -> None:
         raise InputError(f"{name} must be a tensor, got {type(value).__name__}")
     if tuple(value.shape) != shape:
         raise InputError(f"{name} has shape {tuple(value.shape)}, but the input is (batch, length) = {shape}")
+
+
+def check_attention_mask(attention_mask: Tensor | None, batch: int, heads: int, lq: int, lk: int,
+                         name: str = "attention_mask") -> None:
+    """(batch, Lk) padding, or 4-D (batch|1, 1|heads, Lq, Lk) (`dietpe.attention.masks`); one line if not."""
+    if isinstance(attention_mask, Tensor) and attention_mask.dim() not in (2, 4):
+        raise InputError(f"{name} has shape {tuple(attention_mask.shape)}; give (batch, length) = ({batch}, {lk}) "
+                         f"or 4-D (batch|1, 1|heads, queries, keys) = ({batch}|1, 1|{heads}, {lq}, {lk})")
+    if is_4d(attention_mask):
+        refuse_empty_rows(check_4d(attention_mask, batch, heads, lq, lk, name), name)
+    else:
+        check_like(name, attention_mask, (batch, lk))
+
+
+def attention_bias(attention_mask: Tensor | None, dtype: torch.dtype) -> Tensor | None:
+    """The additive mask the backends add, from a checked mask: (B, Lk) -> (B, 1, 1, Lk) or None
+    (`padding_mask`); 4-D -> (B|1, 1|H, Lq, Lk), built once per forward."""
+    if is_4d(attention_mask):
+        return additive(keep_of(attention_mask), dtype)
+    return padding_mask(attention_mask, dtype)
 
 
 def padding_mask(attention_mask: Tensor | None, dtype: torch.dtype) -> Tensor | None:
@@ -185,7 +206,10 @@ class DietModel(DietPreTrainedModel):
             shape = tuple(inputs_embeds.shape[:2])
         if 0 in shape:
             raise InputError(f"empty input: (batch, length) = {shape}")
-        check_like("attention_mask", attention_mask, shape)
+        if is_4d(attention_mask) and self.config.attention == "linformer":
+            raise InputError("attention='linformer' projects keys along the length, so it cannot take a 4-D "
+                             "attention_mask; give a (batch, length) padding mask")
+        check_attention_mask(attention_mask, shape[0], self.config.num_attention_heads, shape[1], shape[1])
         check_like("token_type_ids", token_type_ids, shape)
         if token_type_ids is not None and token_type_ids.dtype.is_floating_point:
             raise InputError(f"token_type_ids must be integers, got {token_type_ids.dtype}")
@@ -226,7 +250,8 @@ class DietModel(DietPreTrainedModel):
         hidden = self.embeddings(input_ids, self.positions.embed(position_ids, token_type_ids), inputs_embeds)
         # position-only terms are built here, once per forward, and handed to every layer
         ctx = self.positions.context(pos, pos, token_type_ids, starts=starts)
-        mask = padding_mask(attention_mask, hidden.dtype)
+        mask = attention_bias(attention_mask, hidden.dtype)
+        key_padding = None if is_4d(attention_mask) else attention_mask  # Linformer's (B, L) only
         need_probs = bool(output_attentions)
         all_hidden, all_probs = [hidden] if output_hidden_states else None, [] if need_probs else None
         recompute = self.training and any(layer.gradient_checkpointing for layer in self.layers)
@@ -234,7 +259,7 @@ class DietModel(DietPreTrainedModel):
             terms = self.positions.layer_terms(ctx, i)
             if recompute:
                 terms = terms.for_checkpointing()
-            hidden, probs = layer(hidden, terms, mask, attention_mask, need_probs)
+            hidden, probs = layer(hidden, terms, mask, key_padding, need_probs)
             if need_probs:
                 all_probs.append(probs)
             if output_hidden_states:

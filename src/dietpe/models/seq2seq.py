@@ -40,6 +40,7 @@ from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, EncoderD
 from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput
 
 from dietpe.attention.layer import MultiHeadAttention
+from dietpe.attention.masks import additive, check_4d, is_4d, refuse_empty_rows
 from dietpe.config import PRESETS, DietConfig, _check
 from dietpe.errors import ConfigError, InputError
 from dietpe.models.modeling import (
@@ -160,15 +161,22 @@ def step_positions(positions: PositionEncoding, position_ids: Tensor | None, bat
 
 
 def step_mask(batch: int, past: int, length: int, attention_mask: Tensor | None, dtype: torch.dtype,
-              device: torch.device, name: str = "attention_mask") -> Tensor | None:
+              device: torch.device, name: str = "attention_mask", heads: int = 1) -> Tensor | None:
     """Causality (by sequence order) plus padding for `length` new tokens after `past` cached ones; None when
-    one new token sees every key. attention_mask: (B, past + length), 1 = keep."""
+    one new token sees every key. attention_mask: (B, past + length), 1 = keep; or 4-D (B|1, 1|H, length,
+    past + length) (`dietpe.attention.masks`), combined with causality: (B|1, 1|H, length, past + length)."""
     k_index = torch.arange(past + length, device=device)
+    if is_4d(attention_mask):
+        keep = check_4d(attention_mask, batch, heads, length, past + length, name)
+        keep = keep & (k_index[None, :] <= k_index[past:, None])  # (Lq, Lk): causality by sequence order
+        refuse_empty_rows(keep, name)
+        return additive(keep, dtype)
     mask = causal_mask(k_index[past:], k_index, dtype) if length > 1 else None
     if attention_mask is not None:
         if tuple(attention_mask.shape) != (batch, past + length):
             raise InputError(f"{name} has shape {tuple(attention_mask.shape)}, but there are {past} cached + "
-                             f"{length} new tokens: give (batch, {past + length}) = ({batch}, {past + length})")
+                             f"{length} new tokens: give (batch, {past + length}) = ({batch}, {past + length}) or "
+                             f"4-D (batch|1, 1|heads, {length}, {past + length})")
         mask = _add_masks(mask, padding_mask(attention_mask, dtype))
     return mask
 
@@ -244,7 +252,7 @@ class DietDecoder(nn.Module):
             x = x + extra.to(x.dtype)
         hidden = self.dropout(self.LayerNorm(x))
         self_mask = step_mask(batch, past, length, attention_mask, hidden.dtype, input_ids.device,
-                              "decoder_attention_mask")
+                              "decoder_attention_mask", self.layers[0].self_attention.num_heads)
         all_hidden = [hidden] if output_hidden_states else None
         self_probs, cross_probs = [], []
         recompute = self.training and any(layer.gradient_checkpointing for layer in self.layers)
@@ -340,6 +348,9 @@ class DietForConditionalGeneration(DietPreTrainedModel, GenerationMixin):
         logits_to_keep: if > 0, project only the last that many positions (generate() needs only the last)."""
         past_key_values = cache_argument(past_key_values, kwargs)
         check_kwargs(kwargs, f"{type(self).__name__}.forward", SEQ2SEQ_HARMLESS_KWARGS)
+        if is_4d(attention_mask):  # a 4-D source mask does not say which source tokens are padding
+            raise InputError("attention_mask (the source's) must be (batch, source length): cross-attention needs "
+                             "the source's padding; 4-D masks are taken by decoder_attention_mask")
         if encoder_outputs is None:
             if input_ids is None and inputs_embeds is None:
                 raise InputError("give input_ids (the source) or encoder_outputs")
@@ -368,8 +379,9 @@ class DietForConditionalGeneration(DietPreTrainedModel, GenerationMixin):
                 raise InputError(f"past_key_values must be an EncoderDecoderCache, got {type(cache).__name__}")
             for part in (cache.self_attention_cache, cache.cross_attention_cache):
                 ensure_layers(part, self.config.num_decoder_layers)
+        memory_mask = padding_mask(attention_mask, memory.dtype)
         hidden, all_hidden, self_probs, cross_probs = self.decoder(
-            decoder_input_ids, self.get_input_embeddings(), memory, padding_mask(attention_mask, memory.dtype),
+            decoder_input_ids, self.get_input_embeddings(), memory, memory_mask,
             cache, decoder_attention_mask, bool(output_attentions), bool(output_hidden_states), decoder_position_ids)
         if logits_to_keep:
             hidden = hidden[:, -logits_to_keep:]
