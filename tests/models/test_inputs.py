@@ -85,3 +85,51 @@ def test_nothing_given_is_refused(model):
 def test_every_head_refuses_unknown_keywords(cls):
     with pytest.raises(InputError, match="unexpected keyword argument.*'labelz'"):
         cls(tiny())(batch(L)[0], labelz=torch.zeros(2, dtype=torch.long))
+
+
+def _blocks(*shape):
+    return torch.ones(*shape, dtype=torch.bool)
+
+
+EMPTY_ROW = _blocks(2, 1, L, L)
+EMPTY_ROW[1, 0, 3] = False
+BAD_MASKS = {
+    "3-D": (_blocks(2, L, L), r"attention_mask has shape \(2, 8, 8\); give \(batch, length\) = \(2, 8\) or 4-D"),
+    "4-D wrong keys": (_blocks(2, 1, L, L + 1),
+                       r"attention_mask has shape \(2, 1, 8, 9\), but a 4-D mask must be \(batch\|1, 1\|heads, "
+                       r"queries, keys\) = \(2\|1, 1\|2, 8, 8\)"),
+    "4-D wrong heads": (_blocks(2, 3, L, L), r"shape \(2, 3, 8, 8\), but a 4-D mask must be"),
+    "4-D wrong batch": (_blocks(3, 1, L, L), r"shape \(3, 1, 8, 8\), but a 4-D mask must be"),
+    "float 0/1": (torch.ones(2, 1, L, L), r"additive float mask \(0 = attend, <= -10000 = blocked\) but holds 1.0"),
+    "float NaN": (torch.full((2, 1, L, L), float("nan")), r"additive float mask .* but holds nan"),
+    "integer 2": (torch.full((2, 1, L, L), 2), r"integer mask \(1 = attend, 0 = not\) but holds 2"),
+    "complex": (torch.zeros(2, 1, L, L, dtype=torch.complex64), r"attention_mask has dtype torch.complex64"),
+    "a query sees nothing": (EMPTY_ROW, r"attention_mask lets query 3 \(batch row 1\) attend to no key"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_MASKS))
+def test_malformed_attention_masks_are_refused_in_one_line(model, case):
+    mask, message = BAD_MASKS[case]
+    with pytest.raises(InputError, match=message):
+        model(batch(L)[0], attention_mask=mask)
+
+
+def test_a_causal_4d_mask_whose_query_sees_only_later_keys_is_refused():
+    from tests.models.test_causal import tiny_lm
+    from dietpe import DietForCausalLM
+
+    mask = torch.eye(L, dtype=torch.bool).roll(1, dims=1)[None, None]  # query i sees key i + 1 only
+    mask[..., -1, :] = False
+    mask[..., -1, -1] = True
+    with pytest.raises(InputError, match=r"attention_mask lets query 0 \(batch row 0\) attend to no key"):
+        DietForCausalLM(tiny_lm("alibi"))(torch.ones(1, L, dtype=torch.long), attention_mask=mask)
+    with pytest.raises(InputError, match=r"attention_mask has shape \(1, 1, 3, 8\), but a 4-D mask must be "
+                                         r"\(batch\|1, 1\|heads, queries, keys\) = \(1\|1, 1\|2, 8, 8\)"):
+        DietForCausalLM(tiny_lm("alibi"))(torch.ones(1, L, dtype=torch.long), attention_mask=mask[..., :3, :])
+
+
+def test_linformer_refuses_a_4d_mask():
+    model = DietModel(tiny(attention="linformer", position="absolute"))
+    with pytest.raises(InputError, match="attention='linformer' .* cannot take a 4-D attention_mask"):
+        model(batch(L)[0], attention_mask=_blocks(2, 1, L, L))
