@@ -140,7 +140,8 @@ class DietCausalModel(DietPreTrainedModel):
     ) -> BaseModelOutputWithPast:
         """input_ids (B, L) new tokens (or inputs_embeds (B, L, D)); with `past_key_values` the cache holds the
         earlier ones. attention_mask and position_ids cover cached and new tokens: (B, Lpast + L) and
-        (Lpast + L,), (1, Lpast + L) or (B, Lpast + L); default positions 0 .. Lpast + L - 1."""
+        (Lpast + L,), (1, Lpast + L) or (B, Lpast + L); default positions 0 .. Lpast + L - 1. A 4-D
+        attention_mask (B|1, 1|H, L, Lpast + L) (`dietpe.attention.masks`) is combined with causality."""
         past_key_values = cache_argument(past_key_values, kwargs)
         check_kwargs(kwargs, f"{type(self).__name__}.forward", CAUSAL_HARMLESS_KWARGS)
         b, length = DietModel._check_inputs(self, input_ids, inputs_embeds, None, None)

@@ -239,7 +239,9 @@ class DietModel(DietPreTrainedModel):
     ) -> BaseModelOutputWithPooling:
         """input_ids (B, L), or inputs_embeds (B, L, D) used instead of the token embeddings (the input
         position and segment terms are still added). position_ids: (L,), (1, L) or (B, L), default 0 .. L-1;
-        every method reads them (relative ones through pos_i - pos_j)."""
+        every method reads them (relative ones through pos_i - pos_j). attention_mask: (B, L) 1 = token, or
+        4-D (B|1, 1|H, L, L) boolean, integer or additive (`dietpe.attention.masks`): with position_ids
+        restarting at 0 per document, a block-diagonal one keeps packed documents apart."""
         check_kwargs(kwargs, f"{type(self).__name__}.forward")
         b, length = self._check_inputs(input_ids, inputs_embeds, attention_mask, token_type_ids)
         device = (input_ids if input_ids is not None else inputs_embeds).device
