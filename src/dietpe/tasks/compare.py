@@ -39,7 +39,7 @@ from dietpe.tasks import claims as CL
 from dietpe.tasks import finetune as ft
 from dietpe.tasks import pretrain as pt
 from dietpe.tasks.checkpoints import check_run_settings, local_path, write_json_atomic
-from dietpe.tasks.runtime import add_threads_option, is_main_process, set_threads
+from dietpe.tasks.runtime import add_device_options, add_threads_option, is_main_process, set_threads, trainer_device_args
 
 BUILTIN_TASKS = ("order", "pair-order", "topic", "distance", "start")
 
@@ -71,6 +71,7 @@ def register(subparsers) -> None:
     pt.add_pretrain_options(p, recipe_default=None)
     ft.add_finetune_options(p, recipe_default=None)
     add_threads_option(p, default=1)
+    add_device_options(p, deterministic_default=True)  # the study's runs are the same bits on CUDA too
     p.add_argument("--jobs", type=V.positive_int, help="runs trained side by side, one process each (default: CPU "
                                                        "cores / threads, e.g. 2 on 2 cores)")
     p.set_defaults(func=main)
@@ -362,6 +363,7 @@ def _main(args) -> int:
 
     start = time.time()
     set_threads(args.threads)
+    trainer_device_args(args.device, args.precision, args.deterministic)  # refuse a missing CUDA first
     out = Path(args.output_dir)
     builtin = args.corpus is None and args.tasks is None
     if (args.corpus is None) != (args.tasks is None):
@@ -433,7 +435,8 @@ def _main(args) -> int:
         f"{len(s_ft['lrs'])} lr x {s_ft['seeds']} seeds), {jobs} at a time")
     work = dict(corpus=corpus, out=str(out), s_pre=s_pre, s_ft=s_ft, threads=args.threads,
                 device_batch_size=args.device_batch_size, train_language=args.train_language,
-                quiet=jobs > 1, total=len(plan))
+                quiet=jobs > 1, total=len(plan), device=args.device, precision=args.precision,
+                deterministic=args.deterministic)
     units: dict[tuple[str, int], dict] = {}
 
     def finished(i: int, unit: dict) -> None:
@@ -479,8 +482,10 @@ def run_unit(i: int, method: Method, seed: int, tasks: dict, prepared, work: dic
         print(f"[compare] [{i}/{n}] {tag}: started", file=sys.stderr, flush=True)
     res = pt.run_pretrain(work["corpus"], method, out / "pretrain" / method.slug / f"seed{seed}", work["s_pre"],
                           seed=seed, device_batch_size=work["device_batch_size"], quiet=work["quiet"],
-                          description=f"[{i}/{n}] pretrain {tag}", prepared=prepared)
-    index = analyze_method(res["model_dir"], prepared, out / "analysis" / method.slug / f"seed{seed}", tag)
+                          description=f"[{i}/{n}] pretrain {tag}", prepared=prepared, device=work["device"],
+                          precision=work["precision"], deterministic=work["deterministic"])
+    index = analyze_method(res["model_dir"], prepared, out / "analysis" / method.slug / f"seed{seed}", tag,
+                           device=work["device"])
     summary = json.loads((index.parent / "summary.json").read_text(encoding="utf-8"))
     full = np.array([[np.nan if v is None else v for v in layer] for layer in summary["ranks"]["full logits"]],
                     dtype=float)
@@ -497,12 +502,14 @@ def run_unit(i: int, method: Method, seed: int, tasks: dict, prepared, work: dic
     for name, data in tasks.items():
         folder = out / "finetune" / method.slug / f"seed{seed}" / name
         s = ft.run_finetune(res["model_dir"], data, folder, work["s_ft"], train_language=work["train_language"],
-                            quiet=work["quiet"], label=f"[{i}/{n}] {tag} ")
+                            quiet=work["quiet"], label=f"[{i}/{n}] {tag} ",
+                            device_args=trainer_device_args(work["device"], work["precision"], work["deterministic"]))
         unit["tasks"][name] = s
     return unit
 
 
-def analyze_method(model_dir, prepared, folder: Path, title: str, batch_size: int = 8) -> Path:
+def analyze_method(model_dir, prepared, folder: Path, title: str, batch_size: int = 8,
+                   device: str | None = None) -> Path:
     """The papers' pictures (rank, position patterns, segments, cosine) for one pre-trained model, on
     validation windows of the pre-training length; returns the index.md path."""
     import torch
@@ -515,5 +522,6 @@ def analyze_method(model_dir, prepared, folder: Path, title: str, batch_size: in
     flat = [t for b in val_blocks for t in b]
     n = min(batch_size, len(flat) // length)
     batch = torch.tensor(flat[: n * length]).view(n, length)
-    model = DietForMaskedLM.from_pretrained(model_dir).eval()
+    from dietpe.tasks.runtime import resolve_device
+    model = DietForMaskedLM.from_pretrained(model_dir).eval().to(resolve_device(device))
     return report(model, batch, folder, title=title)

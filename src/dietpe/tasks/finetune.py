@@ -46,11 +46,13 @@ from dietpe.tasks.recipes import FINETUNE_RECIPES, check_model_length
 from dietpe.tasks.runtime import (
     ListDataset,
     ProgressBar,
+    add_device_options,
     add_threads_option,
     batch_layout,
     is_main_process,
     replace_progress,
     set_threads,
+    trainer_device_args,
     world_size,
 )
 from dietpe.tasks.seeding import SeededTrainer
@@ -97,6 +99,7 @@ def register(subparsers) -> None:
     p.add_argument("-o", "--output-dir", default="runs/finetune")
     add_finetune_options(p)
     add_threads_option(p)
+    add_device_options(p)
     p.set_defaults(func=main)
 
 
@@ -240,7 +243,8 @@ def quiet_load(cls, model_dir: Path, **kwargs):
 
 
 def run_one(model_dir: Path, data: TaskData, train_set: ListDataset, scorer: Scorer, tokenizer, lr: float,
-            seed: int, s: dict, out: Path, quiet: bool, description: str, report_to: str = "tensorboard") -> dict:
+            seed: int, s: dict, out: Path, quiet: bool, description: str, report_to: str = "tensorboard",
+            device_args: dict | None = None) -> dict:
     """One fine-tuning run; returns its history and best evaluation."""
     from transformers import DataCollatorWithPadding, TrainingArguments, set_seed
 
@@ -256,7 +260,7 @@ def run_one(model_dir: Path, data: TaskData, train_set: ListDataset, scorer: Sco
         save_strategy="steps" if s["eval_steps"] else "epoch", save_steps=s["eval_steps"], save_total_limit=2,
         restore_callback_states_from_checkpoint=True,
         logging_steps=max(1, steps_per_epoch // 5), seed=seed, data_seed=seed,
-        report_to=[report_to] if report_to != "none" else [], use_cpu=not torch.cuda.is_available(),
+        report_to=[report_to] if report_to != "none" else [], **(device_args or trainer_device_args(None)),
         disable_tqdm=quiet, remove_unused_columns=False, log_level="warning", ddp_find_unused_parameters=False)
     set_seed(seed)  # the new head's initialisation and dropout differ per seed
     kwargs = {} if spec.kind == "qa" else dict(
@@ -305,8 +309,8 @@ def summarise(runs: list[dict], spec, select_on: str | None) -> dict:
 
 def run_finetune(model_dir: str | Path, data: TaskData, output_dir: str | Path, s: dict, *,
                  train_language: str = "en", quiet: bool = False, label: str = "",
-                 report_to: str = "tensorboard") -> dict:
-    """The lr x seed grid on one task; returns (and writes) its summary."""
+                 report_to: str = "tensorboard", device_args: dict | None = None) -> dict:
+    """The lr x seed grid on one task; returns (and writes) its summary. `device_args`: `trainer_device_args`."""
     model_dir, output_dir = Path(model_dir), Path(output_dir)
     log = (lambda m: None) if quiet or not is_main_process() else (
         lambda m: print(f"[finetune] {m}", file=sys.stderr))
@@ -344,7 +348,7 @@ def run_finetune(model_dir: str | Path, data: TaskData, output_dir: str | Path, 
                 runs.append(read_json(out / RESULT))
                 continue
             result = run_one(model_dir, data, train_set, scorer, tokenizer, lr, seed, s, out, quiet,
-                             f"{label}{spec.name} lr={lr:g} seed={seed}", report_to)
+                             f"{label}{spec.name} lr={lr:g} seed={seed}", report_to, device_args)
             if is_main_process():
                 write_json_atomic(out / RESULT, result)
                 for _, folder, _ in checkpoints(out):  # finished: its checkpoints are no longer needed
@@ -362,12 +366,13 @@ def run_finetune(model_dir: str | Path, data: TaskData, output_dir: str | Path, 
 def main(args) -> int:
     set_threads(args.threads)
     s = settings(args)
+    device_args = trainer_device_args(args.device, args.precision, args.deterministic)
     out = V.check_output_dir(args.output_dir, "-o")
     data = load_task(args.task, args.task_type, args.train_file, args.eval_files, args.train_split,
                      args.eval_split, args.train_language, args.max_train)
     model_dir = V.find_model_dir(args.model)  # MODEL or a `dietpe pretrain` run folder holding MODEL/model
     with V.created_only_on_success(out):
-        summary = run_finetune(model_dir, data, out, s, train_language=args.train_language)
+        summary = run_finetune(model_dir, data, out, s, train_language=args.train_language, device_args=device_args)
     if is_main_process():
         print(f"{summary['task']}\tbest lr {summary['best_lr']:g}")
         for name, values in summary["per_set"].items():

@@ -38,6 +38,7 @@ from dietpe import validate as V
 from dietpe.config import PRESETS
 from dietpe.errors import ConfigError, DataError
 from dietpe.positions.registry import REGISTRY
+from dietpe.tasks.runtime import add_device_options, resolve_device
 
 SIZES = {"toy": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=256), **PRESETS}
 DEFAULT_METHODS = "none,absolute,sinusoidal,shaw,xlnet,t5,tupe-a,tupe-r,diet-abs,diet-rel,rotary,alibi,kerple"
@@ -86,14 +87,19 @@ def causal_config(position_spec: str, size: str, vocab_size: int, max_length: in
 
 
 def train_lm(config, stream: list[int], steps: int, batch_size: int, length: int, lr: float, seed: int,
-             warmup: float = 0.06, log=print):
+             warmup: float = 0.06, log=print, device: str | None = "cpu", precision: str = "fp32",
+             deterministic: bool = False):
     """Train a `DietForCausalLM` on random windows of `length` tokens; returns (model, seconds, losses)."""
     from dietpe.models.causal import DietForCausalLM
+    from dietpe.tasks.runtime import autocast, resolve_device, set_determinism
+
+    dev = resolve_device(device)
+    set_determinism(dev, deterministic)
 
     if len(stream) <= length:
         raise DataError(f"the training text has {len(stream)} tokens, fewer than one window of {length}")
     torch.manual_seed(seed)
-    model = DietForCausalLM(config)
+    model = DietForCausalLM(config).to(dev)  # initialised on the CPU: the same weights on every device
     model.train()
     data = torch.tensor(stream, dtype=torch.long)
     g = torch.Generator().manual_seed(seed)
@@ -107,17 +113,18 @@ def train_lm(config, stream: list[int], steps: int, batch_size: int, length: int
     losses, start = [], time.time()
     for step in range(steps):
         starts = torch.randint(0, len(stream) - length, (batch_size,), generator=g)
-        ids = torch.stack([data[s:s + length] for s in starts.tolist()])
-        loss = model(ids, labels=ids).loss
+        ids = torch.stack([data[s:s + length] for s in starts.tolist()]).to(dev)
+        with autocast(dev, precision):
+            loss = model(ids, labels=ids).loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
-        losses.append(loss.item())
+        losses.append(loss.detach())  # read at the log lines only: no host sync per step
         if (step + 1) % max(1, steps // 5) == 0:
-            log(f"step {step + 1}/{steps}: loss {sum(losses[-20:]) / len(losses[-20:]):.3f}")
-    return model.eval(), time.time() - start, losses
+            log(f"step {step + 1}/{steps}: loss {torch.stack(losses[-20:]).float().mean().item():.3f}")
+    return model.eval(), time.time() - start, torch.stack(losses).float().tolist()
 
 
 # ------------------------------------------------------------------------------------------------ evaluation
@@ -135,7 +142,7 @@ def causal_loss(model, stream: list[int], length: int, tokens: int, batch_size: 
     n = min(tokens, len(stream)) // length
     if n < 1:
         raise DataError(f"the evaluation text has {len(stream)} tokens, fewer than one window of {length}")
-    windows = torch.tensor(stream[:n * length], dtype=torch.long).view(n, length)
+    windows = torch.tensor(stream[:n * length], dtype=torch.long).view(n, length).to(model.device)
     total, count = 0.0, 0
     for i in range(0, n, batch_size):
         ids = windows[i:i + batch_size]
@@ -167,8 +174,8 @@ def masked_loss(model, tokenizer, stream: list[int], length: int, tokens: int, b
     cls = torch.full((n, 1), tokenizer.cls_token_id)
     sep = torch.full((n, 1), tokenizer.sep_token_id)
     none = torch.full((n, 1), -100)
-    x = torch.cat((cls, masked[0, :n * inner].view(n, inner), sep), 1)
-    y = torch.cat((none, labels[0, :n * inner].view(n, inner), none), 1)
+    x = torch.cat((cls, masked[0, :n * inner].view(n, inner), sep), 1).to(model.device)
+    y = torch.cat((none, labels[0, :n * inner].view(n, inner), none), 1).to(model.device)
     total, count = 0.0, 0
     for i in range(0, n, batch_size):
         logits = model(x[i:i + batch_size]).logits
@@ -284,6 +291,7 @@ def register(subparsers) -> None:
     p.add_argument("--eval-tokens", type=V.positive_int, help="held-out tokens scored at every length "
                                                                "(default: 8 windows of the longest)")
     p.add_argument("--threads", type=V.positive_int, default=1)
+    add_device_options(p)
     p.set_defaults(func=main_lm)
 
     q = subparsers.add_parser("lengths", help="perplexity at 1, 2, 4, 8 times the training length",
@@ -296,6 +304,7 @@ def register(subparsers) -> None:
     q.add_argument("--eval-tokens", type=V.positive_int)
     q.add_argument("-o", "--output-dir", default="lengths")
     q.add_argument("--threads", type=V.positive_int, default=1)
+    add_device_options(q, training=False)
     q.set_defaults(func=main_lengths)
 
 
@@ -308,6 +317,7 @@ def main_lm(args) -> int:
     from dietpe.data.tokenizer import load_tokenizer, save_tokenizer, train_wordpiece
 
     torch.set_num_threads(args.threads)
+    resolve_device(args.device)  # a missing CUDA is refused before any work
     out = Path(args.output_dir)
     specs = [s.strip() for s in args.methods.split(",") if s.strip()]
     for spec in specs:  # refuse a bad spec before reading any data
@@ -333,7 +343,8 @@ def main_lm(args) -> int:
         else:
             config = causal_config(spec, args.size, len(tokenizer), args.max_length, tokenizer.pad_token_id)
             model, seconds, losses = train_lm(config, train, args.steps, args.batch_size, args.max_length, args.lr,
-                                              args.seed, log=lambda m, s=spec: _log(f"{s}: {m}"))
+                                              args.seed, log=lambda m, s=spec: _log(f"{s}: {m}"), device=args.device,
+                                              precision=args.precision, deterministic=args.deterministic)
             ppl = length_perplexities(model, tokenizer, valid, args.max_length, args.lengths, args.eval_tokens)
             model.save_pretrained(run / "model")
             save_tokenizer(tokenizer, run / "model")
@@ -374,12 +385,13 @@ def main_lengths(args) -> int:
     from dietpe.models.modeling import DietForMaskedLM
 
     torch.set_num_threads(args.threads)
+    device = resolve_device(args.device)
     rows, lengths = [], set()
     for run in args.runs:
         model_dir, method, length = _run_info(Path(run), args.train_length)
         config = AutoConfig.from_pretrained(model_dir)
         causal = bool(getattr(config, "causal", False))
-        model = (DietForCausalLM if causal else DietForMaskedLM).from_pretrained(model_dir).eval()
+        model = (DietForCausalLM if causal else DietForMaskedLM).from_pretrained(model_dir).eval().to(device)
         tokenizer = load_tokenizer(model_dir)
         stream = read_stream(args.data, tokenizer, "validation")
         ppl = length_perplexities(model, tokenizer, stream, length, args.lengths, args.eval_tokens)

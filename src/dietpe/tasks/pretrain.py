@@ -41,12 +41,14 @@ from dietpe.tasks.recipes import PRETRAIN_RECIPES, SIZES, build_config
 from dietpe.tasks.runtime import (
     ListDataset,
     ProgressBar,
+    add_device_options,
     add_threads_option,
     batch_layout,
     is_main_process,
     log_history_curves,
     replace_progress,
     set_threads,
+    trainer_device_args,
     world_size,
 )
 from dietpe.tasks.optim import LogitLrTrainer
@@ -106,6 +108,7 @@ def register(subparsers) -> None:
                                   "lists what was loaded, initialised and dropped")
     add_pretrain_options(p)
     add_threads_option(p)
+    add_device_options(p)
     p.set_defaults(func=main)
 
 
@@ -199,9 +202,11 @@ def mlm_loss(model, dataset: ListDataset, collator: MlmCollator, batch_size: int
     """Mean cross-entropy over all masked tokens of a pre-masked dataset."""
     was_training = model.training
     model.eval()
+    device = next(model.parameters()).device  # the collator's batch is on the CPU, the trained model may not be
     total, count = 0.0, 0
     for i in range(0, len(dataset), batch_size):
         batch = collator([dataset[j] for j in range(i, min(i + batch_size, len(dataset)))])
+        batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
         labels = batch.pop("labels")
         logits = model(**batch).logits
         keep = labels != -100
@@ -217,7 +222,8 @@ def run_pretrain(corpus: str, method: Method, output_dir: str | Path, s: dict, *
                  tokenizer: str | None = None, seed: int = 0, device_batch_size: int = 64,
                  max_documents: int | None = None, max_validation: int | None = None, overwrite: bool = False,
                  quiet: bool = False, report_to: str = "tensorboard", description: str | None = None, prepared=None,
-                 init: str | None = None) -> dict:
+                 init: str | None = None, device: str | None = None, precision: str = "fp32",
+                 deterministic: bool = False) -> dict:
     """Pre-train one model; resumes from a complete checkpoint and returns the results (also in RESULTS).
 
     `prepared`: (tokenizer, train blocks, validation blocks) already made, shared by compared methods.
@@ -241,6 +247,8 @@ def run_pretrain(corpus: str, method: Method, output_dir: str | Path, s: dict, *
                accumulation=accumulation, processes=world_size())
     if init:  # recorded only when given, so runs made before --init existed still resume
         run["init"] = local_path(init)
+    if precision != "fp32":  # likewise
+        run["precision"] = precision
     if prepared is not None:  # compare's shared data: the vocabulary itself identifies it
         run["vocabulary_sha256"] = hashlib.sha256(prepared[0].backend_tokenizer.to_str().encode()).hexdigest()[:16]
     check_run_settings(output_dir, run, "--overwrite", products=("model", "tokenizer", RESULTS))
@@ -257,7 +265,7 @@ def run_pretrain(corpus: str, method: Method, output_dir: str | Path, s: dict, *
         per_device_eval_batch_size=64, gradient_accumulation_steps=accumulation,
         logging_steps=max(1, min(50, s["steps"] // 20)), eval_strategy="steps", eval_steps=s["save_steps"],
         save_strategy="steps", save_steps=s["save_steps"], save_total_limit=2, seed=seed, data_seed=seed,
-        report_to=[report_to] if report_to != "none" else [], use_cpu=not torch.cuda.is_available(),
+        report_to=[report_to] if report_to != "none" else [], **trainer_device_args(device, precision, deterministic),
         dataloader_drop_last=False, disable_tqdm=quiet, remove_unused_columns=False,
         ddp_find_unused_parameters=False, log_level="warning", save_only_model=False)
 
@@ -334,6 +342,7 @@ def main(args) -> int:
     method = parse_method(args.method)
     s = settings(args)
     check_before_work(method, s, args.device_batch_size)
+    trainer_device_args(args.device, args.precision)  # refuse --device cuda without CUDA before any work
     out = V.check_output_dir(args.output_dir, "-o")
     if args.tokenizer:
         load_tokenizer(args.tokenizer)
@@ -344,5 +353,6 @@ def main(args) -> int:
     with V.created_only_on_success(out):
         run_pretrain(args.corpus, method, out, s, validation=args.validation, tokenizer=args.tokenizer or args.init,
                      seed=args.seed, device_batch_size=args.device_batch_size, max_documents=args.max_documents,
-                     max_validation=args.max_validation, overwrite=args.overwrite, init=args.init)
+                     max_validation=args.max_validation, overwrite=args.overwrite, init=args.init,
+                     device=args.device, precision=args.precision, deterministic=args.deterministic)
     return 0

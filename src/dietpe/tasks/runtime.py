@@ -1,8 +1,10 @@
-"""What every training job shares at run time: processes (torchrun / accelerate), threads, the global
-batch layout, a compact progress bar, small datasets and the loss curves of a run."""
+"""What every training job shares at run time: processes (torchrun / accelerate), threads, the device, the
+precision and determinism switches, the global batch layout, a compact progress bar, small datasets and the
+loss curves of a run."""
 
 from __future__ import annotations
 
+import argparse
 import math
 import os
 import sys
@@ -86,19 +88,102 @@ def set_threads(threads: int | None) -> None:
         torch.set_num_threads(threads)
 
 
+PRECISIONS = ("fp32", "bf16", "fp16")
+# cuBLAS needs a fixed workspace to pick deterministic reductions (CUDA docs, "Reproducibility")
+CUBLAS_WORKSPACE = ":4096:8"
+
+
+def default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def add_device_options(p, *, training: bool = True, deterministic_default: bool = False) -> None:
+    """`--device` on every command that runs a model; `--precision` and `--deterministic` on training ones."""
+    p.add_argument("--device", choices=("cpu", "cuda"), default=None,
+                   help="where the model runs (default: cuda if available, else cpu)")
+    if training:
+        p.add_argument("--precision", choices=PRECISIONS, default="fp32",
+                       help="fp32 (TF32 matmuls allowed on CUDA), or bf16 / fp16 mixed precision (CUDA; bf16 also "
+                            "runs on CPU)")
+        p.add_argument("--deterministic", action=argparse.BooleanOptionalAction, default=deterministic_default,
+                       help="deterministic algorithms on CUDA (torch.use_deterministic_algorithms, a fixed cuBLAS "
+                            "workspace): same bits on the same GPU and software, slower; CPU runs are always so")
+
+
+def resolve_device(device: str | None) -> torch.device:
+    """The device a command runs on; `cuda` without CUDA is one clear error."""
+    device = device or default_device()
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device cuda: CUDA is not available on this machine (torch "
+                          f"{torch.__version__}, built {'with' if torch.version.cuda else 'without'} CUDA); "
+                          "use --device cpu")
+    if device not in ("cpu", "cuda"):
+        raise ConfigError(f"--device {device!r}: allowed values are cpu, cuda")
+    return torch.device(device)
+
+
+def trainer_device_args(device: str | None, precision: str = "fp32", deterministic: bool = False) -> dict:
+    """The `TrainingArguments` fields for a device, a precision and determinism: fp16 needs CUDA, TF32 is
+    allowed on CUDA in fp32 unless determinism is asked for (TF32 rounds differently across GPUs)."""
+    dev = resolve_device(device)
+    if precision not in PRECISIONS:
+        raise ConfigError(f"--precision {precision!r}: allowed values are {', '.join(PRECISIONS)}")
+    if precision == "fp16" and dev.type != "cuda":
+        raise ConfigError("--precision fp16 needs CUDA (fp16 mixed precision scales the loss on the GPU); "
+                          "use bf16 or fp32 on the CPU")
+    cuda = dev.type == "cuda"
+    set_determinism(dev, deterministic)
+    # HF's full_determinism makes Trainer call enable_full_determinism (deterministic algorithms, cuBLAS
+    # workspace, cuDNN) in place of set_seed; TF32 is set here rather than by `tf32=True`, which refuses GPUs
+    # older than Ampere instead of leaving them in fp32
+    return dict(use_cpu=not cuda, bf16=precision == "bf16", fp16=precision == "fp16",
+                full_determinism=bool(deterministic and cuda))
+
+
+def set_determinism(device: torch.device, deterministic: bool) -> None:
+    """On CUDA: deterministic algorithms (what HF's `enable_full_determinism` sets, also for loops outside
+    `Trainer`), else TF32 matmuls. Nothing on the CPU, whose kernels are deterministic already."""
+    if device.type == "cuda" and deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)
+        torch.use_deterministic_algorithms(True)
+        torch.backends.cudnn.deterministic = True
+        torch.backends.cudnn.benchmark = False
+    elif device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+
+
+def autocast(device: torch.device, precision: str):
+    """Mixed precision for hand-written loops: autocast to bf16 / fp16, or nothing for fp32."""
+    import contextlib
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=torch.bfloat16 if precision == "bf16" else torch.float16)
+
+
 def world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def data_parallel_devices() -> int:
+    """GPUs one process drives: without torchrun, `Trainer` wraps the model in DataParallel over all of them
+    and multiplies the per-device batch by their number (`TrainingArguments.n_gpu`)."""
+    if world_size() > 1 or not torch.cuda.is_available():
+        return 1
+    return torch.cuda.device_count()
 
 
 def is_main_process() -> bool:
     return int(os.environ.get("RANK", "0")) == 0
 
 
-def batch_layout(global_batch: int, device_batch: int) -> tuple[int, int]:
-    """(per-device batch, gradient accumulation) reaching `global_batch` over all processes."""
-    world = world_size()
+def batch_layout(global_batch: int, device_batch: int, n_gpu: int | None = None) -> tuple[int, int]:
+    """(per-device batch, gradient accumulation) reaching `global_batch` over all processes and, without
+    torchrun, over the `n_gpu` GPUs of DataParallel (default: `data_parallel_devices()`)."""
+    n_gpu = data_parallel_devices() if n_gpu is None else n_gpu
+    world = world_size() * max(1, n_gpu)
     if global_batch % world:
-        raise ConfigError(f"batch size {global_batch} is not divisible by the {world} processes")
+        what = f"{world} processes" if n_gpu <= 1 else f"{world} GPUs ({n_gpu} per process under DataParallel)"
+        raise ConfigError(f"batch size {global_batch} is not divisible by the {what}")
     per_process = global_batch // world
     per_device = min(per_process, device_batch)
     accumulation = math.ceil(per_process / per_device)

@@ -52,7 +52,8 @@ from dietpe.tasks.checkpoints import (
     train_resumable,
     write_json_atomic,
 )
-from dietpe.tasks.runtime import ListDataset, ProgressBar, replace_progress, set_threads
+from dietpe.tasks.runtime import (ListDataset, ProgressBar, add_device_options, replace_progress, resolve_device,
+                                  set_threads, trainer_device_args)
 from dietpe.tasks.seeding import SeededTrainer
 
 # what changes the trained model: recorded in the run directory, and a rerun with other values is refused
@@ -168,6 +169,7 @@ def build_config(args, vocab_size: int, tokenizer) -> DietSeq2SeqConfig:
 
 def run_train(args) -> int:
     set_threads(args.threads)
+    device_args = trainer_device_args(args.device, args.precision, args.deterministic)
     out = Path(args.output_dir)
     train_src, train_tgt, valid_src, valid_tgt = _train_files(args)
     if getattr(args, "overwrite", False) and out.exists():
@@ -226,7 +228,7 @@ def run_train(args) -> int:
         eval_strategy="steps", eval_steps=args.eval_steps, save_strategy="steps", save_steps=args.save_steps,
         save_total_limit=args.save_total_limit, logging_steps=args.logging_steps, seed=args.seed,
         train_sampling_strategy="group_by_length", remove_unused_columns=False, prediction_loss_only=True,
-        report_to="none", dataloader_num_workers=0, use_cpu=not torch.cuda.is_available())
+        report_to="none", dataloader_num_workers=0, **device_args)
     trainer = TranslationTrainer(
         model=model, args=targs, train_dataset=ListDataset(train), eval_dataset=ListDataset(valid),
         data_collator=TranslationCollator(config.pad_token_id, config.decoder_start_token_id),
@@ -322,6 +324,8 @@ def translate(model, tokenizer, ids: list[list[int]], batch_size: int, beams: in
         bar = tqdm(total=len(ids), desc="translate", unit="sent", file=sys.stderr, dynamic_ncols=True)
     for n, batch in enumerate(batches):
         src, mask = pad_batch([ids[i] for i in batch], tokenizer.pad_token_id)
+        device = next(model.parameters()).device
+        src, mask = src.to(device), mask.to(device)
         kwargs = dict(attention_mask=mask, num_beams=beams, length_penalty=length_penalty, do_sample=False,
                       max_new_tokens=new_tokens_for(model, src.shape[1], max_new_tokens), early_stopping=True)
         modes = [use_cache] if not speed else ([True, False] if n % 2 == 0 else [False, True])
@@ -330,6 +334,8 @@ def translate(model, tokenizer, ids: list[list[int]], batch_size: int, beams: in
             start = time.perf_counter()
             with torch.inference_mode():
                 outputs[cached] = model.generate(src, use_cache=cached, **kwargs)
+            if device.type == "cuda":
+                torch.cuda.synchronize()  # timings of the work, not of its launch
             timing["cached_s" if cached else "uncached_s"] += time.perf_counter() - start
         if speed:
             a, b = outputs[True], outputs[False]
@@ -380,7 +386,9 @@ def run_eval(args) -> int:
     src_lines, ref_lines = read_parallel(args.source, args.reference)  # a bad file before the model loads
     from transformers.utils import logging as hf_logging
     hf_logging.disable_progress_bar()  # no "Loading weights" bar in the output
+    device = resolve_device(args.device)
     model, tokenizer, model_dir = load_model(args.model)
+    model.to(device)
     if args.max_new_tokens is not None:
         new_tokens_for(model, 1, args.max_new_tokens)  # beyond a learned position table: refused now
     if args.limit:
@@ -467,6 +475,7 @@ def register(subparsers) -> None:
     t.add_argument("--max-valid-pairs", type=V.positive_int, default=None, help="use only the first N validation pairs")
     t.add_argument("--seed", type=V.seed, default=1)
     t.add_argument("--threads", type=V.positive_int, default=None, help="torch CPU threads")
+    add_device_options(t)
     t.set_defaults(func=train_main)
 
     e = sub.add_parser("eval", help="beam-search translation and SacreBLEU")
@@ -484,4 +493,5 @@ def register(subparsers) -> None:
     e.add_argument("--speed", action="store_true",
                    help="decode every batch with and without the cache, interleaved; report both speeds")
     e.add_argument("--threads", type=V.positive_int, default=None, help="torch CPU threads")
+    add_device_options(e, training=False)
     e.set_defaults(func=run_eval)
