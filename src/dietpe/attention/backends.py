@@ -7,12 +7,16 @@
 and `flex` (FlexAttention) compute the same thing; the tests hold them to the reference, gradients included.
 Low-rank logit terms (fq·fkᵀ) are folded into extra query/key channels for the fused kernels:
 [q', fq / s]·[k', fk]ᵀ · s = q'·k'ᵀ · s + fq·fkᵀ, so no (B, H, Lq, Lk) bias is built for them.
+Off the CPU the folded width is padded with zero channels to a multiple of 8, which the fused GPU kernels
+need (else SDPA silently takes its math kernel and builds the scores).
 Shapes: q (B, H, Lq, Dh), k and v (B, H, Lk, Dh), mask (B|1, 1|H, Lq|1, Lk) additive (0 or finfo.min, as
 `dietpe.attention.masks` builds it) or None.
 """
 
 from __future__ import annotations
 
+import contextlib
+import weakref
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
@@ -68,6 +72,14 @@ def logits(q: Tensor, k: Tensor, terms: LayerTerms, scale: float) -> Logits:
     return Logits(content, [(term.kind, term.dense(q_raw)) for term in terms.logits])
 
 
+def fit_mask(mask: Tensor | None, dtype: torch.dtype) -> Tensor | None:
+    """The additive mask in `dtype`, its blocked entries at `dtype`'s own minimum: float32's minimum cast to
+    bfloat16 or float16 is -inf, and a row with every key blocked would give NaN instead of a finite value."""
+    if mask is None or mask.dtype == dtype or not dtype.is_floating_point:
+        return mask
+    return mask.clamp_min(torch.finfo(dtype).min).to(dtype)
+
+
 def eager(q, k, v, terms: LayerTerms, mask, scale, dropout_p, need_probs=True):
     """The reference: every term built densely and added to the logits."""
     parts = logits(q, k, terms, scale)
@@ -75,7 +87,7 @@ def eager(q, k, v, terms: LayerTerms, mask, scale, dropout_p, need_probs=True):
     for _, term in parts.parts:
         scores = scores.add_(term.to(scores.dtype))
     if mask is not None:
-        scores = scores.add_(mask)
+        scores = scores.add_(fit_mask(mask, scores.dtype))
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
     dropped = F.dropout(probs, p=dropout_p) if dropout_p > 0 else probs
     out = dropped @ v
@@ -84,9 +96,14 @@ def eager(q, k, v, terms: LayerTerms, mask, scale, dropout_p, need_probs=True):
     return out, probs
 
 
-def fold_low_rank(q: Tensor, k: Tensor, terms: list[LogitTerm], s: float) -> tuple[Tensor, Tensor]:
+# Head sizes the fused GPU kernels take (the memory-efficient kernel in half precision, flash): multiples of 8
+GPU_WIDTH_MULTIPLE = 8
+
+
+def fold_low_rank(q: Tensor, k: Tensor, terms: list[LogitTerm], s: float, multiple: int = 1) -> tuple[Tensor, Tensor]:
     """Fold low-rank logit terms fq·fkᵀ into extra query/key channels, for the fused kernels (sdpa, flex):
-    [q', fq / s]·[k', fk]ᵀ · s = q'·k'ᵀ · s + fq·fkᵀ, so no (B, H, Lq, Lk) bias is built for them."""
+    [q', fq / s]·[k', fk]ᵀ · s = q'·k'ᵀ · s + fq·fkᵀ, so no (B, H, Lq, Lk) bias is built for them. The width
+    is padded with zero channels (which add nothing to q·kᵀ) up to a multiple of `multiple`."""
     if not terms:
         return q, k
     b, h, lq, _ = q.shape
@@ -96,6 +113,11 @@ def fold_low_rank(q: Tensor, k: Tensor, terms: list[LogitTerm], s: float) -> tup
         fq, fk = term.factors()
         extra_q.append((fq / s).to(q.dtype).expand(b, h, lq, -1))
         extra_k.append(fk.to(k.dtype).expand(b, h, lk, -1))
+    width = q.shape[-1] + sum(e.shape[-1] for e in extra_q)
+    pad = -width % multiple
+    if pad:
+        extra_q.append(q.new_zeros(b, h, lq, pad))
+        extra_k.append(k.new_zeros(b, h, lk, pad))
     return torch.cat([q, *extra_q], dim=-1), torch.cat([k, *extra_k], dim=-1)
 
 
@@ -147,17 +169,25 @@ def sdpa(q, k, v, terms: LayerTerms, mask, scale, dropout_p, need_probs=False):
             fold.append(term)
         else:
             dense.append(term)
-    bias = _summed_bias(dense, mask, q_raw, q.dtype, terms.cache)
+    bias = _summed_bias(dense, fit_mask(mask, q.dtype), q_raw, q.dtype, terms.cache)
     if fold and lk <= ADD_LOW_RANK_KEYS and _fused_cpu_kernel_possible(q, dropout_p, bias) and not (
             torch.is_grad_enabled() and any(f.requires_grad for t in fold for f in t.factors())):
         bias, fold = _add_low_rank(bias, fold, q.dtype), []
     dv = v.shape[-1]
     if fold:
-        q, k = fold_low_rank(q, k, fold, s)
-        if _fused_cpu_kernel_possible(q, dropout_p, bias):  # the CPU kernel wants one head size for q, k, v
+        on_cpu = q.device.type == "cpu"
+        q, k = fold_low_rank(q, k, fold, s, 1 if on_cpu else GPU_WIDTH_MULTIPLE)
+        # one head size for q, k and v: what the CPU kernel needs, and on a GPU what flash needs, which serves
+        # only calls without a bias (with one, the memory-efficient kernel takes v at its own width)
+        if _fused_cpu_kernel_possible(q, dropout_p, bias) or (not on_cpu and bias is None):
             v = F.pad(v, (0, q.shape[-1] - dv))
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p, scale=s)
+    out = run_sdpa(q, k, v, bias, dropout_p, s)
     return out[..., :dv], None
+
+
+def run_sdpa(q, k, v, bias, dropout_p, scale):
+    """The kernel call itself (a seam for tests that look at the widths and the bias the kernel gets)."""
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p, scale=scale)
 
 
 def _add_low_rank(bias: Tensor | None, terms: list[LogitTerm], dtype: torch.dtype) -> Tensor:
@@ -202,6 +232,7 @@ def _sdpa_blocks(q, k, v, terms: LayerTerms, mask, s, dropout_p, q_raw, bias_bat
     keep_graph = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     outs = [] if keep_graph else None
     out = None if keep_graph else q.new_empty(b, h, lq, v.shape[-1])
+    mask = fit_mask(mask, q.dtype)
     for start in range(0, lq, step):
         rows = slice(start, min(start + step, lq))
         bias = None
@@ -220,6 +251,11 @@ def _sdpa_blocks(q, k, v, terms: LayerTerms, mask, s, dropout_p, q_raw, bias_bat
 
 
 _compiled_flex: Callable | None = None
+# Block masks of the masks alive now, by identity: a forward builds its mask once and hands the same tensor to
+# every layer, so each forward builds one block mask per mask (an encoder-decoder: padding, causal, cross)
+# whatever the layers' terms. A few slots, each holding a weak reference, so no mask is kept alive.
+_BLOCK_MASKS: dict[int, tuple] = {}
+BLOCK_MASK_SLOTS = 4
 
 
 def _mask_mod(mask: Tensor):
@@ -229,18 +265,25 @@ def _mask_mod(mask: Tensor):
     return lambda b, h, qi, ki: mask[b if per_batch else 0, h if per_head else 0, qi if per_query else 0, ki] == 0
 
 
-def _block_mask(mask: Tensor | None, b: int, lq: int, lk: int, cache: dict):
+def _block_mask(mask: Tensor | None, b: int, lq: int, lk: int):
     """Padding and causality as FlexAttention's block mask (blocks with no key to see are skipped), built once
-    per forward and mask: the layers that share LayerTerms share it."""
+    per mask, so once per forward for every layer (compiled on CUDA, where the uncompiled builder materialises
+    (Lq, Lk))."""
     if mask is None:
         return None
-    hit = cache.get("flex_block_mask")
-    if hit is not None and hit[0] is mask:
-        return hit[1]
+    key = (b, lq, lk)
+    hit = _BLOCK_MASKS.get(id(mask))
+    if hit is not None and hit[0]() is mask and hit[1] == key:
+        return hit[2]
     from torch.nn.attention.flex_attention import create_block_mask
     block_mask = create_block_mask(_mask_mod(mask), b if mask.shape[0] > 1 else None,
-                                   mask.shape[1] if mask.shape[1] > 1 else None, lq, lk, device=mask.device)
-    cache["flex_block_mask"] = (mask, block_mask)
+                                   mask.shape[1] if mask.shape[1] > 1 else None, lq, lk, device=mask.device,
+                                   _compile=mask.is_cuda)
+    for stale in [i for i, (ref, *_) in _BLOCK_MASKS.items() if ref() is None]:
+        del _BLOCK_MASKS[stale]
+    while len(_BLOCK_MASKS) >= BLOCK_MASK_SLOTS:
+        del _BLOCK_MASKS[next(iter(_BLOCK_MASKS))]
+    _BLOCK_MASKS[id(mask)] = (weakref.ref(mask), key, block_mask)
     return block_mask
 
 
@@ -291,16 +334,21 @@ def flex(q, k, v, terms: LayerTerms, mask, scale, dropout_p, need_probs=False):
     q, k = fold_low_rank(q, k, fold, s)
     b, _, lq, _ = q.shape
     lk = k.shape[2]
-    block_mask = _block_mask(mask, b, lq, lk, terms.cache)
+    block_mask = _block_mask(mask, b, lq, lk)
     score_mod = _summed(mods) if mods else None
     dv = v.shape[-1]
     v_pad = F.pad(v, (0, q.shape[-1] - dv)) if q.shape[-1] != dv else v  # one head size for q, k and v
-    fn = flex_attention
+    fn, loud = flex_attention, contextlib.nullcontext()
     if q.is_cuda:
         if _compiled_flex is None:
-            _compiled_flex = torch.compile(flex_attention, dynamic=False)
+            # dynamic=None: the first length compiles static, a second one recompiles once with dynamic lengths
+            # (padding, group_by_length, generate), not once per length
+            _compiled_flex = torch.compile(flex_attention, dynamic=None)
         fn = _compiled_flex
-    out = run_flex(fn, q, k, v_pad, score_mod, block_mask, s)
+        # past the recompile limit dynamo would silently run flex uncompiled, which materialises the scores
+        loud = torch._dynamo.config.patch(fail_on_recompile_limit_hit=True)
+    with loud:
+        out = run_flex(fn, q, k, v_pad, score_mod, block_mask, s)
     return out[..., :dv], None
 
 

@@ -28,7 +28,7 @@ from transformers.modeling_outputs import (
 from dietpe.attention.layer import MultiHeadAttention
 from dietpe.attention.masks import additive, check_4d, is_4d, keep_of, refuse_empty_rows
 from dietpe.config import DietConfig
-from dietpe.errors import ConfigError, InputError
+from dietpe.errors import ConfigError, InputError, may_read
 from dietpe.positions.encoding import PositionEncoding
 from dietpe.positions.method import PositionMethod
 from dietpe.positions.segments import InputSegments
@@ -99,7 +99,7 @@ def attention_bias(attention_mask: Tensor | None, dtype: torch.dtype) -> Tensor 
 def padding_mask(attention_mask: Tensor | None, dtype: torch.dtype) -> Tensor | None:
     """(B, Lk) 1 = keep, 0 = pad  ->  additive (B, 1, 1, Lk), or None when nothing is padded (while compiling
     the mask is always built: looking would break the graph)."""
-    if attention_mask is None or (not torch.compiler.is_compiling() and bool(attention_mask.all())):
+    if attention_mask is None or (may_read(attention_mask) and bool(attention_mask.all())):
         return None
     return ((1.0 - attention_mask[:, None, None, :].to(dtype)) * torch.finfo(dtype).min)
 
@@ -214,8 +214,8 @@ class DietModel(DietPreTrainedModel):
         if token_type_ids is not None and token_type_ids.dtype.is_floating_point:
             raise InputError(f"token_type_ids must be integers, got {token_type_ids.dtype}")
         self.positions.check(shape[1], token_type_ids)
-        if torch.compiler.is_compiling():
-            return shape  # the checks of values read the data, which would break the graph
+        if not may_read(input_ids if input_ids is not None else inputs_embeds):
+            return shape  # the checks of values read the data (a graph break, a host sync on a GPU)
         if input_ids is not None:
             lo, hi = int(input_ids.min()), int(input_ids.max())
             if lo < 0 or hi >= self.config.vocab_size:
@@ -341,7 +341,8 @@ class DietForSequenceClassification(DietPreTrainedModel):
             if self.num_labels == 1:
                 loss = nn.functional.mse_loss(logits.squeeze(-1).float(), labels.float())
             else:
-                if labels.dtype.is_floating_point or int(labels.min()) < 0 or int(labels.max()) >= self.num_labels:
+                if labels.dtype.is_floating_point or may_read(labels) and (
+                        int(labels.min()) < 0 or int(labels.max()) >= self.num_labels):
                     raise InputError(f"classification labels must be integers in [0, {self.num_labels - 1}] "
                                      f"(num_labels={self.num_labels})")
                 loss = nn.functional.cross_entropy(logits.float(), labels.view(-1))

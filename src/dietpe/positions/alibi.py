@@ -5,6 +5,8 @@ Entry point: logit bias, computed once per forward, shared by layers.
 
 from __future__ import annotations
 
+import torch
+from torch import Tensor
 
 from dietpe.positions.base import Context, DistanceBias, LayerTerms
 from dietpe.positions.functional import alibi_bias, alibi_slopes
@@ -15,10 +17,19 @@ class ALiBi(PositionMethod):
     def __init__(self, num_heads: int):
         super().__init__()
         self.num_heads = num_heads
+        # built once per device, not on the CPU and copied every forward; a plain attribute rather than a
+        # buffer, which from_pretrained would leave uninitialised (it holds no weights to load)
+        self._slopes: dict[torch.device, Tensor] = {}
+
+    def slopes(self, device: torch.device) -> Tensor:
+        """m_h (H,) on `device`."""
+        if device not in self._slopes:
+            self._slopes[device] = alibi_slopes(self.num_heads).to(device)
+        return self._slopes[device]
 
     def layer_terms(self, ctx: Context, layer: int) -> LayerTerms:
         def build():
-            slopes = alibi_slopes(self.num_heads).to(ctx.q_pos.device)  # (H,)
+            slopes = self.slopes(ctx.q_pos.device)  # (H,)
             # consecutive positions: a Toeplitz matrix, never built whole unless a backend asks for it
             term = DistanceBias(alibi_bias, (slopes,), ctx.q_pos, ctx.k_pos, ctx.diagonal_offsets())
             return self.keep(ctx, "alibi", (slopes,), term)

@@ -11,7 +11,7 @@ import torch
 from torch import Tensor, nn
 
 from dietpe.config import DietConfig
-from dietpe.errors import InputError
+from dietpe.errors import InputError, may_read
 from dietpe.positions.absolute import LearnedAbsolute
 from dietpe.positions.base import Context, LayerTerms
 from dietpe.positions.registry import REGISTRY
@@ -65,7 +65,7 @@ class PositionEncoding(nn.Module):
             check_length(self.position_name, length, self.max_length, hint=hint, learned=True)
         if torch.compiler.is_compiling():
             return
-        if self.max_length is not None and positions is not None and positions.numel():
+        if self.max_length is not None and positions is not None and positions.numel() and may_read(positions):
             lo, hi = int(positions.min()), int(positions.max())
             if lo < 0 or hi >= self.max_length:
                 raise InputError(
@@ -73,7 +73,7 @@ class PositionEncoding(nn.Module):
                     f"whose learned table has max_position_embeddings={self.max_length} rows; got "
                     f"{lo if lo < 0 else hi}")
         # with segment='none' segment ids carry nothing and are ignored
-        if self.num_segments and segment_ids is not None and segment_ids.numel():
+        if self.num_segments and segment_ids is not None and segment_ids.numel() and may_read(segment_ids):
             lo, hi = int(segment_ids.min()), int(segment_ids.max())
             if lo < 0 or hi >= self.num_segments:
                 raise InputError(f"token_type_ids must lie in [0, {self.num_segments - 1}] (type_vocab_size="
