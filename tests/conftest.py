@@ -1,7 +1,39 @@
+import os
+
 import pytest
 import torch
 
 from dietpe import DietConfig
+
+# DIET_TEST_DEVICE=cuda runs the backend, reference, flex, compile and pipeline tests on the GPU (the `device`
+# fixture); by default they run on the CPU. `probe_device` is where the tests that only look at what reaches
+# the kernels (widths, devices, host syncs) run: the GPU when asked for, else `meta`, which takes the same
+# non-CPU branches without computing anything.
+TEST_DEVICE = os.environ.get("DIET_TEST_DEVICE", "cpu")
+TEST_DEVICES = ("cpu", "cuda")
+
+
+def pytest_configure(config):
+    if TEST_DEVICE not in TEST_DEVICES:
+        raise pytest.UsageError(f"DIET_TEST_DEVICE={TEST_DEVICE!r}: allowed values are {', '.join(TEST_DEVICES)}")
+    if TEST_DEVICE == "cuda" and not torch.cuda.is_available():
+        raise pytest.UsageError(f"DIET_TEST_DEVICE=cuda: CUDA is not available on this machine (torch "
+                                f"{torch.__version__}); unset DIET_TEST_DEVICE to test on the CPU")
+
+
+@pytest.fixture
+def device() -> torch.device:
+    return torch.device(TEST_DEVICE)
+
+
+@pytest.fixture
+def probe_device() -> torch.device:
+    return torch.device("cuda" if TEST_DEVICE == "cuda" else "meta")
+
+
+def head_size_for(device: torch.device) -> int:
+    """Head size of the tiny configs: 8 on the CPU, 16 on a GPU (FlexAttention's smallest there)."""
+    return 16 if torch.device(device).type == "cuda" else 8
 
 
 @pytest.fixture(autouse=True)
@@ -9,15 +41,15 @@ def _seed():
     torch.manual_seed(0)
 
 
-def tiny(**overrides) -> DietConfig:
-    """A deterministic tiny config: 2 layers, 2 heads of size 8, no dropout."""
-    base = dict(vocab_size=50, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32,
+def tiny(head_size: int = 8, **overrides) -> DietConfig:
+    """A deterministic tiny config: 2 layers, 2 heads of size 8 (or `head_size`), no dropout."""
+    base = dict(vocab_size=50, hidden_size=2 * head_size, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32,
                 max_position_embeddings=24, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
                 linformer_k=6, shaw_max_distance=3, t5_num_buckets=8, t5_max_distance=16)
     return DietConfig(**{**base, **overrides})
 
 
-def batch(length=10, batch_size=2, vocab=50, pad_last=3, two_segments=True):
+def batch(length=10, batch_size=2, vocab=50, pad_last=3, two_segments=True, device=None):
     ids = torch.randint(1, vocab, (batch_size, length))
     mask = torch.ones_like(ids)
     if pad_last:
@@ -25,4 +57,6 @@ def batch(length=10, batch_size=2, vocab=50, pad_last=3, two_segments=True):
     segments = torch.zeros_like(ids)
     if two_segments:
         segments[:, length // 2:] = 1
+    if device is not None:  # drawn on the CPU: the same batch on every device
+        return ids.to(device), mask.to(device), segments.to(device)
     return ids, mask, segments
