@@ -60,3 +60,22 @@ def batch(length=10, batch_size=2, vocab=50, pad_last=3, two_segments=True, devi
     if device is not None:  # drawn on the CPU: the same batch on every device
         return ids.to(device), mask.to(device), segments.to(device)
     return ids, mask, segments
+
+
+def run_on(device, model, *args, **kwargs):
+    """`model(*args, **kwargs)` run on `device` (a copy of the model, inputs moved there), outputs back on the
+    CPU: the CPU-side references then check what the device computed."""
+    if torch.device(device).type == "cpu":
+        return model(*args, **kwargs)
+    import copy
+
+    def there(x):
+        return x.to(device) if isinstance(x, torch.Tensor) else x
+
+    def back(x):
+        if isinstance(x, torch.Tensor):
+            return x.cpu()
+        return tuple(back(t) for t in x) if isinstance(x, tuple) else x
+
+    out = copy.deepcopy(model).to(device)(*[there(a) for a in args], **{k: there(v) for k, v in kwargs.items()})
+    return type(out)(**{k: back(v) for k, v in out.items()})

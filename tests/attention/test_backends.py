@@ -24,11 +24,11 @@ MATRIX = [
 ]
 
 
-def _pair(cfg_kwargs, backend):
+def _pair(cfg_kwargs, backend, device="cpu"):
     ref = DietForMaskedLM(tiny(**cfg_kwargs, attn_backend="eager"))
     other = DietForMaskedLM(tiny(**cfg_kwargs, attn_backend=backend))
     other.load_state_dict(ref.state_dict())
-    return ref, other
+    return ref.to(device), other.to(device)
 
 
 def _run(model, ids, mask, seg):
@@ -38,9 +38,10 @@ def _run(model, ids, mask, seg):
 
 
 @pytest.mark.parametrize("position,segment,sharing,attention", MATRIX)
-def test_sdpa_matches_eager_with_gradients(position, segment, sharing, attention):
-    ref, fast = _pair(dict(position=position, segment=segment, sharing=sharing, attention=attention), "sdpa")
-    ids, mask, seg = batch(9)
+def test_sdpa_matches_eager_with_gradients(position, segment, sharing, attention, device):
+    ref, fast = _pair(dict(position=position, segment=segment, sharing=sharing, attention=attention), "sdpa",
+                      device)
+    ids, mask, seg = batch(9, device=device)
     (lr, gr), (lf, gf) = _run(ref, ids, mask, seg), _run(fast, ids, mask, seg)
     torch.testing.assert_close(lf, lr, atol=2e-5, rtol=1e-4)
     assert gr.keys() == gf.keys()

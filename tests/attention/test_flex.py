@@ -1,6 +1,7 @@
 """FlexAttention as it is meant to be used: every logit term a score_mod (or folded into q/k), padding and
 causality a block mask, and no (Lq, Lk) bias built for relative, distance or segment terms. Forward only
-on CPU (its backward needs CUDA, which these tests have never had)."""
+on the CPU (its backward needs CUDA: DIET_TEST_DEVICE=cuda runs these tests there, backward included, with
+head size 16, flex's smallest on a GPU)."""
 
 import itertools
 import warnings
@@ -14,7 +15,7 @@ from dietpe.attention import backends
 from dietpe.config import POSITIONS, SEGMENTS
 from dietpe.errors import ConfigError
 from dietpe.models.seq2seq import DietForConditionalGeneration
-from tests.conftest import batch, tiny
+from tests.conftest import batch, head_size_for, tiny
 from tests.models.test_seq2seq import source, tiny_s2s
 
 L = 11  # no other size here is 11 (TUPE's folded rank is 10), so (..., 11, 11) can only be a query-key term
@@ -34,14 +35,15 @@ MATRIX = [dict(position=p, segment=s, sharing=h, attention=a)
 PER_EXAMPLE = torch.tensor([[0, 1, 2, 3, 0, 1, 2, 3, 4, 5, 6], [9, 4, 2, 0, 1, 3, 5, 7, 9, 11, 20]])
 
 
-def _pair(**cfg):
-    ref = DietModel(tiny(**cfg, attn_backend="eager")).eval()
+def _pair(device="cpu", **cfg):
+    size = head_size_for(device)
+    ref = DietModel(tiny(size, **cfg, attn_backend="eager")).eval()
     with torch.no_grad():  # position terms large enough that a wrong one shows
         for p in ref.positions.parameters():
             p.copy_(torch.randn_like(p))
-    flex = DietModel(tiny(**cfg, attn_backend="flex")).eval()
+    flex = DietModel(tiny(size, **cfg, attn_backend="flex")).eval()
     flex.load_state_dict(ref.state_dict())
-    return ref, flex
+    return ref.to(device), flex.to(device)
 
 
 class PairwiseTensors(TorchDispatchMode):
@@ -61,10 +63,10 @@ class PairwiseTensors(TorchDispatchMode):
 
 
 @pytest.mark.parametrize("cfg", MATRIX, ids=lambda c: ":".join(c.values()))
-def test_flex_matches_eager_and_builds_no_query_key_tensor(cfg, monkeypatch):
-    ref, flex = _pair(**cfg)
-    ids, mask, seg = batch(L)
-    position_ids = None if cfg["attention"] == "linformer" else PER_EXAMPLE
+def test_flex_matches_eager_and_builds_no_query_key_tensor(cfg, monkeypatch, device):
+    ref, flex = _pair(device, **cfg)
+    ids, mask, seg = batch(L, device=device)
+    position_ids = None if cfg["attention"] == "linformer" else PER_EXAMPLE.to(device)
     recorder = PairwiseTensors()
     real = backends.run_flex
 
@@ -105,3 +107,30 @@ def test_every_term_offers_a_score_mod_or_factors():
         terms = model.positions.layer_terms(ctx, 0)
         mods, fold = backends.flex_plan(terms, torch.zeros(1, 2, L, 8))
         assert len(mods) + len(fold) == len(terms.logits)
+
+
+LEARNED = [dict(position="diet-rel", segment="per-head", sharing="none", attention="full"),
+           dict(position="t5", segment="per-head", sharing="layer", attention="full"),
+           dict(position="kerple", segment="none", sharing="none", attention="full"),
+           dict(position="diet-abs", segment="per-head", sharing="none", attention="full"),
+           dict(position="tupe-r", segment="none", sharing="none", attention="full")]
+
+
+@pytest.mark.parametrize("cfg", LEARNED, ids=lambda c: ":".join(c.values()))
+def test_flex_backward_gives_the_references_gradients_of_learned_tables(cfg, device):
+    """On CUDA the gradients of the tables a score_mod reads (DIET-REL's R, T5's buckets, KERPLE's r,
+    segments' Ŝ) and of folded factors equal the eager reference's; on the CPU flex refuses to train."""
+    ref, flex = _pair(device, **cfg)
+    ids, mask, seg = batch(L, device=device)
+    if device.type != "cuda":
+        with pytest.raises(ConfigError, match="backward needs CUDA"):
+            flex(ids, mask, seg)
+        return
+    grads = []
+    for model in (ref, flex):
+        model.train()
+        model(ids, mask, seg).last_hidden_state.square().mean().backward()
+        grads.append({n: p.grad for n, p in model.named_parameters() if n.startswith("positions")})
+    assert grads[0].keys() == grads[1].keys() and grads[0]
+    for name in grads[0]:
+        torch.testing.assert_close(grads[1][name], grads[0][name], atol=1e-4, rtol=1e-3, msg=name)

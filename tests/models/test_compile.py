@@ -24,9 +24,9 @@ def _name(case):
 
 
 @pytest.mark.parametrize("case", CASES, ids=_name)
-def test_compiled_forward_has_no_graph_break_and_the_same_output(case):
-    model = DietForMaskedLM(tiny(**case)).eval()
-    ids, mask, seg = batch(10)
+def test_compiled_forward_has_no_graph_break_and_the_same_output(case, device):
+    model = DietForMaskedLM(tiny(**case)).eval().to(device)
+    ids, mask, seg = batch(10, device=device)
     torch._dynamo.reset()
     # fullgraph=True raises at the first graph break; the eager backend keeps the test free of a C++ compiler
     compiled = torch.compile(model, backend="eager", fullgraph=True)
@@ -45,9 +45,9 @@ def _grads(model, *args, **kwargs):
 
 
 @pytest.mark.parametrize("case", CASES, ids=_name)
-def test_activation_checkpointing_gives_the_same_gradients(case):
-    model = DietForMaskedLM(tiny(**case)).train()  # the tiny config has no dropout: runs are comparable
-    ids, mask, seg = batch(10)
+def test_activation_checkpointing_gives_the_same_gradients(case, device):
+    model = DietForMaskedLM(tiny(**case)).train().to(device)  # the tiny config has no dropout: runs are comparable
+    ids, mask, seg = batch(10, device=device)
     kwargs = dict(attention_mask=mask, token_type_ids=seg, labels=ids)
     loss, plain = _grads(model, ids, **kwargs)
     model.gradient_checkpointing_enable()

@@ -14,7 +14,7 @@ from dietpe import DietCausalConfig, DietForCausalLM, DietModel
 from dietpe.config import POSITIONS
 from dietpe.positions.registry import names
 from dietpe.models.causal import CAUSAL_POSITIONS
-from tests.conftest import batch, tiny
+from tests.conftest import batch, run_on, tiny
 
 L = 10
 
@@ -175,7 +175,7 @@ POSITION_IDS = {
 
 @pytest.mark.parametrize("positions", list(POSITION_IDS))
 @pytest.mark.parametrize("position,segment,sharing", CASES)
-def test_method_matches_paper_equation(position, segment, sharing, positions):
+def test_method_matches_paper_equation(position, segment, sharing, positions, device):
     extra = {"tupe_reset": False} if (position, segment) == ("tupe-a", "none") else {}
     if "@" in position:  # scaled input sinusoids (position_scale)
         position, scale = position.split("@")
@@ -185,7 +185,8 @@ def test_method_matches_paper_equation(position, segment, sharing, positions):
     position_ids = POSITION_IDS[positions]
     pos = (torch.arange(L) if position_ids is None else position_ids).expand(len(ids), L)
     with torch.no_grad():
-        out = model(ids, mask, segments, position_ids=position_ids, output_attentions=True, output_hidden_states=True)
+        out = run_on(device, model, ids, mask, segments, position_ids=position_ids, output_attentions=True,
+                     output_hidden_states=True)
         hidden = reference_embeddings(model, ids, segments, pos)
         torch.testing.assert_close(out.hidden_states[0], hidden, atol=1e-5, rtol=1e-4)
         for layer in range(model.config.num_hidden_layers):
@@ -220,7 +221,7 @@ def test_relative_methods_accept_lengths_beyond_training_length():
 
 @pytest.mark.parametrize("positions", ["default", "per-example"])
 @pytest.mark.parametrize("position", CAUSAL_POSITIONS)
-def test_causal_lm_matches_paper_equation(position, positions):
+def test_causal_lm_matches_paper_equation(position, positions, device):
     """The decoder-only LM: the same equations under a causal mask; `none` is NoPE (Kazemnejad et al. 2023:
     no position term, the mask alone orders the tokens), T5's buckets the unidirectional ones of T5's
     decoder (HF's `_relative_position_bucket(..., bidirectional=False)`)."""
@@ -233,7 +234,7 @@ def test_causal_lm_matches_paper_equation(position, positions):
     position_ids = POSITION_IDS[positions]
     pos = (torch.arange(L) if position_ids is None else position_ids).expand(len(ids), L)
     with torch.no_grad():
-        out = model(ids, position_ids=position_ids, output_attentions=True, output_hidden_states=True)
+        out = run_on(device, model, ids, position_ids=position_ids, output_attentions=True, output_hidden_states=True)
         torch.testing.assert_close(out.hidden_states[0], reference_embeddings(model, ids, segments, pos),
                                    atol=1e-5, rtol=1e-4)
         for layer in range(model.config.num_hidden_layers):

@@ -13,6 +13,7 @@ from dietpe.errors import ConfigError
 from dietpe.tasks import checkpoints as ckpt
 from dietpe.tasks import finetune as ft
 from dietpe.tasks import pretrain as pt
+from tests.conftest import TEST_DEVICE
 
 TINY = dict(size="toy", vocab_size=300, max_length=24, steps=6, batch_size=8, lr=2e-3, warmup=0.1, save_steps=2,
             weight_decay=0.01, adam_epsilon=1e-6, max_grad_norm=1.0)
@@ -29,7 +30,8 @@ def data(tmp_path_factory):
 @pytest.fixture(scope="module")
 def pretrained(data, tmp_path_factory):
     out = tmp_path_factory.mktemp("pt")
-    res = pt.run_pretrain(str(data["corpus"]), methods.parse_method("diet-rel"), out, TINY, quiet=True, report_to="none")
+    res = pt.run_pretrain(str(data["corpus"]), methods.parse_method("diet-rel"), out, TINY, quiet=True, report_to="none",
+                          device=TEST_DEVICE)
     return out, res
 
 
