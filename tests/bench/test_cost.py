@@ -4,6 +4,7 @@ outputs. No timing assertions: speed goals live in the benchmark itself."""
 import json
 
 import pytest
+import torch
 
 from dietpe.bench import cost, report
 from dietpe.cli import main
@@ -130,3 +131,29 @@ def test_bench_writes_each_finished_phase_so_a_stopped_run_keeps_them(tmp_path, 
     rows = json.loads(js.read_text())["rows"]
     assert {(r["length"], r["method"]) for r in rows} == {(8, "none"), (8, "diet-rel")}
     assert all(r["train_ratio"] is not None and r["infer_ratio"] is not None for r in rows)
+
+
+def test_timings_wait_for_the_device_before_and_after_each_step():
+    """On CUDA a step returns when its kernels are queued: the clock starts and stops after a synchronise."""
+    events = []
+    steps = {"a": lambda: events.append("a"), "b": lambda: events.append("b")}
+    cost.interleaved_times(steps, repeats=2, warmup=0, sync=lambda: events.append("sync"))
+    assert events == ["sync", "a", "sync", "sync", "b", "sync", "sync", "b", "sync", "sync", "a", "sync"]
+
+
+def test_bench_on_cuda_without_cuda_is_one_line(capsys):
+    import pytest
+
+    from dietpe.cli import main
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    assert main(["bench", "--device", "cuda", "--shapes", "bert-small", "--lengths", "8"]) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("dietpe bench: error:") and "CUDA is not available" in err[0]
+
+
+def test_bench_runs_in_bfloat16_on_the_cpu():
+    rows = cost.measure("bert-small", 8, 1, [cost.Variant.parse("alibi")], repeats=1, warmup=0, modes=("train",),
+                        max_length=16, precision="bf16")
+    assert [r.method for r in rows] == ["none", "alibi"] and all(r.train_ms > 0 for r in rows)

@@ -19,7 +19,7 @@ import torch
 from dietpe import validate as V
 from dietpe.bench import cost, report
 from dietpe.errors import ConfigError
-from dietpe.tasks.runtime import set_threads
+from dietpe.tasks.runtime import add_device_options, add_precision_option, resolve_device, set_threads
 
 
 def _ints(text: str) -> list[int]:
@@ -63,6 +63,8 @@ def register(subparsers) -> None:
                    help="methods for --long (default: none,diet-rel,diet-rel+seg,t5,alibi,rotary)")
     p.add_argument("--json", default=None, help="also write the results as JSON to this path")
     p.add_argument("--markdown", default=None, help="also write the tables as Markdown to this path")
+    add_device_options(p, training=False)
+    add_precision_option(p)
     p.set_defaults(func=run)
 
 
@@ -103,13 +105,18 @@ def run(args) -> int:
             print("dietpe bench: transformers is not installed; no peers", file=sys.stderr)
             peers = []
     set_threads(args.threads)
-    cost.available_memory()  # read before any model exists: the memory groups of every phase use it
+    device = resolve_device(args.device)
+    if args.precision == "fp16" and device.type != "cuda":
+        raise ConfigError("--precision fp16 needs CUDA; use bf16 or fp32 on the CPU")
+    cost.available_memory(device)  # read before any model exists: the memory groups of every phase use it
 
     def log(msg: str) -> None:
         print(f"[bench] {msg}", file=sys.stderr, flush=True)
 
     settings = {"threads": args.threads, "repeats": args.repeats, "warmup": args.warmup,
                 "torch": torch.__version__, "machine": platform.machine(), "cpus": os.cpu_count(),
+                "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+                "precision": args.precision,
                 "command": "dietpe bench " + " ".join(sys.argv[2:]) if sys.argv[1:2] == ["bench"] else None}
     # one phase per shape, length and mode (and memory, and long inputs): after each, the tables so far are
     # written, so a run stopped by a time limit keeps every finished phase
@@ -134,7 +141,8 @@ def run(args) -> int:
         return text
 
     for i, (shape, length, batch, mode) in enumerate(phases):
-        for row in cost.measure(shape, length, batch, variants, args.repeats, args.warmup, (mode,), peers, log=log):
+        for row in cost.measure(shape, length, batch, variants, args.repeats, args.warmup, (mode,), peers, log=log,
+                                device=device.type, precision=args.precision):
             key = (row.shape, row.length, row.method)
             if key in rows:  # the other mode's figures join the row measured first
                 for field in (f"{mode}_ms", f"{mode}_ratio", f"{mode}_iqr"):
@@ -146,12 +154,13 @@ def run(args) -> int:
         last_of_length = i + 1 == len(phases) or phases[i + 1][:2] != (shape, length)
         if args.memory and last_of_length:
             cost.add_memory([r for (s, n, _), r in rows.items() if (s, n) == (shape, length)], args.modes,
-                            args.threads, log=log)
+                            args.threads, log=log, device=device.type, precision=args.precision)
             done += 1
             write(final=False)
     if long_variants:
         long_rows = cost.measure_long(args.shapes[0], args.long_length, long_variants, max(3, args.repeats // 3),
-                                      1, args.threads, memory=True, log=log)
+                                      1, args.threads, memory=True, log=log, device=device.type,
+                                      precision=args.precision)
         done += 1
     print(write(final=True))
     return 0

@@ -91,13 +91,17 @@ def first_output(out) -> Tensor:
     return out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
 
 
-def training_step(model: nn.Module, inputs: dict[str, Tensor]) -> Callable[[], None]:
+def training_step(model: nn.Module, inputs: dict[str, Tensor], precision: str = "fp32") -> Callable[[], None]:
     """forward, loss, backward, AdamW step: one closure per model, holding its optimizer."""
+    from dietpe.tasks.runtime import autocast
+
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    device = next(model.parameters()).device
 
     def step() -> None:
         model.train()
-        loss = first_output(model(**inputs)).float().square().mean()
+        with autocast(device, precision):
+            loss = first_output(model(**inputs)).float().square().mean()
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -105,19 +109,27 @@ def training_step(model: nn.Module, inputs: dict[str, Tensor]) -> Callable[[], N
     return step
 
 
-def inference_step(model: nn.Module, inputs: dict[str, Tensor]) -> Callable[[], None]:
+def inference_step(model: nn.Module, inputs: dict[str, Tensor], precision: str = "fp32") -> Callable[[], None]:
+    from dietpe.tasks.runtime import autocast
+
+    device = next(model.parameters()).device
+
     def step() -> None:
         model.eval()
-        with torch.inference_mode():
+        with torch.inference_mode(), autocast(device, precision):
             model(**inputs)
 
     return step
 
 
-def interleaved_times(steps: dict[str, Callable[[], None]], repeats: int, warmup: int) -> dict[str, list[float]]:
+def interleaved_times(steps: dict[str, Callable[[], None]], repeats: int, warmup: int,
+                      sync: Callable[[], None] | None = None) -> dict[str, list[float]]:
     """Seconds per step of every candidate, `repeats` cycles of one step each, after `warmup` untimed cycles.
 
-    The order within a cycle rotates, so no candidate always runs right after a particular other one."""
+    The order within a cycle rotates, so no candidate always runs right after a particular other one. `sync`
+    (on CUDA `torch.cuda.synchronize`) runs before the clock starts and before it stops: a GPU step returns
+    when its kernels are queued, not when they are done."""
+    sync = sync or (lambda: None)
     names = list(steps)
     for _ in range(warmup):
         for name in names:
@@ -126,8 +138,10 @@ def interleaved_times(steps: dict[str, Callable[[], None]], repeats: int, warmup
     for cycle in range(repeats):
         shift = cycle % len(names)
         for name in names[shift:] + names[:shift]:
+            sync()
             start = time.perf_counter()
             steps[name]()
+            sync()
             times[name].append(time.perf_counter() - start)
     return times
 
@@ -169,10 +183,12 @@ class Row:
 
 
 @functools.cache
-def available_memory() -> int | None:
-    """Bytes the kernel says a new allocation can get without swapping (Linux), else None. Read once, before
-    the first model: with the bench's `MALLOC_TRIM_THRESHOLD_` freed memory stays in this process, so later
-    readings would count the earlier phases' models as gone from the machine."""
+def available_memory(device: torch.device | None = None) -> int | None:
+    """Bytes the kernel says a new allocation can get without swapping (Linux), else None; on CUDA the GPU's
+    free memory. Read once, before the first model: with the bench's `MALLOC_TRIM_THRESHOLD_` freed memory
+    stays in this process, so later readings would count the earlier phases' models as gone from the machine."""
+    if device is not None and torch.device(device).type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
     try:
         with open("/proc/meminfo") as f:
             for line in f:
@@ -195,7 +211,7 @@ def candidate_groups(labels: list[str], bytes_each: int, budget: int | None) -> 
 def measure(shape: str, length: int, batch: int, methods: list[Variant], repeats: int, warmup: int,
             modes: tuple[str, ...] = ("train", "infer"), peers: list[str] | None = None,
             max_length: int = 512, log: Callable[[str], None] | None = None,
-            memory_budget: int | None = None) -> list[Row]:
+            memory_budget: int | None = None, device: str = "cpu", precision: str = "fp32") -> list[Row]:
     """Time every method (and peer) at one shape and length, interleaved; ratios to `none`.
 
     Every candidate of a group is alive at once (weights, and AdamW's two moments when training): 17
@@ -205,17 +221,19 @@ def measure(shape: str, length: int, batch: int, methods: list[Variant], repeats
 
     if BASELINE not in methods:
         methods = [BASELINE, *methods]
+    dev = torch.device(device)
     builders: dict[str, Callable[[], nn.Module]] = {
-        v.label: (lambda v=v: build_model(model_config(shape, v, max_length))) for v in methods}
+        v.label: (lambda v=v: build_model(model_config(shape, v, max_length)).to(dev)) for v in methods}
     for peer in peers or []:
-        builders[peer] = lambda peer=peer: build_peer(peer, shape, max_length)
+        builders[peer] = lambda peer=peer: build_peer(peer, shape, max_length).to(dev)
     baseline = builders.pop("none")()
     weights = sum(p.numel() * p.element_size() for p in baseline.parameters())
     each = weights * (3 if "train" in modes else 1)  # + AdamW's exp_avg and exp_avg_sq
-    groups = candidate_groups(list(builders), each,
-                              memory_budget if memory_budget is not None else _half(available_memory()))
+    budget = memory_budget if memory_budget is not None else _half(available_memory(dev))
+    groups = candidate_groups(list(builders), each, budget)
     vocab = DietConfig.from_preset(shape).vocab_size
-    inputs = make_inputs(batch, length, vocab)
+    inputs = {k: t.to(dev) for k, t in make_inputs(batch, length, vocab).items()}
+    sync = torch.cuda.synchronize if dev.type == "cuda" else None
     base_count = parameter_count(baseline)
     rows = {"none": Row(shape, "none", length, batch, base_count, 0.0)}
     for k, group in enumerate(groups or [[]]):
@@ -225,11 +243,11 @@ def measure(shape: str, length: int, batch: int, methods: list[Variant], repeats
             rows[label] = Row(shape, label, length, batch, count, count / base_count - 1)
         for mode in modes:
             make = training_step if mode == "train" else inference_step
-            steps = {label: make(model, peer_inputs(label, inputs)) for label, model in models.items()}
+            steps = {label: make(model, peer_inputs(label, inputs), precision) for label, model in models.items()}
             if log:
                 part = f" (group {k + 1} of {len(groups)})" if len(groups) > 1 else ""
                 log(f"{shape} L={length} B={batch} {mode}: {len(steps)} candidates x {repeats} cycles{part}")
-            times = interleaved_times(steps, repeats, warmup)
+            times = interleaved_times(steps, repeats, warmup, sync)
             base = times["none"]
             for label, t in times.items():
                 if label == "none" and k > 0:
@@ -255,14 +273,16 @@ def peer_inputs(label: str, inputs: dict[str, Tensor]) -> dict[str, Tensor]:
     return inputs
 
 
-def add_memory(rows: list[Row], modes, threads: int, log: Callable[[str], None] | None = None) -> None:
+def add_memory(rows: list[Row], modes, threads: int, log: Callable[[str], None] | None = None,
+               device: str = "cpu", precision: str = "fp32") -> None:
     """Fill each row's step peak memory, one fresh process per (method, mode)."""
     from dietpe.bench.memory import measure_peak
 
     for row in rows:
         for mode in modes:
             spec = {"shape": row.shape, "method": row.method, "length": row.length, "batch": row.batch,
-                    "mode": mode, "max_length": 512, "threads": threads}
+                    "mode": mode, "max_length": 512, "threads": threads, "device": device,
+                    "precision": precision}
             if log:
                 log(f"memory {row.shape} {row.method} L={row.length} {mode}")
             setattr(row, f"{mode}_peak_mib", measure_peak(spec)["step_mib"])
@@ -284,18 +304,21 @@ class LongRow:
 
 
 def measure_long(shape: str, length: int, methods: list[Variant], repeats: int, warmup: int, threads: int,
-                 memory: bool = True, log: Callable[[str], None] | None = None) -> list[LongRow]:
+                 memory: bool = True, log: Callable[[str], None] | None = None, device: str = "cpu",
+                 precision: str = "fp32") -> list[LongRow]:
     """Inference at `length` tokens, batch 1, for methods without an absolute-position table."""
     from dietpe.bench.memory import measure_peak
 
-    rows = measure(shape, length, 1, methods, repeats, warmup, modes=("infer",), log=log)
+    rows = measure(shape, length, 1, methods, repeats, warmup, modes=("infer",), log=log, device=device,
+                   precision=precision)
     out = [LongRow(shape, r.method, length, r.infer_ms, r.infer_ratio) for r in rows]
     if memory:
         for row in out:
             if log:
                 log(f"memory {shape} {row.method} L={length} infer")
             m = measure_peak({"shape": shape, "method": row.method, "length": length, "batch": 1,
-                              "mode": "infer", "max_length": 512, "threads": threads})
+                              "mode": "infer", "max_length": 512, "threads": threads, "device": device,
+                              "precision": precision})
             row.peak_mib, row.rss_mib = m["step_mib"], m["peak_mib"]
         base = next(r for r in out if r.method == "none")
         for row in out:

@@ -8,6 +8,9 @@ every large tensor is its own mapping and goes back on free), resets the kernel'
 
     step peak = VmHWM during the step - VmRSS just before it      (activations, gradients, temporaries)
     peak RSS  = VmHWM during the step                              (adds the library, weights, optimizer state)
+
+On CUDA the caching allocator counts exactly: the same two figures are `torch.cuda.max_memory_allocated`
+during the step less `memory_allocated` before it, and that maximum itself (GPU memory, not RSS).
 """
 
 from __future__ import annotations
@@ -55,7 +58,22 @@ def step_peak(spec: dict) -> dict:
         model = cost.build_model(cost.model_config(shape, cost.Variant.parse(label), spec["max_length"]))
     inputs = cost.peer_inputs(label, cost.make_inputs(spec["batch"], spec["length"], 30522))
     make = cost.training_step if spec["mode"] == "train" else cost.inference_step
-    step = make(model, inputs)
+    device = torch.device(spec.get("device", "cpu"))
+    if device.type == "cuda":
+        model = model.to(device)
+        step = make(model, {k: t.to(device) for k, t in inputs.items()}, spec.get("precision", "fp32"))
+        step()
+        torch.cuda.synchronize(device)
+        gc.collect()
+        torch.cuda.empty_cache()
+        idle = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        step()
+        torch.cuda.synchronize(device)
+        peak = torch.cuda.max_memory_allocated(device)
+        return {"idle_mib": idle / 2**20, "peak_mib": peak / 2**20, "step_mib": (peak - idle) / 2**20,
+                "exact": True}
+    step = make(model, inputs, spec.get("precision", "fp32"))
     step()
     gc.collect()
     idle = _status_kib("VmRSS")

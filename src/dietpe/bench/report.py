@@ -74,6 +74,9 @@ def markdown(rows: list[Row], long_rows: list[LongRow], settings: dict) -> str:
              f"interleaved cycles after {settings.get('warmup')} warm-up; ratios are medians of per-cycle ratios "
              f"to `none` (✓/✗: the target of issue 13). `+seg`: per-head segments (DIET eq. 2). Peak MiB: the "
              f"step's RSS high-water mark above the idle process, in a fresh process per configuration."]
+    if settings.get("device", "cpu") != "cpu":
+        parts[-1] = parts[-1].replace("RSS high-water mark", "GPU allocator peak (max_memory_allocated)") + (
+            f" Device: {settings['device']}, {settings.get('precision', 'fp32')}; timings synchronised.")
     if settings.get("command"):
         parts += ["", f"`{settings['command']}`"]
     if settings.get("partial"):

@@ -102,12 +102,16 @@ def add_device_options(p, *, training: bool = True, deterministic_default: bool 
     p.add_argument("--device", choices=("cpu", "cuda"), default=None,
                    help="where the model runs (default: cuda if available, else cpu)")
     if training:
-        p.add_argument("--precision", choices=PRECISIONS, default="fp32",
-                       help="fp32 (TF32 matmuls allowed on CUDA), or bf16 / fp16 mixed precision (CUDA; bf16 also "
-                            "runs on CPU)")
+        add_precision_option(p)
         p.add_argument("--deterministic", action=argparse.BooleanOptionalAction, default=deterministic_default,
                        help="deterministic algorithms on CUDA (torch.use_deterministic_algorithms, a fixed cuBLAS "
                             "workspace): same bits on the same GPU and software, slower; CPU runs are always so")
+
+
+def add_precision_option(p) -> None:
+    p.add_argument("--precision", choices=PRECISIONS, default="fp32",
+                   help="fp32 (TF32 matmuls allowed on CUDA), or bf16 / fp16 mixed precision (fp16 needs CUDA; "
+                        "bf16 also runs on the CPU)")
 
 
 def resolve_device(device: str | None) -> torch.device:
