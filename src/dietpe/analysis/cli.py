@@ -78,7 +78,9 @@ def load_tokenizer_near(checkpoint: Path, explicit: str | None):
 
 def run(args: argparse.Namespace) -> int:
     from dietpe.analysis.report import report
+    from dietpe.tasks.runtime import resolve_device
 
+    device = resolve_device(args.device)
     if not Path(args.data).is_file():
         raise DataError(f"{args.data}: no such data file")
     checkpoint = find_checkpoint(args.checkpoint)
@@ -88,6 +90,7 @@ def run(args: argparse.Namespace) -> int:
     if not any(read_file(args.data)):  # invalid UTF-8 or no text: named before the model is loaded
         raise DataError(f"{args.data}: no text to sample a batch from")
     model, checkpoint = load_checkpoint(checkpoint)
+    model = model.to(device)
     index = report(model, tokenizer, out, data=args.data, title=args.title or model.config.position,
                    batch_size=args.batch_size, length=args.length, seed=args.seed, rtol=args.rtol)
     print(index)
@@ -109,4 +112,6 @@ def register(subparsers) -> None:
     p.add_argument("--rtol", type=V.positive_float, default=None,
                    help="rank tolerance relative to the largest singular value (default max(M, N) · ε_float32)")
     p.add_argument("--title", help="title of the report (default: the position method)")
+    from dietpe.tasks.runtime import add_device_options
+    add_device_options(p, training=False)
     p.set_defaults(func=run)
