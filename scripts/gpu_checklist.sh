@@ -44,7 +44,8 @@ if wants preflight; then  # the GPU paths as the CPU and the meta device see the
 fi
 
 if ! $PY -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"; then
-    echo "gpu_checklist: CUDA is not available on this machine; the remaining steps ($STEPS) need a GPU: outputs so far in $OUT" >&2
+    left=$(for s in $STEPS; do case $s in env|preflight) ;; *) printf '%s ' "$s";; esac; done)
+    echo "gpu_checklist: CUDA is not available on this machine; the remaining steps (${left% }) need a GPU; outputs so far in $OUT" >&2
     exit 3
 fi
 

@@ -43,7 +43,8 @@ def _seed():
 
 def tiny(head_size: int = 8, **overrides) -> DietConfig:
     """A deterministic tiny config: 2 layers, 2 heads of size 8 (or `head_size`), no dropout."""
-    base = dict(vocab_size=50, hidden_size=2 * head_size, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32,
+    base = dict(vocab_size=50, hidden_size=2 * head_size, num_hidden_layers=2, num_attention_heads=2,
+                intermediate_size=32,
                 max_position_embeddings=24, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
                 linformer_k=6, shaw_max_distance=3, t5_num_buckets=8, t5_max_distance=16)
     return DietConfig(**{**base, **overrides})

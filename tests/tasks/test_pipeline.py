@@ -30,8 +30,8 @@ def data(tmp_path_factory):
 @pytest.fixture(scope="module")
 def pretrained(data, tmp_path_factory):
     out = tmp_path_factory.mktemp("pt")
-    res = pt.run_pretrain(str(data["corpus"]), methods.parse_method("diet-rel"), out, TINY, quiet=True, report_to="none",
-                          device=TEST_DEVICE)
+    res = pt.run_pretrain(str(data["corpus"]), methods.parse_method("diet-rel"), out, TINY, quiet=True,
+                          report_to="none", device=TEST_DEVICE)
     return out, res
 
 

@@ -39,7 +39,8 @@ from dietpe.tasks import claims as CL
 from dietpe.tasks import finetune as ft
 from dietpe.tasks import pretrain as pt
 from dietpe.tasks.checkpoints import check_run_settings, local_path, write_json_atomic
-from dietpe.tasks.runtime import add_device_options, add_threads_option, is_main_process, set_threads, trainer_device_args
+from dietpe.tasks.runtime import (add_device_options, add_threads_option, is_main_process, set_threads,
+                                  trainer_device_args)
 
 BUILTIN_TASKS = ("order", "pair-order", "topic", "distance", "start")
 
