@@ -289,6 +289,12 @@ def options(prefix: str, base: str, table: list[tuple[str, str, tuple[str, ...]]
         case(f"{prefix} {option} {value}".strip(), f"{base} {option} {value}", option, value, *limit)
 
 
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 POS = ("positive|>= 1|at least 1",)
 NONNEG = (">= 0|non-negative|at least 0",)
 FRACTION = ("[0, 1)",)
@@ -556,6 +562,16 @@ case("bench --long-methods absolute", f"{BENCH} --long --long-methods absolute",
      "diet-rel")
 case("bench --json under a file", f"{BENCH} --json {{afile}}/b.json", "afile.txt", "not a folder")
 case("bench --markdown a folder", f"{BENCH} --markdown {{existing}}", "existing", "a folder")
+
+# -- device and precision (every command that runs a model) -------------------------------------------------
+for _name, _base in (("pretrain", PRE), ("finetune", FT), ("compare", CMP), ("translate train", TT),
+                     ("translate eval", TE), ("bench", BENCH), ("analyze", AN)):
+    case(f"{_name} --device gpu", f"{_base} --device gpu", "--device", "gpu", "cuda")
+    if _name not in ("translate eval", "analyze"):
+        case(f"{_name} --precision fp8", f"{_base} --precision fp8", "--precision", "fp8", "bf16")
+    if not _cuda_available():  # what a machine without CUDA says
+        case(f"{_name} --device cuda", f"{_base} --device cuda", "--device cuda", "CUDA is not available")
+case("pretrain --precision fp16 on the CPU", f"{PRE} --device cpu --precision fp16", "fp16", "CUDA")
 
 # -- analyze ----------------------------------------------------------------------------------------------
 options("analyze", AN, [

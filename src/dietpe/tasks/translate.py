@@ -360,6 +360,7 @@ def train_main(args) -> int:
     from types import SimpleNamespace
 
     out = V.check_output_dir(args.output_dir, "--output-dir")
+    trainer_device_args(args.device, args.precision)  # a missing CUDA, fp16 on the CPU: refused first
     build_config(args, args.vocab_size, SimpleNamespace(pad_token_id=0, bos_token_id=1, eos_token_id=2))
     train_src, train_tgt, valid_src, valid_tgt = _train_files(args)
     read_parallel(train_src, train_tgt)  # UTF-8, line counts: before --overwrite removes an earlier run
