@@ -271,7 +271,7 @@ def _block_mask(mask: Tensor | None, b: int, lq: int, lk: int):
     (Lq, Lk))."""
     if mask is None:
         return None
-    key = (b, lq, lk)
+    key = (b, lq, lk, mask._version)  # the version: a mask written in place is a new mask
     hit = _BLOCK_MASKS.get(id(mask))
     if hit is not None and hit[0]() is mask and hit[1] == key:
         return hit[2]
