@@ -273,3 +273,28 @@ def test_pretrain_runs_in_bfloat16_and_records_it(tmp_path):
     assert res["steps"] == 3 and 0 < res["val_loss"] < 20
     settings = json.loads((tmp_path / "run" / "run_settings.json").read_text())
     assert settings["precision"] == "bf16"
+
+
+def test_a_translation_training_step_never_waits_for_the_device(probe_device):
+    from dietpe.models.seq2seq import DietForConditionalGeneration
+    from tests.models.test_seq2seq import tiny_s2s
+
+    model = DietForConditionalGeneration(tiny_s2s("t5")).to(probe_device).train()
+    src = torch.randint(3, 40, (2, 7)).to(probe_device)
+    mask = torch.ones_like(src)
+    mask[1, 5:] = 0
+    labels = torch.randint(3, 40, (2, 5)).to(probe_device)
+    with HostSyncs() as syncs:
+        model(src, mask, labels=labels).loss.backward()
+    assert syncs.seen == []
+
+
+def test_packed_documents_train_without_waiting_for_the_device(probe_device):
+    """A 4-D mask (packed documents) is checked on the CPU, not in a GPU training step."""
+    model = DietForMaskedLM(tiny(position="diet-rel")).to(probe_device).train()
+    ids = torch.randint(1, 50, (2, 8)).to(probe_device)
+    doc = torch.tensor([[0, 0, 0, 1, 1, 1, 1, 1], [0, 0, 0, 0, 0, 0, 1, 1]])
+    keep = (doc[:, None, :, None] == doc[:, None, None, :]).to(probe_device)  # (B, 1, L, L)
+    with HostSyncs() as syncs:
+        model(ids, attention_mask=keep, labels=ids).loss.backward()
+    assert syncs.seen == []

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from dietpe.errors import InputError
+from dietpe.errors import InputError, may_read
 
 #: an additive float mask blocks a key with a value at or below this (HF: finfo.min or -inf; older models -1e4)
 BLOCKED_AT_MOST = -1e4
@@ -46,8 +46,8 @@ def check_4d(mask: Tensor, batch: int, heads: int, lq: int, lk: int, name: str =
     if mask.is_complex():
         raise InputError(f"{name} has dtype {mask.dtype}; give booleans (True = attend), integers (1 = attend) "
                          f"or an additive float mask (0 = attend, large negative = blocked)")
-    if torch.compiler.is_compiling():
-        return keep_of(mask)  # the checks of values read the data, which would break the graph
+    if not may_read(mask):
+        return keep_of(mask)  # the checks of values read the data (a graph break, a host sync on a GPU)
     if mask.dtype.is_floating_point:
         bad = ~((mask == 0) | (mask <= BLOCKED_AT_MOST))  # NaN, positive, or small negative values
         if bool(bad.any()):
@@ -63,7 +63,7 @@ def check_4d(mask: Tensor, batch: int, heads: int, lq: int, lk: int, name: str =
 
 def refuse_empty_rows(keep: Tensor, name: str = "attention_mask") -> None:
     """A query that sees no key (after causality is applied) has no softmax: refused, naming the first one."""
-    if torch.compiler.is_compiling():
+    if not may_read(keep):
         return
     empty = ~keep.any(-1)  # (B|1, 1|H, Lq)
     if bool(empty.any()):

@@ -42,7 +42,7 @@ from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput
 from dietpe.attention.layer import MultiHeadAttention
 from dietpe.attention.masks import additive, check_4d, is_4d, refuse_empty_rows
 from dietpe.config import PRESETS, DietConfig, _check
-from dietpe.errors import ConfigError, InputError
+from dietpe.errors import ConfigError, InputError, may_read
 from dietpe.models.modeling import (
     DietModel, DietPreTrainedModel, cache_argument, check_kwargs, padding_mask, with_cache,
 )
@@ -367,7 +367,8 @@ class DietForConditionalGeneration(DietPreTrainedModel, GenerationMixin):
         if decoder_input_ids.dim() != 2 or 0 in decoder_input_ids.shape:
             raise InputError(f"decoder_input_ids must be (batch, length) with both > 0, got shape "
                              f"{tuple(decoder_input_ids.shape)}")
-        lo, hi = int(decoder_input_ids.min()), int(decoder_input_ids.max())
+        ids = decoder_input_ids
+        lo, hi = (int(ids.min()), int(ids.max())) if may_read(ids) else (0, 0)  # no host sync in a GPU step
         if lo < 0 or hi >= self.config.vocab_size:
             raise InputError(f"decoder token id {lo if lo < 0 else hi} is outside the vocabulary "
                              f"[0, {self.config.vocab_size - 1}]")
