@@ -6,6 +6,7 @@ behind one attention equation, as Hugging Face models. See `dietpe.positions.bas
 
 from dietpe.config import PRESETS, DietConfig
 from dietpe.errors import ConfigError, DataError, DietError, InputError
+from dietpe.integrations import Positions, attach
 from dietpe.models import (
     DietCausalConfig,
     DietCausalModel,
@@ -24,4 +25,4 @@ __version__ = "0.1.0"
 __all__ = ["DietConfig", "PRESETS", "DietModel", "DietPreTrainedModel", "DietForMaskedLM",
            "DietForSequenceClassification", "DietForQuestionAnswering", "DietForConditionalGeneration",
            "DietSeq2SeqConfig", "DietCausalConfig", "DietCausalModel", "DietForCausalLM", "DietError", "ConfigError",
-           "InputError", "DataError"]
+           "InputError", "DataError", "attach", "Positions"]

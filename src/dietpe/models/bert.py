@@ -183,10 +183,11 @@ def bert_config_fields(bert_config) -> dict:
     return {k: d[k] for k in CONFIG_FIELDS if k in d}
 
 
-def from_bert(path_or_name: str, cls: type[DietPreTrainedModel] | None = None, position: str = "absolute",
+def from_bert(path_or_name: "str | torch.nn.Module", cls: type[DietPreTrainedModel] | None = None, position: str = "absolute",
               keep_input_positions: bool | None = None, config: DietConfig | None = None,
               **overrides) -> tuple[DietPreTrainedModel, LoadReport]:
-    """A diet model from a BERT checkpoint (a folder or a hub name): returns (model, report).
+    """A diet model from a BERT checkpoint (a folder, a hub name, or a loaded transformers Bert* model):
+    returns (model, report).
 
     cls: the diet class (default: the one matching the checkpoint's architecture, e.g. BertForMaskedLM ->
     DietForMaskedLM). position (and `overrides`, any DietConfig field such as segment or sharing): the position
@@ -195,9 +196,20 @@ def from_bert(path_or_name: str, cls: type[DietPreTrainedModel] | None = None, p
     With another (per-head) method, keeping it gives the model an input table besides its method
     (`input_positions=True`, DIET Fig. 5's combination). config: a complete DietConfig instead of
     position/overrides; its sizes must be BERT's."""
-    bert_config = _bert_config(path_or_name)
+    if isinstance(path_or_name, torch.nn.Module):  # a loaded transformers BERT: its config and tensors
+        source = path_or_name
+        if getattr(getattr(source, "config", None), "model_type", None) != "bert":
+            raise ConfigError(f"from_bert: expected a transformers BERT model (model_type 'bert'), got "
+                              f"{type(source).__name__}; use dietpe.attach(model, spec) for other families")
+        bert_config = source.config
+        path_or_name = type(source).__name__
+        arch_default = type(source).__name__
+        tensors = {k: v.detach() for k, v in source.state_dict().items()}
+    else:
+        bert_config = _bert_config(path_or_name)
+        arch_default, tensors = None, None
     if cls is None:
-        arch = (bert_config.architectures or ["BertModel"])[0]
+        arch = arch_default or (bert_config.architectures or ["BertModel"])[0]
         if arch not in DIET_CLASS:
             raise ConfigError(f"{path_or_name}: architecture {arch!r} has no diet counterpart; pass cls= one of "
                               f"{', '.join(c.__name__ for c in BERT_CLASS)}")
@@ -221,7 +233,7 @@ def from_bert(path_or_name: str, cls: type[DietPreTrainedModel] | None = None, p
     targets = model.state_dict()
     report = LoadReport(str(path_or_name), f"{cls.__name__}(position={config.position!r})")
     mapped: dict[str, torch.Tensor] = {}
-    for name, tensor in _state_dict(path_or_name).items():
+    for name, tensor in (tensors if tensors is not None else _state_dict(path_or_name)).items():
         target = bert_to_diet_name(name, prefix)
         if target == prefix + INPUT_POSITIONS:
             if not keep_input_positions:

@@ -14,7 +14,7 @@ import dataclasses
 
 import torch
 from torch import Tensor, nn
-from transformers import PreTrainedModel
+from transformers import PretrainedConfig, PreTrainedModel
 from transformers import initialization as hf_init
 from transformers.activations import ACT2FN
 from transformers.modeling_layers import GradientCheckpointingLayer
@@ -112,6 +112,25 @@ class DietPreTrainedModel(PreTrainedModel):
     _no_split_modules = ["DietLayer"]
     # our losses are means over the batch: Trainer must scale them for accumulation and DDP itself
     accepts_loss_kwargs = False
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
+        """Hugging Face's `from_pretrained`, refusing a folder diet did not write (a BERT, Llama or GPT-2
+        checkpoint would otherwise load as a diet model with random weights and only a warning)."""
+        config = kwargs.get("config")
+        if not isinstance(config, PretrainedConfig) and pretrained_model_name_or_path is not None:
+            try:
+                found = PretrainedConfig.get_config_dict(pretrained_model_name_or_path)[0].get("model_type")
+            except (OSError, ValueError):
+                found = None  # no config.json: Hugging Face's own error follows
+            wanted = cls.config_class.model_type
+            if found is not None and found != wanted:
+                way = ("dietpe.models.bert.from_bert(path or model)" if found in ("bert", "roberta")
+                       else "dietpe.attach(model, spec)")
+                raise ConfigError(f"{pretrained_model_name_or_path}: model_type {found!r} was not written by diet "
+                                  f"({cls.__name__} reads model_type {wanted!r}); load it with its own class and "
+                                  f"use {way} (see docs/integrate.md)")
+        return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
 
     def activation_checkpointing_enable(self, activation_checkpointing_kwargs=None, **kwargs):
         """Hugging Face's activation (gradient) checkpointing of every layer, non-reentrant: position terms

@@ -86,10 +86,35 @@ def causal_config(position_spec: str, size: str, vocab_size: int, max_length: in
                                "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0})
 
 
+ARCHS = ("diet", "llama")
+
+
+def llama_lm(config, spec: str):
+    """transformers' LlamaForCausalLM (pre-norm, RMSNorm, SwiGLU) of the sizes of a `DietCausalConfig`, its
+    RoPE replaced by the method `spec` through `dietpe.attach`. `position_config` keeps the method's config
+    for the length evaluation (learned tables end at max_position_embeddings)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from dietpe.integrations import attach
+
+    llama = LlamaConfig(vocab_size=config.vocab_size, hidden_size=config.hidden_size,
+                        intermediate_size=config.intermediate_size, num_hidden_layers=config.num_hidden_layers,
+                        num_attention_heads=config.num_attention_heads,
+                        num_key_value_heads=config.num_attention_heads,
+                        max_position_embeddings=config.max_position_embeddings,
+                        initializer_range=config.initializer_range, pad_token_id=config.pad_token_id,
+                        bos_token_id=None, eos_token_id=None, tie_word_embeddings=True)
+    model = attach(LlamaForCausalLM(llama), spec)
+    model.position_config = config
+    return model
+
+
 def train_lm(config, stream: list[int], steps: int, batch_size: int, length: int, lr: float, seed: int,
              warmup: float = 0.06, log=print, device: str | None = "cpu", precision: str = "fp32",
-             deterministic: bool = False):
-    """Train a `DietForCausalLM` on random windows of `length` tokens; returns (model, seconds, losses)."""
+             deterministic: bool = False, arch: str = "diet", spec: str | None = None):
+    """Train a causal LM on random windows of `length` tokens; returns (model, seconds, losses). arch: `diet`
+    (`DietForCausalLM` of `config`) or `llama` (transformers' Llama of its sizes with the method `spec`
+    attached)."""
     from dietpe.models.causal import DietForCausalLM
     from dietpe.tasks.runtime import autocast, resolve_device, set_determinism
 
@@ -99,7 +124,8 @@ def train_lm(config, stream: list[int], steps: int, batch_size: int, length: int
     if len(stream) <= length:
         raise DataError(f"the training text has {len(stream)} tokens, fewer than one window of {length}")
     torch.manual_seed(seed)
-    model = DietForCausalLM(config).to(dev)  # initialised on the CPU: the same weights on every device
+    # initialised on the CPU: the same weights on every device
+    model = (DietForCausalLM(config) if arch == "diet" else llama_lm(config, spec or config.position)).to(dev)
     model.train()
     data = torch.tensor(stream, dtype=torch.long)
     g = torch.Generator().manual_seed(seed)
@@ -137,7 +163,7 @@ def beyond_table(config, length: int) -> bool:
 def causal_loss(model, stream: list[int], length: int, tokens: int, batch_size: int = 8) -> float | None:
     """Mean next-token cross-entropy over windows of `length` tokens covering the first `tokens` of `stream`;
     None beyond a learned table."""
-    if beyond_table(model.config, length):
+    if beyond_table(getattr(model, "position_config", model.config), length):
         return None
     n = min(tokens, len(stream)) // length
     if n < 1:
@@ -160,7 +186,7 @@ def masked_loss(model, tokenizer, stream: list[int], length: int, tokens: int, b
     [CLS] + length - 2 tokens + [SEP]; None beyond a learned table."""
     from dietpe.data.mlm import mask_tokens
 
-    if beyond_table(model.config, length):
+    if beyond_table(getattr(model, "position_config", model.config), length):
         return None
     ids = torch.tensor(stream[:tokens], dtype=torch.long)[None]
     special = torch.isin(ids, torch.tensor(sorted(set(tokenizer.all_special_ids))))
@@ -192,7 +218,7 @@ def length_perplexities(model, tokenizer, stream: list[int], train_length: int, 
     token, masked LMs by masked token. `tokens`: how much of the stream every length scores (default: 8
     windows of the longest length)."""
     tokens = tokens or 8 * max(multiples) * train_length
-    causal = bool(getattr(model.config, "causal", False))
+    causal = bool(getattr(getattr(model, "position_config", model.config), "causal", False))
     out = {}
     for m in multiples:
         n = m * train_length
@@ -279,6 +305,9 @@ def register(subparsers) -> None:
     p.add_argument("--methods", default=DEFAULT_METHODS, help="comma-separated method specs")
     p.add_argument("-o", "--output-dir", default="runs/lm")
     p.add_argument("--size", default="toy", choices=sorted(SIZES))
+    p.add_argument("--arch", default="diet", choices=ARCHS,
+                   help="diet's causal LM, or transformers' Llama (pre-norm, RMSNorm, SwiGLU) with the method "
+                        "attached in place of RoPE (dietpe.attach)")
     p.add_argument("--vocab-size", type=V.int_at_least(6, ": 5 special tokens and a word"), default=4000)
     p.add_argument("--max-length", type=V.int_at_least(2, ": a token and the next"), default=64,
                    help="training length L")
@@ -335,7 +364,7 @@ def main_lm(args) -> int:
     _log(f"{len(train):,} training tokens, {len(valid):,} held-out tokens, vocabulary {len(tokenizer):,}")
     rows = []
     for spec in specs:
-        run = out / spec.replace(":", "_")
+        run = out / ((f"{args.arch}-" if args.arch != "diet" else "") + spec.replace(":", "_"))
         done = run / RESULT
         if done.is_file():
             result = json.loads(done.read_text())
@@ -344,11 +373,13 @@ def main_lm(args) -> int:
             config = causal_config(spec, args.size, len(tokenizer), args.max_length, tokenizer.pad_token_id)
             model, seconds, losses = train_lm(config, train, args.steps, args.batch_size, args.max_length, args.lr,
                                               args.seed, log=lambda m, s=spec: _log(f"{s}: {m}"), device=args.device,
-                                              precision=args.precision, deterministic=args.deterministic)
+                                              precision=args.precision, deterministic=args.deterministic,
+                                              arch=args.arch, spec=spec)
             ppl = length_perplexities(model, tokenizer, valid, args.max_length, args.lengths, args.eval_tokens)
             model.save_pretrained(run / "model")
             save_tokenizer(tokenizer, run / "model")
-            result = dict(method=spec, kind="causal", train_length=args.max_length, steps=args.steps,
+            result = dict(method=spec if args.arch == "diet" else f"{spec} ({args.arch})", kind="causal",
+                          train_length=args.max_length, steps=args.steps,
                           seconds=seconds, final_train_loss=sum(losses[-20:]) / len(losses[-20:]),
                           ppl={str(m): v for m, v in ppl.items()})
             done.write_text(json.dumps(result, indent=1))

@@ -1,0 +1,87 @@
+"""A method for your own attention module: `Positions` builds the method's terms once per forward and
+applies them to your q, k, v through diet's one equation
+
+    scores = (q'·k'ᵀ)·scale + Σ logit terms + mask,   out = softmax(scores)·v + Σ value terms
+
+(dietpe.attention.backends), with your positions, segments and mask. `embed` gives what an input method
+adds to the token embeddings.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from dietpe.attention.backends import BACKENDS
+from dietpe.errors import ConfigError, InputError
+from dietpe.positions.base import Context
+
+
+class Positions(nn.Module):
+    """A position method (the `--method` syntax: `diet-rel`, `t5`, `alibi`, `rotary`, ...) for a stack of
+    `num_layers` attention layers of `num_heads` heads of size `head_size`.
+
+        pos = Positions("diet-rel", num_layers=4, num_heads=4, head_size=32, max_length=256, causal=True)
+        ctx = pos.context(torch.arange(L))                   # once per forward: (L,) or (B, L) positions
+        out = pos.attend(q, k, v, ctx, layer=i)              # q, k, v (B, H, L, Dh) -> (B, H, L, Dh)
+    """
+
+    def __init__(self, spec: str, *, num_layers: int, num_heads: int, head_size: int, max_length: int = 512,
+                 causal: bool = False, num_segments: int = 2, backend: str = "sdpa", std: float = 0.02):
+        super().__init__()
+        from dietpe.config import DietConfig
+        from dietpe.methods import parse_method
+        from dietpe.models.causal import DietCausalConfig
+        from dietpe.positions.encoding import PositionEncoding
+
+        if backend not in BACKENDS:
+            raise ConfigError(f"backend={backend!r}; use one of {', '.join(map(repr, BACKENDS))}")
+        cls = DietCausalConfig if causal else DietConfig
+        method = parse_method(spec, cls, segment="none", run_fields={})
+        fields = {k: v for k, v in method.config_fields().items() if k != "input_positions"}
+        config = cls(**{"vocab_size": 8, "hidden_size": num_heads * head_size, "num_attention_heads": num_heads,
+                        "num_hidden_layers": num_layers, "max_position_embeddings": max_length,
+                        "type_vocab_size": num_segments, **fields})
+        self.encoding = PositionEncoding(config)
+        self.causal, self.backend, self.scale = causal, backend, 1.0 / math.sqrt(head_size)
+        if config.position in ("shaw",) and backend != "eager":
+            self.backend = "eager"  # its value term reads the probabilities
+        from dietpe.integrations.core import init_encoding
+
+        init_encoding(self.encoding, std)
+
+    def embed(self, positions: Tensor) -> Tensor | None:
+        """(1|B, L, D) to add to the token embeddings (input methods: absolute, sinusoidal), or None."""
+        return self.encoding.embed(positions.reshape(-1, positions.shape[-1]), None)
+
+    def context(self, positions: Tensor, key_positions: Tensor | None = None,
+                segments: Tensor | None = None) -> Context:
+        """The forward's positions: queries' (L,) or (B, L), keys' (default the same), segment ids (B, L)."""
+        k = positions if key_positions is None else key_positions
+        if self.encoding.max_length is not None:
+            self.encoding.check(positions.shape[-1], segments, k)
+        return self.encoding.context(positions, k, segments)
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, ctx: Context, layer: int = 0, mask: Tensor | None = None,
+               dropout_p: float = 0.0) -> Tensor:
+        """Attention of layer `layer` with the method's terms: q (B, H, Lq, Dh), k and v (B, H, Lk, Dh) ->
+        (B, H, Lq, Dh). mask: (B, Lk) or (B|1, 1, Lq, Lk), boolean (True = attend) or additive; the causal
+        mask is added when built with causal=True."""
+        lq, lk = q.shape[2], k.shape[2]
+        add = None
+        if mask is not None:
+            if mask.dim() == 2:
+                mask = mask[:, None, None, :]
+            if mask.dim() != 4:
+                raise InputError(f"mask has shape {tuple(mask.shape)}; give (B, Lk) or (B, 1, Lq, Lk)")
+            add = (torch.zeros(mask.shape, dtype=q.dtype, device=q.device)
+                   .masked_fill_(~mask, torch.finfo(q.dtype).min) if mask.dtype == torch.bool else mask.to(q.dtype))
+        if self.causal:
+            future = torch.ones(lq, lk, dtype=torch.bool, device=q.device).triu(lk - lq + 1)
+            c = torch.zeros(lq, lk, dtype=q.dtype, device=q.device).masked_fill_(future, torch.finfo(q.dtype).min)
+            add = c[None, None] if add is None else (add + c).clamp(min=torch.finfo(q.dtype).min)
+        terms = self.encoding.layer_terms(ctx, layer)
+        out, _ = BACKENDS[self.backend](q, k, v, terms, add, self.scale, dropout_p, False)
+        return out

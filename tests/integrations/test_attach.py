@@ -1,0 +1,192 @@
+"""attach: every method × family on tiny random configs (no hub): exactness against the model's own scheme,
+relative methods unchanged under a shift of position_ids, gradients reaching the method's parameters,
+cached = uncached decoding, save_pretrained / from_pretrained restoring the method."""
+
+import copy
+import functools
+
+import pytest
+import torch
+from transformers import (BertConfig, BertForMaskedLM, DynamicCache, GPT2Config, GPT2LMHeadModel, LlamaConfig,
+                          LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM,
+                          Qwen3Config, Qwen3ForCausalLM, RobertaConfig, RobertaForMaskedLM, T5Config,
+                          T5ForConditionalGeneration)
+
+import dietpe
+from dietpe.errors import ConfigError
+from dietpe.positions.registry import REGISTRY
+
+V, L = 40, 12
+LLAMA_LIKE = dict(vocab_size=V, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=64, initializer_range=0.3)
+BERT_LIKE = dict(vocab_size=V, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48,
+                 max_position_embeddings=64, initializer_range=0.3, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+FAMILIES = {
+    "llama": lambda: LlamaForCausalLM(LlamaConfig(**LLAMA_LIKE)),
+    "mistral": lambda: MistralForCausalLM(MistralConfig(**LLAMA_LIKE)),
+    "qwen2": lambda: Qwen2ForCausalLM(Qwen2Config(**LLAMA_LIKE)),
+    "qwen3": lambda: Qwen3ForCausalLM(Qwen3Config(**LLAMA_LIKE, head_dim=8)),
+    "gpt2": lambda: GPT2LMHeadModel(GPT2Config(vocab_size=V, n_embd=32, n_layer=2, n_head=4, n_positions=64,
+                                               bos_token_id=0, eos_token_id=0, resid_pdrop=0, embd_pdrop=0,
+                                               attn_pdrop=0, initializer_range=0.3)),
+    "bert": lambda: BertForMaskedLM(BertConfig(**BERT_LIKE)),
+    "roberta": lambda: RobertaForMaskedLM(RobertaConfig(**{**BERT_LIKE, "max_position_embeddings": 80},
+                                                        pad_token_id=1)),
+}
+CAUSAL = {"llama", "mistral", "qwen2", "qwen3", "gpt2"}
+# every registered method that can serve the family (TUPE's [CLS] reset is an encoder's)
+METHODS = ["none", "absolute", "sinusoidal", "t5", "alibi", "rotary", "kerple", "diet-rel", "diet-abs",
+           "diet-abs:position_rank=4", "tupe-r", "shaw", "xlnet", "diet-rel:sharing=layer"]
+SEGMENTED = ["diet-rel:segment=per-head", "diet-abs:segment=per-head"]
+
+
+@functools.lru_cache(maxsize=None)
+def pristine(family: str):
+    torch.manual_seed(0)
+    return FAMILIES[family]()
+
+
+def build(family: str, impl: str = "sdpa"):
+    """A fresh copy of the family's tiny random model (built once: Hugging Face's init is the slow part)."""
+    model = copy.deepcopy(pristine(family))
+    model.config._attn_implementation = impl
+    return model
+
+
+def ids(batch=2, length=L, seed=1):
+    return torch.randint(2, V, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+def method_params(model):
+    return [p for n, p in model.named_parameters() if "diet_positions" in n]
+
+
+# every method in the three wirings (Llama-style, GPT-2, BERT); the common ones in the other families
+MATRIX = ([(f, m) for f in ("llama", "gpt2", "bert") for m in METHODS + SEGMENTED]
+          + [(f, m) for f in ("mistral", "qwen2", "qwen3", "roberta") for m in ("diet-rel", "t5", "alibi", "diet-abs")])
+
+
+@pytest.mark.parametrize("family, spec", MATRIX)
+def test_matrix(family, spec):
+    """Each method in each family: a forward in eager and the default backend agree, the method changes the
+    output (unless it has no parameters and no terms), and gradients reach its parameters."""
+    if spec.startswith("tupe") and family in CAUSAL:
+        spec += ":tupe_reset=false"
+    if "per-head" in spec and family in CAUSAL:
+        with pytest.raises(ConfigError, match="per-head"):
+            dietpe.attach(build(family), spec)
+        return
+    x = ids()
+    model = dietpe.attach(build(family), spec).train(False)
+    with torch.no_grad():  # tables away from their small initial values, so that they show in the output
+        for p in method_params(model):
+            p.normal_(generator=torch.Generator().manual_seed(2)) if p.dim() > 1 else p.uniform_(0.5, 1.5)
+    extra = {"token_type_ids": (torch.arange(L) >= L // 2).long().expand(2, -1)} if "per-head" in spec else {}
+    out = model(x, **extra).logits
+    eager = dietpe.attach(build(family, "eager"), spec).train(False)
+    eager.load_state_dict(model.state_dict())
+    torch.testing.assert_close(eager(x, **extra).logits, out, atol=1e-5, rtol=1e-4)
+    params = method_params(model)
+    if params:
+        model.train()
+        model(x, **extra).logits.float().pow(2).mean().backward()
+        unused = ("p_theta",) if family in CAUSAL else ()  # TUPE's [CLS] reset is off in a causal model
+        idle = [n for n, p in model.named_parameters() if "diet_positions" in n and not n.endswith(unused)
+                and (p.grad is None or not p.grad.any())]
+        assert not idle
+    if spec != "none":
+        nope = dietpe.attach(build(family), "none").train(False)
+        assert (nope(x, **extra).logits - out).abs().max() > 1e-5
+
+
+@pytest.mark.parametrize("family", ["llama", "mistral", "qwen2", "qwen3"])
+@pytest.mark.parametrize("impl", ["eager", "sdpa"])
+def test_rotary_reproduces_rope(family, impl):
+    model = build(family, impl).eval()
+    x = ids()
+    ref = model(x).logits
+    dietpe.attach(model, "rotary")
+    torch.testing.assert_close(model(x).logits, ref, atol=1e-5, rtol=0)
+    shifted = torch.arange(L)[None] + 7
+    ref_model = build(family, impl).eval()
+    torch.testing.assert_close(model(x, position_ids=shifted).logits,
+                               ref_model(x, position_ids=shifted).logits, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "bert"])
+def test_absolute_reproduces_the_table(family):
+    model = build(family).eval()
+    x = ids()
+    ref = model(x).logits
+    dietpe.attach(model, "absolute")
+    torch.testing.assert_close(model(x).logits, ref, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2", "bert"])
+@pytest.mark.parametrize("spec", [m for m in METHODS if REGISTRY[m.split(":")[0]].relative])
+def test_relative_methods_ignore_a_shift(family, spec):
+    model = dietpe.attach(build(family), spec).eval()
+    x = ids()
+    shift = torch.arange(L)[None] + 9
+    torch.testing.assert_close(model(x, position_ids=shift).logits, model(x).logits, atol=2e-5, rtol=0)
+
+
+@pytest.mark.parametrize("spec", ["diet-rel", "t5", "alibi", "diet-abs", "rotary", "absolute"])
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_cached_decoding_equals_uncached(family, spec):
+    model = dietpe.attach(build(family), spec).eval()
+    x = ids(batch=2, length=10)
+    full = model(x).logits
+    cache = DynamicCache(config=model.config)
+    steps = [model(x[:, :6], cache=cache, use_cache=True).logits]
+    for t in range(6, 10):
+        steps.append(model(x[:, t:t + 1], cache=cache, use_cache=True).logits)
+    torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=1e-4)
+    generated = model.generate(x[:, :4], max_new_tokens=5, do_sample=False, pad_token_id=0)
+    uncached = model.generate(x[:, :4], max_new_tokens=5, do_sample=False, pad_token_id=0, use_cache=False)
+    assert torch.equal(generated, uncached)
+
+
+def test_save_and_load_restore_the_method(tmp_path):
+    model = dietpe.attach(build("llama"), "diet-rel:sharing=layer").eval()
+    with torch.no_grad():
+        model.model.diet_positions.encoding.method.r.normal_()
+    x = ids()
+    model.save_pretrained(tmp_path)
+    loaded = LlamaForCausalLM.from_pretrained(tmp_path).eval()
+    assert loaded.model.diet_positions.spec == "diet-rel:sharing=layer"
+    torch.testing.assert_close(loaded(x).logits, model(x).logits, atol=1e-6, rtol=0)
+
+
+def test_gradient_checkpointing_gives_the_same_gradients():
+    x = ids()
+    grads = []
+    for checkpointing in (False, True):
+        torch.manual_seed(0)  # the same initial table
+        model = dietpe.attach(build("llama"), "diet-rel").train()
+        if checkpointing:
+            model.activation_checkpointing_enable()
+        model(x, labels=x).loss.backward()
+        grads.append(model.model.diet_positions.encoding.method.r.grad.clone())
+    torch.testing.assert_close(grads[1], grads[0])
+
+
+def test_input_positions_true_keeps_rope():
+    model = build("llama").eval()
+    x = ids()
+    ref = model(x).logits
+    dietpe.attach(model, "diet-rel:input_positions=true")
+    with torch.no_grad():
+        model.model.diet_positions.encoding.method.r.zero_()
+    torch.testing.assert_close(model(x).logits, ref, atol=1e-5, rtol=0)
+
+
+def test_refusals():
+    t5 = T5ForConditionalGeneration(T5Config(vocab_size=V, d_model=16, d_kv=4, d_ff=16, num_layers=1,
+                                             num_heads=2))
+    with pytest.raises(ConfigError, match=r"model_type 't5' is not supported; supported: .*bert.*llama"):
+        dietpe.attach(t5, "diet-rel")
+    with pytest.raises(ConfigError, match="unknown field"):
+        dietpe.attach(build("llama"), "diet-rel:nonsense=1")
+    with pytest.raises(ConfigError, match="already has a method"):
+        dietpe.attach(dietpe.attach(build("llama"), "t5"), "alibi")
