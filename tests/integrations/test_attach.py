@@ -190,3 +190,55 @@ def test_refusals():
         dietpe.attach(build("llama"), "diet-rel:nonsense=1")
     with pytest.raises(ConfigError, match="already has a method"):
         dietpe.attach(dietpe.attach(build("llama"), "t5"), "alibi")
+
+
+@pytest.mark.parametrize("spec", ["diet-rel", "t5", "diet-abs"])
+def test_packed_documents_equal_each_alone(spec):
+    """Positions restarting at 0 per document: Hugging Face's packed-sequence mask keeps the documents apart
+    (no cache), and each document's logits equal its own forward."""
+    model = dietpe.attach(build("llama"), spec).eval()
+    a, b = ids(1, 5, seed=3), ids(1, 7, seed=4)
+    pos = torch.cat([torch.arange(5), torch.arange(7)])[None]
+    out = model(torch.cat([a, b], 1), position_ids=pos, use_cache=False).logits
+    torch.testing.assert_close(out[:, :5], model(a).logits, atol=1e-5, rtol=0)
+    torch.testing.assert_close(out[:, 5:], model(b).logits, atol=1e-5, rtol=0)
+
+
+def test_left_padded_generation_follows_the_mask():
+    """A left-padded prompt with positions from the mask generates what the unpadded prompt does."""
+    model = dietpe.attach(build("llama"), "diet-rel").eval()
+    prompt = ids(1, 5, seed=5)
+    padded = torch.cat([torch.zeros(1, 3, dtype=torch.long), prompt], 1)
+    mask = torch.tensor([[0, 0, 0, 1, 1, 1, 1, 1]])
+    alone = model.generate(prompt, max_new_tokens=4, do_sample=False, pad_token_id=0)
+    left = model.generate(padded, attention_mask=mask, max_new_tokens=4, do_sample=False, pad_token_id=0)
+    assert torch.equal(left[:, 3:], alone)
+
+
+def test_flex_backend_equals_sdpa():
+    model = dietpe.attach(build("llama"), "diet-rel").eval()
+    flex = dietpe.attach(build("llama"), "diet-rel", backend="flex").eval()
+    flex.load_state_dict(model.state_dict())
+    x = ids()
+    with torch.no_grad():  # FlexAttention's backward needs CUDA
+        torch.testing.assert_close(flex(x).logits, model(x).logits, atol=2e-5, rtol=0)
+
+
+def test_trainer_trains_the_method(tmp_path):
+    from torch.utils.data import Dataset
+    from transformers import Trainer, TrainingArguments
+
+    class Windows(Dataset):
+        def __len__(self):
+            return 8
+
+        def __getitem__(self, i):
+            x = ids(1, L, seed=10 + i)[0]
+            return {"input_ids": x, "labels": x}
+
+    model = dietpe.attach(build("llama"), "diet-rel")
+    before = model.model.diet_positions.encoding.method.r.detach().clone()
+    args = TrainingArguments(output_dir=str(tmp_path), max_steps=2, per_device_train_batch_size=4,
+                             learning_rate=1e-2, report_to=[], save_strategy="no", use_cpu=True)
+    Trainer(model=model, args=args, train_dataset=Windows()).train()
+    assert not torch.equal(model.model.diet_positions.encoding.method.r.detach(), before)
