@@ -28,6 +28,9 @@ def test_lm_trains_an_attached_llama():
     assert losses[-1] < losses[0]
     ppl = length_perplexities(model, None, stream, 16, (1, 2), 64)
     assert set(ppl) == {1, 2} and all(v is not None and v > 1 for v in ppl.values())
+    absolute = train_lm(causal_config("absolute", "toy", 30, 16, 0), stream, 2, 4, 16, 3e-3, 0,
+                        log=lambda m: None, arch="llama")[0]
+    assert length_perplexities(absolute, None, stream, 16, (1, 2), 64)[2] is None  # beyond its table
 
 
 def test_standalone_positions_follow_the_mask_and_positions():

@@ -302,6 +302,7 @@ def attach(model: PreTrainedModel, spec: str, backend: str | None = None, _init:
         backend = "eager"  # a value term reads the probabilities (Shaw): only the reference serves it
     encoding = PositionEncoding(config)
     attached = AttachedPositions(encoding, spec, backend, family.causal)
+    attached.config = config  # the method's DietConfig: its limits (max_position_embeddings), causal or not
     if _init:
         init_encoding(encoding, config.initializer_range)
         table = family.input_table(base)

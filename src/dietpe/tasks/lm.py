@@ -91,8 +91,7 @@ ARCHS = ("diet", "llama")
 
 def llama_lm(config, spec: str):
     """transformers' LlamaForCausalLM (pre-norm, RMSNorm, SwiGLU) of the sizes of a `DietCausalConfig`, its
-    RoPE replaced by the method `spec` through `dietpe.attach`. `position_config` keeps the method's config
-    for the length evaluation (learned tables end at max_position_embeddings)."""
+    RoPE replaced by the method `spec` through `dietpe.attach`."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from dietpe.integrations import attach
@@ -104,9 +103,14 @@ def llama_lm(config, spec: str):
                         max_position_embeddings=config.max_position_embeddings,
                         initializer_range=config.initializer_range, pad_token_id=config.pad_token_id,
                         bos_token_id=None, eos_token_id=None, tie_word_embeddings=True)
-    model = attach(LlamaForCausalLM(llama), spec)
-    model.position_config = config
-    return model
+    return attach(LlamaForCausalLM(llama), spec)
+
+
+def position_config(model):
+    """The config naming a model's position method and its limits: diet's own, or the `DietConfig` of a
+    method attached to a Hugging Face model (`dietpe.attach`)."""
+    attached = getattr(model.base_model, "diet_positions", None)
+    return attached.config if attached is not None else model.config
 
 
 def train_lm(config, stream: list[int], steps: int, batch_size: int, length: int, lr: float, seed: int,
@@ -163,7 +167,7 @@ def beyond_table(config, length: int) -> bool:
 def causal_loss(model, stream: list[int], length: int, tokens: int, batch_size: int = 8) -> float | None:
     """Mean next-token cross-entropy over windows of `length` tokens covering the first `tokens` of `stream`;
     None beyond a learned table."""
-    if beyond_table(getattr(model, "position_config", model.config), length):
+    if beyond_table(position_config(model), length):
         return None
     n = min(tokens, len(stream)) // length
     if n < 1:
@@ -186,7 +190,7 @@ def masked_loss(model, tokenizer, stream: list[int], length: int, tokens: int, b
     [CLS] + length - 2 tokens + [SEP]; None beyond a learned table."""
     from dietpe.data.mlm import mask_tokens
 
-    if beyond_table(getattr(model, "position_config", model.config), length):
+    if beyond_table(position_config(model), length):
         return None
     ids = torch.tensor(stream[:tokens], dtype=torch.long)[None]
     special = torch.isin(ids, torch.tensor(sorted(set(tokenizer.all_special_ids))))
@@ -218,7 +222,7 @@ def length_perplexities(model, tokenizer, stream: list[int], train_length: int, 
     token, masked LMs by masked token. `tokens`: how much of the stream every length scores (default: 8
     windows of the longest length)."""
     tokens = tokens or 8 * max(multiples) * train_length
-    causal = bool(getattr(getattr(model, "position_config", model.config), "causal", False))
+    causal = bool(getattr(position_config(model), "causal", False))
     out = {}
     for m in multiples:
         n = m * train_length
@@ -421,8 +425,14 @@ def main_lengths(args) -> int:
     for run in args.runs:
         model_dir, method, length = _run_info(Path(run), args.train_length)
         config = AutoConfig.from_pretrained(model_dir)
-        causal = bool(getattr(config, "causal", False))
-        model = (DietForCausalLM if causal else DietForMaskedLM).from_pretrained(model_dir).eval().to(device)
+        if getattr(config, "dietpe", None):  # a Hugging Face model with a method attached (`--arch llama`)
+            from transformers import AutoModelForCausalLM
+
+            model = AutoModelForCausalLM.from_pretrained(model_dir).eval().to(device)  # re-attached on load
+            causal = bool(position_config(model).causal)
+        else:
+            causal = bool(getattr(config, "causal", False))
+            model = (DietForCausalLM if causal else DietForMaskedLM).from_pretrained(model_dir).eval().to(device)
         tokenizer = load_tokenizer(model_dir)
         stream = read_stream(args.data, tokenizer, "validation")
         ppl = length_perplexities(model, tokenizer, stream, length, args.lengths, args.eval_tokens)
