@@ -7,7 +7,8 @@ import functools
 
 import pytest
 import torch
-from transformers import (BertConfig, BertForMaskedLM, DynamicCache, GPT2Config, GPT2LMHeadModel, LlamaConfig,
+from transformers import (BertConfig, GemmaConfig, GemmaForCausalLM, GraniteConfig, GraniteForCausalLM,
+                          Olmo2Config, Olmo2ForCausalLM, Starcoder2Config, Starcoder2ForCausalLM, BertForMaskedLM, DynamicCache, GPT2Config, GPT2LMHeadModel, LlamaConfig,
                           LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM,
                           Qwen3Config, Qwen3ForCausalLM, RobertaConfig, RobertaForMaskedLM, T5Config,
                           T5ForConditionalGeneration)
@@ -26,6 +27,10 @@ FAMILIES = {
     "mistral": lambda: MistralForCausalLM(MistralConfig(**LLAMA_LIKE)),
     "qwen2": lambda: Qwen2ForCausalLM(Qwen2Config(**LLAMA_LIKE)),
     "qwen3": lambda: Qwen3ForCausalLM(Qwen3Config(**LLAMA_LIKE, head_dim=8)),
+    "gemma": lambda: GemmaForCausalLM(GemmaConfig(**LLAMA_LIKE, head_dim=8, pad_token_id=0)),
+    "olmo2": lambda: Olmo2ForCausalLM(Olmo2Config(**LLAMA_LIKE, pad_token_id=0)),
+    "granite": lambda: GraniteForCausalLM(GraniteConfig(**LLAMA_LIKE, pad_token_id=0)),
+    "starcoder2": lambda: Starcoder2ForCausalLM(Starcoder2Config(**LLAMA_LIKE, bos_token_id=0, eos_token_id=0)),
     "gpt2": lambda: GPT2LMHeadModel(GPT2Config(vocab_size=V, n_embd=32, n_layer=2, n_head=4, n_positions=64,
                                                bos_token_id=0, eos_token_id=0, resid_pdrop=0, embd_pdrop=0,
                                                attn_pdrop=0, initializer_range=0.3)),
@@ -33,7 +38,7 @@ FAMILIES = {
     "roberta": lambda: RobertaForMaskedLM(RobertaConfig(**{**BERT_LIKE, "max_position_embeddings": 80},
                                                         pad_token_id=1)),
 }
-CAUSAL = {"llama", "mistral", "qwen2", "qwen3", "gpt2"}
+CAUSAL = {"llama", "mistral", "qwen2", "qwen3", "gemma", "olmo2", "granite", "starcoder2", "gpt2"}
 # every registered method that can serve the family (TUPE's [CLS] reset is an encoder's)
 METHODS = ["none", "absolute", "sinusoidal", "t5", "alibi", "rotary", "kerple", "diet-rel", "diet-abs",
            "diet-abs:position_rank=4", "tupe-r", "shaw", "xlnet", "diet-rel:sharing=layer"]
@@ -99,7 +104,8 @@ def test_matrix(family, spec):
         assert (nope(x, **extra).logits - out).abs().max() > 1e-5
 
 
-@pytest.mark.parametrize("family", ["llama", "mistral", "qwen2", "qwen3"])
+@pytest.mark.parametrize("family", ["llama", "mistral", "qwen2", "qwen3", "gemma", "olmo2", "granite",
+                                    "starcoder2"])
 @pytest.mark.parametrize("impl", ["eager", "sdpa"])
 def test_rotary_reproduces_rope(family, impl):
     model = build(family, impl).eval()

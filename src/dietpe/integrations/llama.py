@@ -1,4 +1,5 @@
-"""Llama-style decoders (Llama, Mistral, Qwen2, Qwen3): pre-norm, RMSNorm, SwiGLU, grouped keys, RoPE applied
+"""Llama-style decoders (Llama, Mistral, Qwen2, Qwen3; Gemma, OLMo, OLMo-2, Granite, StarCoder2 share the
+wiring): pre-norm, RMSNorm, SwiGLU, grouped keys, RoPE applied
 by each attention module from the base model's `rotary_emb`. Attaching a method makes RoPE the identity
 (unless `input_positions=true` keeps it); input methods are added to the embeddings by the pre-hook."""
 
@@ -19,5 +20,6 @@ def _replace(base, attached, keep: bool) -> None:
         base.rotary_emb = NoRotary(head_dim)
 
 
-LLAMA = register_family(Family(("llama", "mistral", "qwen2", "qwen3"), _attention, _replace, causal=True,
+LLAMA = register_family(Family(("llama", "mistral", "qwen2", "qwen3", "gemma", "olmo", "olmo2", "granite",
+                                "starcoder2"), _attention, _replace, causal=True,
                                embed_in_hook=True))
