@@ -17,6 +17,7 @@ from torch import Tensor, nn
 from dietpe.attention.backends import BACKENDS
 from dietpe.errors import ConfigError, InputError
 from dietpe.positions.base import Context
+from dietpe.positions.registry import REGISTRY
 
 
 class Positions(nn.Module):
@@ -46,8 +47,8 @@ class Positions(nn.Module):
                         "type_vocab_size": num_segments, **fields})
         self.encoding = PositionEncoding(config)
         self.causal, self.backend, self.scale = causal, backend, 1.0 / math.sqrt(head_size)
-        if config.position in ("shaw",) and backend != "eager":
-            self.backend = "eager"  # its value term reads the probabilities
+        if REGISTRY[config.position].probabilities:
+            self.backend = "eager"  # a value term reads the probabilities (Shaw): only the reference serves it
         from dietpe.integrations.core import init_encoding
 
         init_encoding(self.encoding, std)
