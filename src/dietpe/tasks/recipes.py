@@ -55,7 +55,7 @@ class PretrainRecipe:
     vocab_size: int = 30000
     size: str = "bert-base"
     # learning rate of logit-unit position parameters relative to learning_rate, every method alike
-    # (dietpe.tasks.optim; docs/study.md)
+    # (dietpe.tasks.optim): an option; the stored scale (DietConfig.logit_scale) makes 1 train them
     logit_lr_scale: float = 1.0
 
 
@@ -78,9 +78,14 @@ PRETRAIN_RECIPES = {
     "cpu": PretrainRecipe(1e-3, 0.06, 128, 32, 600, 100, size="bert-mini", vocab_size=8000),
     # The built-in comparison: the toy size on the generated corpus.
     "toy": PretrainRecipe(2e-3, 0.06, 32, 32, 800, 200, size="toy", vocab_size=1000),
-    # The built-in study (docs/study.md): 8 heads, 500 steps; parameters added to the logits (per-head tables,
-    # DIET-ABS's factors) at 10x the learning rate, for every method.
-    "study": PretrainRecipe(2e-3, 0.06, 32, 32, 500, 125, size="study", vocab_size=1000, logit_lr_scale=10.0),
+    # The built-in study (docs/study.md): 8 heads, 500 steps, one learning rate for every parameter: the
+    # logit-unit tables are stored over the config's logit_scale (10), which gave the 10x rate the study used
+    # to give them in an optimizer group of their own (docs/parametrization.md).
+    "study": PretrainRecipe(2e-3, 0.06, 32, 32, 500, 125, size="study", vocab_size=1000),
+    # Continued pre-training of a checkpoint (`--init`, chosen when it is given; docs/causal.md): the cpu
+    # budget at a tenth of its learning rate with 10 % warm-up, so the checkpoint's weights are refined, not
+    # overwritten (size and vocabulary are the checkpoint's).
+    "init": PretrainRecipe(1e-4, 0.1, 128, 32, 600, 100, size="bert-mini", vocab_size=8000),
 }
 
 
