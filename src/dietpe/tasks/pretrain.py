@@ -106,10 +106,10 @@ def register(subparsers) -> None:
     p.add_argument("--overwrite", action="store_true", help="start afresh instead of resuming")
     p.add_argument("--init", help="continue pre-training a BERT checkpoint (folder or hub name, safetensors): its "
                                   "content weights and sizes, the method's position parameters fresh, BERT's input "
-                                  "positions kept for 'absolute', or beside a per-head method when the spec says "
-                                  "input_positions=true (e.g. diet-rel:input_positions=true), else dropped; its "
-                                  "tokenizer unless --tokenizer; the log "
-                                  "lists what was loaded, initialised and dropped")
+                                  "positions kept for 'absolute', and beside a per-head method unless the spec says "
+                                  "input_positions=false (e.g. diet-rel:input_positions=false drops them); the "
+                                  "'init' recipe unless --recipe; its tokenizer unless --tokenizer; the log "
+                                  "lists what was loaded, initialised and dropped, and what that means")
     add_pretrain_options(p, recipe_default=None)  # `cpu`, or `init` with --init (recipe_name)
     add_threads_option(p)
     add_device_options(p)
