@@ -43,6 +43,10 @@ PRESETS: dict[str, dict] = {
 }
 
 
+#: default `logit_scale` (docs/parametrization.md)
+LOGIT_SCALE = 10.0
+
+
 def _check(name: str, value, allowed) -> None:
     if value not in allowed:
         raise ConfigError(f"{name}={value!r} is not one of {', '.join(map(repr, allowed))}")
@@ -57,6 +61,11 @@ class DietConfig(PretrainedConfig):
     position_rank: d_p of DIET-ABS (default: the head size).
     input_positions: also add BERT's learned input position table (DIET Fig. 5's DIET-ABS + input table;
         what `dietpe pretrain --init BERT --init-keep-positions` keeps), for a per-head `position`.
+    diet_rel_max_distance: clip DIET-REL's offsets to ± this (None: the paper's unclipped table).
+    logit_scale: the per-head logit-unit tables (DIET-REL's R, DIET-ABS's P_Q and P_K, T5's and TUPE-R's
+        buckets, per-head segments) are stored divided by it and used multiplied back, so that one optimizer and
+        one learning rate train them (docs/parametrization.md). A saved config without the field is read with
+        1, the stored-as-used form every earlier checkpoint has.
     attention: `full` softmax attention or `linformer` (keys/values projected along the length to
         `linformer_k`; with `diet-abs` this is DIET-ABS-LIN, eq. 4).
     attn_backend: `auto` (SDPA unless the method needs the probabilities), `eager` (the reference),
@@ -89,10 +98,12 @@ class DietConfig(PretrainedConfig):
         shaw_max_distance: int = 16,
         t5_num_buckets: int = 32,
         t5_max_distance: int = 128,
+        diet_rel_max_distance: int | None = None,
         tupe_reset: bool = True,
         rotary_base: float = 10000.0,
         input_positions: bool = False,
         position_scale: float = 1.0,
+        logit_scale: float = LOGIT_SCALE,
         attn_backend: str = "auto",
         classifier_dropout: float | None = None,
         tie_word_embeddings: bool = True,
@@ -119,10 +130,12 @@ class DietConfig(PretrainedConfig):
         self.shaw_max_distance = shaw_max_distance
         self.t5_num_buckets = t5_num_buckets
         self.t5_max_distance = t5_max_distance
+        self.diet_rel_max_distance = diet_rel_max_distance
         self.tupe_reset = tupe_reset
         self.rotary_base = rotary_base
         self.input_positions = input_positions
         self.position_scale = position_scale
+        self.logit_scale = logit_scale
         self.attn_backend = attn_backend
         self.classifier_dropout = classifier_dropout
         self.tie_word_embeddings = tie_word_embeddings  # BERT ties the MLM decoder to the word embeddings
@@ -170,6 +183,16 @@ class DietConfig(PretrainedConfig):
         if self.position_scale != 1 and self.position != "sinusoidal":
             raise ConfigError(f"position_scale={self.position_scale} only applies to position='sinusoidal' (a scale "
                               f"on its fixed input sinusoids), not {self.position!r}")
+        if self.diet_rel_max_distance is not None:
+            if self.position != "diet-rel":
+                raise ConfigError(f"diet_rel_max_distance={self.diet_rel_max_distance} only applies to "
+                                  f"position='diet-rel', not {self.position!r}")
+            if isinstance(self.diet_rel_max_distance, bool) or not isinstance(self.diet_rel_max_distance, int) \
+                    or self.diet_rel_max_distance < 1:
+                raise ConfigError(f"diet_rel_max_distance={self.diet_rel_max_distance!r} must be a positive integer")
+        if isinstance(self.logit_scale, bool) or not isinstance(self.logit_scale, (int, float)) or \
+                not (0 < self.logit_scale < float("inf")):
+            raise ConfigError(f"logit_scale={self.logit_scale!r} must be a positive finite number")
         if self.input_positions not in (True, False):
             raise ConfigError(f"input_positions={self.input_positions!r} must be true or false")
         if self.input_positions and not REGISTRY[self.position].per_head:
@@ -204,6 +227,13 @@ class DietConfig(PretrainedConfig):
             raise ConfigError(
                 f"attn_backend='flex' has no attention dropout, but attention_probs_dropout_prob="
                 f"{self.attention_probs_dropout_prob}; set it to 0 or use attn_backend='sdpa'")
+
+    @classmethod
+    def from_dict(cls, config_dict: dict, **kwargs):
+        # checkpoints written before `logit_scale` existed store their tables as used: scale 1
+        if "logit_scale" not in config_dict and "logit_scale" not in kwargs:
+            config_dict = {**config_dict, "logit_scale": 1.0}
+        return super().from_dict(config_dict, **kwargs)
 
     # -- presets ---------------------------------------------------------------------------------
     @classmethod

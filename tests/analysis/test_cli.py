@@ -86,5 +86,5 @@ def test_a_seq2seq_checkpoint_is_analysed_through_its_encoder(tmp_path):
     model.save_pretrained(tmp_path / "mt")
     loaded, _ = load_checkpoint(tmp_path / "mt")
     assert type(loaded) is seq2seq.DietForConditionalGeneration and encoder_of(loaded) is loaded.encoder
-    expected = model.encoder.positions.method.r[0, 0, 15 + 2].item()  # R[2] of the encoder, not the decoder
+    expected = model.encoder.positions.method.logit("r")[0, 0, 15 + 2].item()  # R[2] of the encoder, not the decoder
     assert position_pattern(loaded, 8)[0][0, 5, 3].item() == expected

@@ -36,7 +36,7 @@ def test_diet_rel_pattern_is_toeplitz_and_its_profile_is_the_learned_r():
     assert is_toeplitz(pattern)
     assert float(toeplitz_deviation(pattern).max()) == 0.0
     offsets, values = offset_profile(pattern)
-    r = m.positions.method.r  # (layers, H, 2n-1) over offsets -(n-1)..n-1, n = 32
+    r = m.positions.method.logit("r")  # effective R, (layers, H, 2n-1) over offsets -(n-1)..n-1, n = 32
     span = 31
     torch.testing.assert_close(values, r[..., offsets + span].detach())  # a mean of equal numbers
     # R[i-j]: the entry below the diagonal reads offset +1
@@ -60,7 +60,7 @@ def test_absolute_patterns_are_not_toeplitz():
 
 def test_diet_abs_pattern_is_p_q_p_k_transposed_and_head_sharing_repeats_it():
     m = model("diet-abs", position_rank=4)
-    p_q, p_k = m.positions.method.p_q, m.positions.method.p_k
+    p_q, p_k = m.positions.method.logit("p_q"), m.positions.method.logit("p_k")  # effective factors
     pattern = position_pattern(m, 10)
     torch.testing.assert_close(pattern[1], (p_q[1, :, :10] @ p_k[1, :, :10].transpose(-1, -2)).detach())
     shared = position_pattern(model("diet-abs", sharing="head"), 10)[0]
@@ -81,7 +81,7 @@ def test_segment_pattern_reads_the_per_head_table():
     m = model("diet-rel", segment="per-head", type_vocab_size=2)
     seg = two_segments(32, 16)
     pattern = segment_pattern(m, seg)
-    table = m.positions.head_segments.table.detach()  # (layers, H, 2, 2)
+    table = m.positions.head_segments.logit("table").detach()  # effective Ŝ, (layers, H, 2, 2)
     for layer in range(2):
         for h in range(2):
             expected = table[layer, h][seg[:, None], seg[None, :]]

@@ -36,6 +36,10 @@ def _build(make, position, backend):
     with torch.no_grad():  # position terms large enough that a leak or a wrong position shows
         for p in model.positions.parameters():
             p.copy_(torch.randn_like(p))
+        for method in model.positions.modules():  # logit-unit tables: N(0, 1) as used, not as stored
+            for name in getattr(method, "logit_parameters", ()):
+                if name in dict(method.named_parameters(recurse=False)):
+                    getattr(method, name).div_(method.logit_scale)
     return model.eval()
 
 

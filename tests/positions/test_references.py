@@ -58,6 +58,9 @@ def rotate(x, pos, base=10000.0):  # RoFormer eq. 34, rotate-half layout, one (D
     return out
 
 
+L_MAX = 1 << 30  # no clip
+
+
 def reference_logits(model, layer, q, k, segments, pos):
     """A[b, h, i, j] from the paper's equation for the model's method. q, k: (B, H, L, Dh) projections;
     pos: (B, L) the position of each token (i, j below are positions, not indices)."""
@@ -89,9 +92,9 @@ def reference_logits(model, layer, q, k, segments, pos):
                         s2 = 1 / math.sqrt(2 * dh)
                         v = pq(pe.p[i])[h] @ pk(pe.p[j])[h] * s2
                         if cfg.position == "tupe-r":
-                            v = v + pe.bias[h, t5_bucket(j - i, cfg)]
+                            v = v + pe.logit("bias")[h, t5_bucket(j - i, cfg)]
                         # the reset: θ, plus TUPE-R's learned [CLS] buckets (the authors' code)
-                        cls_b = pe.cls_bias[h] if cfg.position == "tupe-r" and cfg.tupe_reset else (0, 0)
+                        cls_b = pe.logit("cls_bias")[h] if cfg.position == "tupe-r" and cfg.tupe_reset else (0, 0)
                         if cfg.tupe_reset and i == 0:
                             v = pq(pe.p_theta[0])[h] @ pk(pe.p_theta[0])[h] * s2 + cls_b[0]
                         elif cfg.tupe_reset and j == 0:
@@ -100,17 +103,18 @@ def reference_logits(model, layer, q, k, segments, pos):
                     else:
                         a = qi @ kj * s
                         if cfg.position == "t5":
-                            a = a + pe.bias[h, t5_bucket(j - i, cfg)]
+                            a = a + pe.logit("bias")[h, t5_bucket(j - i, cfg)]
                         elif cfg.position == "diet-abs":
-                            a = a + pe.p_q[lt, hd(h), i] @ pe.p_k[lt, hd(h), j]
+                            a = a + pe.logit("p_q")[lt, hd(h), i] @ pe.logit("p_k")[lt, hd(h), j]
                         elif cfg.position == "diet-rel":
-                            a = a + pe.r[lt, hd(h), i - j + cfg.max_position_embeddings - 1]
+                            d = min(cfg.diet_rel_max_distance or L_MAX, cfg.max_position_embeddings - 1)
+                            a = a + pe.logit("r")[lt, hd(h), max(-d, min(d, i - j)) + d]  # R_clip(i-j)
                         elif cfg.position == "alibi":
                             a = a - alibi_slope(h, H) * abs(i - j)
                         elif cfg.position == "kerple":
                             a = a + kerple_log(h, abs(i - j), pe)
                     if cfg.segment == "per-head":
-                        t = model.positions.head_segments.table
+                        t = model.positions.head_segments.logit("table")  # the effective table Ŝ
                         a = a + t[lt, hd(h), segments[b, ii], segments[b, jj]]
                     A[b, h, ii, jj] = a
     return A
@@ -159,6 +163,7 @@ CASES = [(p, "per-head" if p in ("diet-abs", "diet-rel", "t5") else "input", "no
     ("diet-abs", "per-head", "layer"), ("diet-abs", "per-head", "head"),
     ("diet-rel", "per-head", "layer"), ("diet-rel", "none", "head"),
     ("none", "per-head", "layer"), ("tupe-a", "none", "none"), ("sinusoidal@0.03", "input", "none"),
+    ("diet-rel%3", "per-head", "none"),
 ]
 
 
@@ -180,6 +185,9 @@ def test_method_matches_paper_equation(position, segment, sharing, positions, de
     if "@" in position:  # scaled input sinusoids (position_scale)
         position, scale = position.split("@")
         extra["position_scale"] = float(scale)
+    if "%" in position:  # DIET-REL clipped at a distance
+        position, clip = position.split("%")
+        extra["diet_rel_max_distance"] = int(clip)
     model = DietModel(tiny(position=position, segment=segment, sharing=sharing, attn_backend="eager", **extra)).eval()
     ids, mask, segments = batch(L)
     position_ids = POSITION_IDS[positions]
@@ -207,7 +215,8 @@ def test_diet_abs_lin_matches_eq4():
         q, k, v = (split_heads(f(h0), H) for f in (att.query, att.key, att.value))
         k = torch.einsum("kn,bhnd->bhkd", att.proj_k[:, :L], k)
         dh = q.shape[-1]
-        A = q @ k.transpose(-1, -2) / math.sqrt(dh) + pe.p_q[0][:, :L] @ pe.p_k[0].transpose(-1, -2)
+        p_q, p_k = pe.logit("p_q")[0], pe.logit("p_k")[0]  # the effective factors
+        A = q @ k.transpose(-1, -2) / math.sqrt(dh) + p_q[:, :L] @ p_k.transpose(-1, -2)
         torch.testing.assert_close(out.attentions[0], A.softmax(-1), atol=1e-5, rtol=1e-4)
         assert out.attentions[0].shape[-1] == model.config.linformer_k
 

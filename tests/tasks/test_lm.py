@@ -28,16 +28,16 @@ def test_pretrain_init_from_bert_logs_what_was_loaded(data, tmp_path, capsys):
                                intermediate_size=64, max_position_embeddings=64)).save_pretrained(bert)
     tok.save_pretrained(bert)
     out = tmp_path / "run"
-    assert cli(["pretrain", str(data["corpus"]), "--init", str(bert), "--method", "diet-rel:segment=input",
-                "--recipe", "toy", "--steps", "2", "--batch-size", "8", "--max-length", "24", "--save-steps", "2",
-                "--threads", "1", "-o", str(out)]) == 0
+    assert cli(["pretrain", str(data["corpus"]), "--init", str(bert), "--method",
+                "diet-rel:segment=input:input_positions=false", "--recipe", "toy", "--steps", "2", "--batch-size",
+                "8", "--max-length", "24", "--save-steps", "2", "--threads", "1", "-o", str(out)]) == 0
     err = capsys.readouterr().err
     assert "--init DietForMaskedLM(position='diet-rel') from" in err
     assert "1 initialised, 1 dropped" in err and "initialised: diet.positions.method.r" in err
     assert "dropped: bert.embeddings.position_embeddings.weight" in err
     config = json.loads((out / "model" / "config.json").read_text())
     assert config["hidden_size"] == 32 and config["position"] == "diet-rel"  # BERT's sizes, the new method
-    # the user asks to keep BERT's input positions beside DIET-REL: nothing is dropped
+    # BERT's input positions kept beside DIET-REL (the --init default; here said explicitly): nothing is dropped
     kept = tmp_path / "kept"
     assert cli(["pretrain", str(data["corpus"]), "--init", str(bert), "--method",
                 "diet-rel:segment=input:input_positions=true", "--recipe", "toy", "--steps", "2", "--batch-size", "8",

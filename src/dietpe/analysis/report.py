@@ -178,7 +178,7 @@ def analyze(model: nn.Module, batch: dict[str, Tensor] | Tensor, pattern_length:
         a.segment_ids = two_segments(seg_len, seg_len // 2)
         a.segments = segment_pattern(model, a.segment_ids)
         a.segment_positions = position_pattern(model, seg_len)
-        table = pe.head_segments.table.detach().float()  # (layers|1, H|1, k, k)
+        table = pe.head_segments.logit("table").detach().float()  # effective Ŝ, (layers|1, H|1, k, k)
         a.segment_tables = table.expand(config.num_hidden_layers, heads, -1, -1).numpy()
 
     # cosine similarity of position embeddings (Fig. 5)

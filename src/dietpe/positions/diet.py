@@ -7,7 +7,11 @@ Transformers", §3).
 
 Both are per layer by default; `sharing` gives the ablations of Tables 5, 8, 9 (`head`: heads of a layer
 share one table, `layer`: all layers share). DIET-REL is unclipped and unbucketed: the table covers every
-offset up to the configured maximum length; longer inputs reuse the edge offsets' values.
+offset up to the configured maximum length; longer inputs reuse the edge offsets' values. `max_distance`
+(config `diet_rel_max_distance`, default None: the paper's unclipped table) clips offsets to ±max_distance
+as Shaw et al. do, so the edge value is trained on every pair at least that far apart, not only on the
+longest offset, and reused beyond the training length (docs/parametrization.md).
+R, P_Q and P_K are stored over `logit_scale` (dietpe.positions.method); the equations read the effective tables.
 Entry point: logit bias (DIET-ABS is low rank and may be folded into queries and keys by a backend).
 """
 
@@ -49,11 +53,13 @@ class DietAbs(PositionMethod):
 class DietRel(PositionMethod):
     logit_parameters = ("r",)
 
-    def __init__(self, num_layers: int, num_heads: int, max_length: int, sharing: str):
+    def __init__(self, num_layers: int, num_heads: int, max_length: int, sharing: str,
+                 max_distance: int | None = None):
         super().__init__()
-        self.span, self.sharing = max_length - 1, sharing
+        self.span = max_length - 1 if max_distance is None else min(max_distance, max_length - 1)
+        self.sharing = sharing
         n_layers, n_heads = sharing_shape(sharing, num_layers, num_heads)
-        self.r = normal_parameter(n_layers, n_heads, 2 * max_length - 1)  # R_{i-j}, i-j in [-(n-1), n-1]
+        self.r = normal_parameter(n_layers, n_heads, 2 * self.span + 1)  # R_{i-j}, i-j in [-span, span]
 
     def layer_terms(self, ctx: Context, layer: int) -> LayerTerms:
         table = shared_layer(self.sharing, layer)

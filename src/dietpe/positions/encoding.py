@@ -46,6 +46,9 @@ class PositionEncoding(nn.Module):
         # BERT's learned input table besides a per-head method (DIET Fig. 5; kept from a BERT checkpoint)
         self.input_positions = (LearnedAbsolute(config.max_position_embeddings, config.hidden_size)
                                 if getattr(config, "input_positions", False) else None)
+        for method in (self.method, self.head_segments):  # logit-unit tables: stored over the config's scale
+            if method is not None:
+                method.logit_scale = float(getattr(config, "logit_scale", 1.0))
         self.projected_keys = config.attention == "linformer"
         self.position_name = config.position
 

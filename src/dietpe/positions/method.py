@@ -2,6 +2,11 @@
 
 A method owns its parameters and, once per forward, turns a `Context` into contributions to the four entry
 points of `dietpe.positions.base`: `embed` for the input, `layer_terms` for qk, logit and value terms.
+Logit-unit parameters (`logit_parameters`: per-head scalar tables added to the logits, DIET-ABS's factors) are
+stored divided by `logit_scale` and used multiplied back, θ_eff = logit_scale · θ: the same init in logit units,
+while Adam (which moves a parameter by about its learning rate per step) moves the effective table
+`logit_scale` × faster, so one optimizer and one learning rate train them (x-transformers scales its T5 table
+by √d_h the same way). Every equation reads the effective table (`logit`).
 Sharing (DIET Tables 5, 8, 9): `none` keeps a (layer, head) table each, `head` one per layer broadcast over
 heads, `layer` one per head used by every layer.
 """
@@ -29,9 +34,17 @@ class PositionMethod(nn.Module):
     #: longest sequence the method's learned tables allow; None when any length works
     max_length: int | None = None
     #: parameters added to the attention logits as they are (per-head scalar tables) or as the factors of a
-    #: logit term (DIET-ABS's P_Q, P_K), yet initialised at the embedding std: `--logit-lr-scale` applies to
-    #: these, for every method alike (dietpe.tasks.optim, docs/study.md)
+    #: logit term (DIET-ABS's P_Q, P_K), yet initialised at the embedding std: stored over `logit_scale`, and
+    #: `--logit-lr-scale` applies to these, for every method alike (dietpe.tasks.optim, docs/parametrization.md)
     logit_parameters: tuple[str, ...] = ()
+    #: effective = logit_scale × stored, for the `logit_parameters` (the config's `logit_scale`, set by
+    #: `PositionEncoding`; 1 is the stored-as-used form of checkpoints written before the field existed)
+    logit_scale: float = 1.0
+
+    def logit(self, name: str) -> Tensor:
+        """Parameter `name` as the equations use it: × logit_scale for a logit-unit parameter."""
+        value = getattr(self, name)
+        return value * self.logit_scale if name in self.logit_parameters and self.logit_scale != 1 else value
 
     def embed(self, position_ids: Tensor) -> Tensor | None:
         """Input entry point: (1|B, L, D) added to the token embeddings, or None."""
@@ -84,7 +97,7 @@ class PositionMethod(nn.Module):
         """Layer `layer`'s slice of the per-layer parameter `name` (n_layers, ...). The slices are taken by one
         `unbind` per forward, so the backward writes each layer's gradient straight into one stacked gradient
         instead of a zero-filled copy of the whole parameter per layer, added up."""
-        return ctx.cached(f"{type(self).__name__}.{name} by layer", lambda: getattr(self, name).unbind(0))[layer]
+        return ctx.cached(f"{type(self).__name__}.{name} by layer", lambda: self.logit(name).unbind(0))[layer]
 
     def layer_terms(self, ctx: Context, layer: int) -> LayerTerms:
         """qk, logit and value contributions to attention layer `layer`."""
@@ -102,9 +115,11 @@ class PositionMethod(nn.Module):
         return None
 
     def reset_parameters(self, std: float) -> None:
-        # HF's init helpers skip tensors already loaded from a checkpoint
-        for p in self.parameters(recurse=False):
-            hf_init.normal_(p, std=std)
+        # HF's init helpers skip tensors already loaded from a checkpoint; logit-unit tables start at std in
+        # logit units, so stored at std / logit_scale
+        logit = getattr(self, "logit_parameters", ())
+        for name, p in self.named_parameters(recurse=False):
+            hf_init.normal_(p, std=std / self.logit_scale if name in logit else std)
 
 
 def same_bits(a: Tensor, b: Tensor) -> bool:

@@ -101,7 +101,7 @@ REGISTRY: dict[str, MethodInfo] = {m.name: m for m in (
                ("logits",), learned_table=True, shareable=True, segment="per-head",
                paper_row="diet-abs:sharing=layer"),
     MethodInfo("diet-rel", lambda c: DietRel(c.num_hidden_layers, c.num_attention_heads, c.max_position_embeddings,
-                                             c.sharing),
+                                             c.sharing, getattr(c, "diet_rel_max_distance", None)),
                ("logits",), key_positions=True, relative=True, shareable=True, segment="per-head",
                paper_row="diet-rel"),
     MethodInfo("rotary", lambda c: Rotary(c.head_size, c.rotary_base), ("qk",), key_positions=True, relative=True,

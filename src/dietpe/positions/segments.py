@@ -4,6 +4,7 @@
     per-head  DIET eq. 2: E_S(S(i), S(j)) = Ŝ_{S(i), S(j)}, a k×k table of scalars per head (and per layer,
               subject to `sharing`) added to the logits. As a product Ŝ[S(i), :] · onehot(S(j))ᵀ it is a
               rank-k term, so backends may fold it into queries and keys instead of building (B, H, L, L).
+              Ŝ is stored over `logit_scale` (dietpe.positions.method).
 """
 
 from __future__ import annotations

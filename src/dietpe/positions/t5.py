@@ -4,7 +4,8 @@
 
 one scalar per bucket per head, shared by all layers, log buckets (32 buckets, max distance 128 by default):
 bidirectional in an encoder, unidirectional (all buckets for j <= i) in causal self-attention, as T5's
-decoder does (`causal`, from the config). Entry point: logit bias, computed once per forward for the whole
+decoder does (`causal`, from the config). b is stored over `logit_scale` (dietpe.positions.method), as
+x-transformers stores its T5 table over √d_h. Entry point: logit bias, computed once per forward for the whole
 model.
 """
 
@@ -52,6 +53,6 @@ class T5(PositionMethod):
         # one TableBias object for all layers, so its dense form is built once per forward
         n, dist, causal = self.num_buckets, self.max_distance, self.causal
         term = ctx.cached("t5_term", lambda: self.keep(ctx, "t5", (self.bias,), TableBias(
-            self.bias, ctx.q_pos, ctx.k_pos, t5_offset_bucket(n, dist, causal),
+            self.logit("bias"), ctx.q_pos, ctx.k_pos, t5_offset_bucket(n, dist, causal),
             lambda: t5_index(ctx, n, dist, causal), diagonals=t5_diagonals(ctx, n, dist, causal))))
         return LayerTerms(logits=[term])

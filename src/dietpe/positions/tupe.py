@@ -10,6 +10,7 @@ heads) are shared by all layers, so the positional correlation is computed once 
 In TUPE-R the reset also replaces b on [CLS]'s row and column by two learned buckets per head, b_[CLS]→ and
 b_→[CLS], which add to θ_1 and θ_2: the form of the authors' released code (its `rp_bucket[0, :]` and
 `rp_bucket[:, 0]`), where eq. 11 leaves it open. In the multi-head form d is the head size.
+b and the [CLS] buckets are stored over `logit_scale` (dietpe.positions.method).
 `tupe_reset=False` gives TUPE-A^tie-cls (and TUPE-R with b_{j-i} everywhere).
 Entry points: logit bias (the absolute part is low rank, with the reset as two extra rank-1 columns, so it
 can be folded into queries and keys), and score scale (1/√2 on the content term).
@@ -74,7 +75,7 @@ class TUPE(PositionMethod):
             tq, tk = self._heads(theta_p, self.u_q), self._heads(theta_p, self.u_k)  # (H, 2, Dh)
             theta = (tq * tk).sum(-1) * scale  # (H, 2): θ_1, θ_2
             if self.relative:
-                theta = theta + self.cls_bias
+                theta = theta + self.logit("cls_bias")
             q_cls = (q_pos == 0).to(fq.dtype)[:, None, :]  # (1|B, 1, Lq)
             k_cls = (k_pos == 0).to(fk.dtype)[:, None, :]  # (1|B, 1, Lk)
             # the correlation no longer touches [CLS]
@@ -109,7 +110,7 @@ class TUPE(PositionMethod):
                 keep = (lambda qp, kp: (qp != 0) & (kp != 0)) if self.reset else None
                 n, dist, causal = self.num_buckets, self.max_distance, self.causal
                 terms.append(self.keep(ctx, "tupe_r", (self.bias,), TableBias(
-                    self.bias, ctx.q_pos, ctx.k_pos, t5_offset_bucket(n, dist, causal),
+                    self.logit("bias"), ctx.q_pos, ctx.k_pos, t5_offset_bucket(n, dist, causal),
                     lambda: t5_index(ctx, n, dist, causal), keep, t5_diagonals(ctx, n, dist, causal))))
             return LayerTerms(logits=terms, score_scale=1.0 / math.sqrt(2))
 

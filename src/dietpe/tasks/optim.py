@@ -6,7 +6,9 @@ table Ŝ) or is a factor of such a term (DIET-ABS's P_Q, P_K) needs values of or
 embedding std 0.02; a parameter in embedding units (BERT's or TUPE's position table, TUPE's projections, Shaw's
 and XLNet's relative embeddings, input segments) does not. Each method names its logit-unit parameters
 (`PositionMethod.logit_parameters`); they get `scale ×` the peak learning rate under the same warm-up and decay,
-every other parameter is trained as before. The evidence for the study's scale is in docs/study.md.
+every other parameter is trained as before. Since the tables are stored over `DietConfig.logit_scale` (10 by
+default; `dietpe.positions.method`), one learning rate trains them and this rule is an option, 1 in every
+recipe (evidence: docs/parametrization.md); it multiplies with the stored scale.
 """
 
 from __future__ import annotations

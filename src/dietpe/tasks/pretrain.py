@@ -16,6 +16,7 @@ import math
 import shutil
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -27,6 +28,7 @@ from dietpe.data.mlm import MlmCollator, pack_sentences
 from dietpe.data.tokenizer import load_tokenizer, save_tokenizer, train_wordpiece
 from dietpe.errors import ConfigError, DataError
 from dietpe.methods import Method, parse_method
+from dietpe.positions.registry import REGISTRY
 from dietpe.tasks.checkpoints import (
     CompleteCheckpoints,
     check_run_settings,
@@ -63,7 +65,8 @@ def add_pretrain_options(p: argparse.ArgumentParser, recipe_default: str = "cpu"
     g = p.add_argument_group("pre-training")
     g.add_argument("--recipe", choices=sorted(PRETRAIN_RECIPES), default=recipe_default,
                    help="hyper-parameter preset: 'paper' is DIET Table 7 (500k steps, batch 4096, lr 0.0018); "
-                        "'cpu' a CPU-session budget; 'toy' the built-in comparison (default: %(default)s)")
+                        "'cpu' a CPU-session budget; 'toy' the built-in comparison; 'init' continued "
+                        "pre-training of a checkpoint (default: %(default)s; with --init: init)")
     g.add_argument("--size", choices=sorted(SIZES), help="model size preset (default: the recipe's)")
     g.add_argument("--tokenizer", help="an existing tokenizer (directory or tokenizer.json); default: train "
                                        "WordPiece on the corpus")
@@ -85,7 +88,8 @@ def add_pretrain_options(p: argparse.ArgumentParser, recipe_default: str = "cpu"
     g.add_argument("--logit-lr-scale", type=V.positive_float,
                    help="learning rate of the position and segment parameters added to the attention logits "
                         "(DIET-REL's R, T5's buckets, DIET-ABS's P_Q/P_K, per-head segments) relative to --lr, "
-                        "for every method alike (default: the recipe's; docs/study.md)")
+                        "for every method alike, on top of their stored scale (DietConfig.logit_scale) (default: "
+                        "the recipe's, 1 in every recipe; docs/parametrization.md)")
 
 
 def register(subparsers) -> None:
@@ -102,19 +106,48 @@ def register(subparsers) -> None:
     p.add_argument("--overwrite", action="store_true", help="start afresh instead of resuming")
     p.add_argument("--init", help="continue pre-training a BERT checkpoint (folder or hub name, safetensors): its "
                                   "content weights and sizes, the method's position parameters fresh, BERT's input "
-                                  "positions kept for 'absolute', or beside a per-head method when the spec says "
-                                  "input_positions=true (e.g. diet-rel:input_positions=true), else dropped; its "
-                                  "tokenizer unless --tokenizer; the log "
-                                  "lists what was loaded, initialised and dropped")
-    add_pretrain_options(p)
+                                  "positions kept for 'absolute', and beside a per-head method unless the spec says "
+                                  "input_positions=false (e.g. diet-rel:input_positions=false drops them); the "
+                                  "'init' recipe unless --recipe; its tokenizer unless --tokenizer; the log "
+                                  "lists what was loaded, initialised and dropped, and what that means")
+    add_pretrain_options(p, recipe_default=None)  # `cpu`, or `init` with --init (recipe_name)
     add_threads_option(p)
     add_device_options(p)
     p.set_defaults(func=main)
 
 
+def recipe_name(args) -> str:
+    """--recipe, else `init` when --init continues a checkpoint (docs/causal.md), else `cpu`."""
+    return args.recipe or ("init" if getattr(args, "init", None) else "cpu")
+
+
+def init_method(method: Method) -> Method:
+    """The method `--init` trains: a per-head method keeps BERT's input position table beside it unless the spec
+    says input_positions=false (what dropping it costs: docs/causal.md, "Continued pre-training")."""
+    if not REGISTRY[method.position].per_head or "input_positions" in dict(method.extra):
+        return method
+    return replace(method, extra=method.extra + (("input_positions", True),))
+
+
+def init_positions_note(method: Method) -> str:
+    """What keeping or dropping BERT's positions means, for the log."""
+    if method.position == "absolute":
+        return "BERT's input position table is the method itself: kept"
+    if not REGISTRY[method.position].per_head:
+        return (f"BERT's input position table dropped for {method.position!r} (an input method of its own): the "
+                f"checkpoint's layers were trained with BERT's positions and must adapt to the new ones")
+    if dict(method.extra).get("input_positions"):
+        return (f"BERT's input position table kept beside {method.position!r} (input_positions=true): the model "
+                f"keeps what the checkpoint knew and the new terms learn beside it; it remains limited to BERT's "
+                f"max_position_embeddings. input_positions=false drops the table")
+    return (f"BERT's input position table dropped (input_positions=false): the checkpoint's layers lose the "
+            f"positions they were trained with and {method.position!r} must learn position from its fresh terms "
+            f"(masked accuracy falls at first; docs/causal.md)")
+
+
 def settings(args) -> dict:
     """The recipe with the command line's overrides applied."""
-    r = PRETRAIN_RECIPES[args.recipe]
+    r = PRETRAIN_RECIPES[recipe_name(args)]
 
     def given(value, default):  # 0 is a value to check, never "unset": only None takes the recipe's
         return default if value is None else value
@@ -290,6 +323,7 @@ def run_pretrain(corpus: str, method: Method, output_dir: str | Path, s: dict, *
                               f"{config.vocab_size:,}; use the checkpoint's tokenizer (--tokenizer)")
         model, report = from_bert(init, DietForMaskedLM, config=config)
         log(f"--init {report.summary()}")
+        log(f"--init: {init_positions_note(method)}")
     else:
         config = build_config(method, s["size"], len(tok), s["max_length"], tok.pad_token_id)
         model = DietForMaskedLM(config)
@@ -340,6 +374,8 @@ def check_before_work(method: Method, s: dict, device_batch_size: int) -> None:
 def main(args) -> int:
     set_threads(args.threads)
     method = parse_method(args.method)
+    if args.init:
+        method = init_method(method)
     s = settings(args)
     check_before_work(method, s, args.device_batch_size)
     trainer_device_args(args.device, args.precision)  # refuse --device cuda without CUDA before any work

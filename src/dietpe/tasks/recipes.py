@@ -55,7 +55,7 @@ class PretrainRecipe:
     vocab_size: int = 30000
     size: str = "bert-base"
     # learning rate of logit-unit position parameters relative to learning_rate, every method alike
-    # (dietpe.tasks.optim; docs/study.md)
+    # (dietpe.tasks.optim): an option; the stored scale (DietConfig.logit_scale) makes 1 train them
     logit_lr_scale: float = 1.0
 
 
@@ -78,9 +78,15 @@ PRETRAIN_RECIPES = {
     "cpu": PretrainRecipe(1e-3, 0.06, 128, 32, 600, 100, size="bert-mini", vocab_size=8000),
     # The built-in comparison: the toy size on the generated corpus.
     "toy": PretrainRecipe(2e-3, 0.06, 32, 32, 800, 200, size="toy", vocab_size=1000),
-    # The built-in study (docs/study.md): 8 heads, 500 steps; parameters added to the logits (per-head tables,
-    # DIET-ABS's factors) at 10x the learning rate, for every method.
-    "study": PretrainRecipe(2e-3, 0.06, 32, 32, 500, 125, size="study", vocab_size=1000, logit_lr_scale=10.0),
+    # The built-in study (docs/study.md): 8 heads, 500 steps, one learning rate for every parameter: the
+    # logit-unit tables are stored over the config's logit_scale (10), which gave the 10x rate the study used
+    # to give them in an optimizer group of their own (docs/parametrization.md).
+    "study": PretrainRecipe(2e-3, 0.06, 32, 32, 500, 125, size="study", vocab_size=1000),
+    # Continued pre-training of a checkpoint (`--init`, chosen when it is given; docs/causal.md): with BERT's
+    # input table kept (the --init default) lr 1e-3 keeps what the checkpoint knew and learns fastest of
+    # {1e-4, 3e-4, 1e-3}; 10 % warm-up (as good as 6 %, gentler on the fresh terms). Size and vocabulary are
+    # the checkpoint's.
+    "init": PretrainRecipe(1e-3, 0.1, 128, 32, 600, 100, size="bert-mini", vocab_size=8000),
 }
 
 
