@@ -37,11 +37,35 @@ KEPT = {
 }
 
 
+class DietHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Defaults shown once: not for options without one (None, False), nor where the help already says it."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if action.default in (None, False, argparse.SUPPRESS) or "default" in text:
+            return text
+        return super()._get_help_string(action)
+
+
 class DietArgumentParser(argparse.ArgumentParser):
-    """argparse's parser with its errors on one line: `dietpe pretrain: error: argument --steps: ...`."""
+    """argparse's parser with its errors on one line: `dietpe pretrain: error: argument --steps: ...`.
+
+    Every command's parser is one: the description is the first paragraph of what it is given (a module's
+    docstring, never cut mid-sentence) and defaults are shown by `DietHelpFormatter`."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs["formatter_class"] = DietHelpFormatter
+        if kwargs.get("description"):
+            kwargs["description"] = " ".join(kwargs["description"].strip().split("\n\n")[0].split())
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def hidden_alias(parser, *names: str, dest: str, **kwargs) -> None:
+    """Old spellings of an option (`--learning-rate` for `--lr`): accepted, not listed in --help."""
+    parser.add_argument(*names, dest=dest, default=argparse.SUPPRESS, help=argparse.SUPPRESS, **kwargs)
 
 
 def write_error(e: BaseException) -> OSError | None:
@@ -67,8 +91,11 @@ COMMANDS = {
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from dietpe import __version__
+
     parser = DietArgumentParser(prog="dietpe", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    parser.add_argument("--version", action="version", version=f"dietpe {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=DietArgumentParser)
     for name, module in COMMANDS.items():
         try:
             mod = importlib.import_module(module)

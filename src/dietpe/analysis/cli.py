@@ -98,12 +98,15 @@ def run(args: argparse.Namespace) -> int:
 
 
 def register(subparsers) -> None:
+    from dietpe.cli import hidden_alias
+
     p = subparsers.add_parser(
         "analyze", help="rank and attention pictures of a checkpoint (DIET Fig. 2, 4-8; TUPE Fig. 6)",
-        description=__doc__.splitlines()[0])
+        description=__doc__)
     p.add_argument("checkpoint", help="a save_pretrained directory (or a pretrain run directory with model/)")
     p.add_argument("--data", required=True, help="text file (one paragraph per line) to sample the batch from")
-    p.add_argument("--out", help="output directory (default: CHECKPOINT/analysis)")
+    p.add_argument("-o", "--output-dir", dest="out", metavar="DIR", help="output directory (default: CHECKPOINT/analysis)")
+    hidden_alias(p, "--out", dest="out")
     p.add_argument("--tokenizer", help="tokenizer directory or tokenizer.json (default: the checkpoint's)")
     p.add_argument("--batch-size", type=V.positive_int, default=8, help="sequences in the sampled batch (default 8)")
     p.add_argument("--length", type=V.int_at_least(3, ": [CLS], a token and [SEP]"), default=128,

@@ -47,7 +47,7 @@ BUILTIN_TASKS = ("order", "pair-order", "topic", "distance", "start")
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("compare", help="pre-train and fine-tune every position method; write a report",
-                              description=__doc__.splitlines()[0],
+                              description=__doc__,
                               formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--corpus", help="pre-training corpus (directory, file or Hugging Face name); default: the "
                                     "built-in generated corpus")

@@ -81,7 +81,7 @@ def add_finetune_options(p: argparse.ArgumentParser, recipe_default: str = "cpu"
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("finetune", help="fine-tune a pre-trained model on GLUE/XNLI/QA (lr grid x seeds)",
-                              description=__doc__.splitlines()[0],
+                              description=__doc__,
                               formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("model", help="a pre-trained model directory, or a `dietpe pretrain` run folder (its model/ is "
                                  "used)")
@@ -96,7 +96,8 @@ def register(subparsers) -> None:
     p.add_argument("--train-split", default="train", help="file prefix of the training split (XNLI: dev)")
     p.add_argument("--eval-split", default="dev", help="file prefix of the evaluation split (XNLI: test)")
     p.add_argument("--train-language", default="en", help="cross-lingual: the language fine-tuned on")
-    p.add_argument("-o", "--output-dir", default="runs/finetune")
+    p.add_argument("-o", "--output-dir", default="runs/finetune",
+                   help="where each run's result.json and fine-tuned model go")
     add_finetune_options(p)
     add_threads_option(p)
     add_device_options(p)

@@ -90,7 +90,7 @@ def add_pretrain_options(p: argparse.ArgumentParser, recipe_default: str = "cpu"
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("pretrain", help="masked-LM pre-training (DIET appendix A)",
-                              description=__doc__.splitlines()[0],
+                              description=__doc__,
                               formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("corpus", help="text file(s) directory (train.txt, valid.txt), a .txt/.jsonl/.tsv file, or a "
                                   "Hugging Face dataset name such as wikitext:wikitext-2-raw-v1")
