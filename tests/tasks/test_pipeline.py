@@ -160,6 +160,9 @@ def test_method_specs():
         methods.parse_method("diet-rel:layer")
     with pytest.raises(ConfigError, match="unknown field"):
         methods.parse_method("diet-rel:colour=blue")
+    # the word none is the mode 'none', not Python's None
+    assert methods.parse_method("alibi:segment=none").segment == "none"
+    assert methods.parse_method("diet-rel:sharing=none:segment=none").sharing == "none"
 
 
 def test_cli_errors_are_one_line_before_training(tmp_path, capsys):

@@ -188,8 +188,9 @@ def write_csvs(out: Path, rows: list[dict], task_names: list[str]) -> None:
 # -- figures -------------------------------------------------------------------------------------------------
 
 def plot_figures(out: Path, rows: list[dict], task_names: list[str], forest: list[tuple]) -> list[str]:
-    import matplotlib
-    matplotlib.use("Agg")
+    from dietpe.extras import need
+
+    need("matplotlib").use("Agg")
     import matplotlib.pyplot as plt
 
     styles = method_styles([r["method"] for r in rows])

@@ -256,9 +256,9 @@ def table_csv(rows: list[dict], multiples) -> str:
 
 def plot(rows: list[dict], multiples, path: Path, title: str) -> None:
     """Perplexity against evaluation length, one colour and marker per method (log scales)."""
-    import matplotlib
+    from dietpe.extras import need
 
-    matplotlib.use("Agg")
+    need("matplotlib").use("Agg")
     import matplotlib.pyplot as plt
 
     markers = "osD^v<>pPX*hH8d"

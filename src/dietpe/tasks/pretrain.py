@@ -63,7 +63,7 @@ def add_pretrain_options(p: argparse.ArgumentParser, recipe_default: str = "cpu"
     g = p.add_argument_group("pre-training")
     g.add_argument("--recipe", choices=sorted(PRETRAIN_RECIPES), default=recipe_default,
                    help="hyper-parameter preset: 'paper' is DIET Table 7 (500k steps, batch 4096, lr 0.0018); "
-                        "'cpu' a CPU-session budget; 'toy' the built-in comparison (default: %(default)s)")
+                        "'cpu' a CPU-session budget; 'toy' the built-in comparison")
     g.add_argument("--size", choices=sorted(SIZES), help="model size preset (default: the recipe's)")
     g.add_argument("--tokenizer", help="an existing tokenizer (directory or tokenizer.json); default: train "
                                        "WordPiece on the corpus")

@@ -376,7 +376,9 @@ def eval_outputs(args, model_dir: Path) -> tuple[Path, Path]:
 
 
 def run_eval(args) -> int:
-    import sacrebleu
+    from dietpe.extras import need
+
+    sacrebleu = need("sacrebleu")
 
     set_threads(args.threads)
     if args.beams < 1:
