@@ -189,6 +189,11 @@ def test_compare_writes_the_report_with_claims_and_reruns_to_the_same_numbers(tm
     assert cli(command) == 0
     report = (out / "report.md").read_text()
     assert report.index("## Claims") < report.index("## Results")
+    env = report[report.index("## Environment"):report.index("## Results")]
+    import torch
+    for item in (f"| torch | {torch.__version__} |", "| processes (runs at a time) | 1 |", "| threads per process | 1 |",
+                 "| pre-training seeds | 0, 1 |", "| command | `dietpe "):
+        assert item in env, item
     assert "`diet-rel − absolute`" in report and "rows not run: diet-abs" in report
     assert "| absolute | input | input | none |" in report and "| diet-rel | per-head | per-head | none |" in report
     for task in ("order", "pair-order", "topic", "distance", "start"):

@@ -437,7 +437,8 @@ def main_lengths(args) -> int:
             causal = bool(getattr(config, "causal", False))
             model = (DietForCausalLM if causal else DietForMaskedLM).from_pretrained(model_dir).eval().to(device)
         tokenizer = load_tokenizer(model_dir)
-        stream = read_stream(args.data, tokenizer, "validation")
+        # --data names held-out text: a file is that text itself; a folder gives its validation split
+        stream = read_stream(args.data, tokenizer, "train" if Path(args.data).is_file() else "validation")
         ppl = length_perplexities(model, tokenizer, stream, length, args.lengths, args.eval_tokens)
         rows.append(dict(method=method, kind="causal" if causal else "masked", train_length=length, ppl=ppl))
         lengths.add(length)
