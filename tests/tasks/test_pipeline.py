@@ -95,6 +95,21 @@ def test_finetune_grid_takes_each_runs_best_and_the_median_over_seeds(pretrained
     assert first.stat().st_mtime_ns == stamp  # finished runs are not redone
 
 
+def test_finetune_keeps_each_runs_model_unless_told_not_to(pretrained, data, tmp_path):
+    from dietpe import DietForSequenceClassification
+
+    _, res = pretrained
+    common = [res["model_dir"], str(data["order"]), "--ft-recipe", "toy", "--lrs", "1e-3", "--seeds", "1",
+              "--epochs", "1", "--max-train", "32", "--max-eval", "16", "--threads", "1"]
+    assert cli(["finetune", *common, "-o", str(tmp_path / "keep")]) == 0
+    run = tmp_path / "keep" / "lr0.001-seed0"
+    assert (run / "model" / "model.safetensors").is_file() and not list(run.glob("checkpoint-*"))
+    model = DietForSequenceClassification.from_pretrained(run / "model")
+    assert model.config.num_labels >= 2
+    assert cli(["finetune", *common, "-o", str(tmp_path / "none"), "--no-save-model"]) == 0
+    assert not (tmp_path / "none" / "lr0.001-seed0" / "model").exists()
+
+
 def test_summary_median_and_best_learning_rate():
     spec = synthetic.TASKS["order"]
 
