@@ -451,6 +451,8 @@ options("compare", CMP, [
     ("--max-validation", "0", POS), ("--max-train", "0", POS), ("--lr", "0", POS), ("--warmup", "2", FRACTION),
 ])
 case("compare --methods empty", f"{CMP} --methods ,", "no methods", "--methods")
+# class: an empty list where one is required runs nothing and says so (never the default list)
+case("compare --methods ''", f"{CMP} --methods ''", "no methods", "--methods")
 case("compare --methods unknown", f"{CMP} --methods absolute,rope", "rope", "absolute")
 case("compare --methods twice", f"{CMP} --methods absolute,absolute", "absolute", "twice")
 case("compare --methods vocab_size", f"{CMP} --methods absolute:vocab_size=10", "vocab_size", "--vocab-size")

@@ -400,7 +400,7 @@ def _main(args) -> int:
     defaults = budget_defaults(budget, builtin)
     args.recipe = args.recipe or defaults["recipe"]
     args.ft_recipe = args.ft_recipe or defaults["ft_recipe"]
-    methods = parse_methods(args.methods or defaults["methods"])
+    methods = parse_methods(defaults["methods"] if args.methods is None else args.methods)  # "" is refused
     if budget > 1 and args.steps is None:
         r = pt.PRETRAIN_RECIPES[args.recipe]
         args.steps = r.max_steps * budget

@@ -356,6 +356,8 @@ def main_lm(args) -> int:
     resolve_device(args.device)  # a missing CUDA is refused before any work
     out = Path(args.output_dir)
     specs = [s.strip() for s in args.methods.split(",") if s.strip()]
+    if not specs:
+        raise ConfigError(f"--methods {args.methods!r} names no method; e.g. --methods alibi,rotary")
     for spec in specs:  # refuse a bad spec before reading any data
         causal_config(spec, args.size, 100, args.max_length, 0)
     tok_dir = out / "tokenizer"
