@@ -85,3 +85,20 @@ def test_the_command_lists_its_commands_without_importing_torch(tmp_path):
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, check=True,
                          env={"PYTHONPATH": src, "PATH": ""})
     assert out.stdout.strip() == "[]"
+
+
+def test_library_messages_are_quiet_while_a_command_runs(monkeypatch):
+    # transformers' warnings would land inside the progress bar's line
+    import transformers
+    from transformers.utils import logging as hf_logging
+
+    from dietpe import cli
+
+    monkeypatch.delenv("TRANSFORMERS_VERBOSITY", raising=False)
+    seen = []
+    parser = cli.build_parser("bench")
+    parser.set_defaults(func=lambda args: seen.append(hf_logging.get_verbosity()) or 0)
+    monkeypatch.setattr(cli, "build_parser", lambda only=None: parser)
+    before = hf_logging.get_verbosity()
+    assert cli.main(["bench"]) == 0 and transformers
+    assert seen == [hf_logging.ERROR] and hf_logging.get_verbosity() == before

@@ -12,8 +12,10 @@ writing (with the path and what was kept).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import importlib
+import os
 import sys
 
 from dietpe.errors import DietError
@@ -119,6 +121,23 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+@contextlib.contextmanager
+def quiet_libraries():
+    """transformers' info and warnings (cache notes, "mtime may not be reliable") would land inside the
+    progress bar's line: only its errors are shown while a command runs, unless TRANSFORMERS_VERBOSITY is set."""
+    if "transformers" not in sys.modules or os.environ.get("TRANSFORMERS_VERBOSITY"):
+        yield
+        return
+    from transformers.utils import logging as hf_logging
+
+    before = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(before)
+
+
 def _named_command(argv: list[str]) -> str | None:
     for arg in argv:
         if not arg.startswith("-"):
@@ -144,7 +163,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     name = " ".join(n for n in (args.command, getattr(args, "translate_command", None)) if n)
     try:
-        return int(args.func(args) or 0)
+        with quiet_libraries():
+            return int(args.func(args) or 0)
     except ImportError as e:
         from dietpe.extras import missing
 
