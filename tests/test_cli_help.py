@@ -97,8 +97,15 @@ def test_library_messages_are_quiet_while_a_command_runs(monkeypatch):
     monkeypatch.delenv("TRANSFORMERS_VERBOSITY", raising=False)
     seen = []
     parser = cli.build_parser("bench")
-    parser.set_defaults(func=lambda args: seen.append(hf_logging.get_verbosity()) or 0)
+    bench_parser(parser).set_defaults(func=lambda args: seen.append(hf_logging.get_verbosity()) or 0)
     monkeypatch.setattr(cli, "build_parser", lambda only=None: parser)
     before = hf_logging.get_verbosity()
     assert cli.main(["bench"]) == 0 and transformers
     assert seen == [hf_logging.ERROR] and hf_logging.get_verbosity() == before
+
+
+def bench_parser(parser):
+    """The `bench` sub-command's parser (its defaults, such as func, win over the top-level parser's)."""
+    import argparse
+
+    return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices["bench"]

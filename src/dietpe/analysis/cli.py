@@ -108,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
     if trained and length > trained:
         print(f"dietpe analyze: note: analysing {length}-token inputs, beyond the training length {trained}: "
               f"positions past {trained} were never trained (--length {length} was asked)", file=sys.stderr)
-    else:
+    elif args.length is None:  # say which length was chosen for the user
         print(f"dietpe analyze: {length}-token inputs" + (" (the training length)" if length == trained else ""),
               file=sys.stderr)
     index = report(model, tokenizer, out, data=args.data, title=args.title or model.config.position,
