@@ -248,7 +248,7 @@ CMP = ("compare --corpus {corpus} --tasks {order} -o {out} --threads 1 --jobs 1 
        "--ft-recipe toy --vocab-size 200 --max-length 24 --steps 2 --batch-size 4 --device-batch-size 4 --seeds 1 "
        "--ft-batch-size 8 --ft-max-length 24 --lrs 1e-3")
 TT = ("translate train --data {para} --source de --target en --output-dir {out} --threads 1 --vocab-size 60 "
-      "--max-length 32 --batch-size 8 --max-steps 2 --preset transformer-tiny "
+      "--max-length 32 --batch-size 8 --max-steps 2 --size transformer-tiny "
       "--method sinusoidal:hidden_size=16:num_attention_heads=2:intermediate_size=32")
 TE = ("translate eval {mt} --source {para}/val.de --reference {para}/val.en --output {out}/hyp.txt --threads 1 "
       "--beams 2 --batch-size 4")
@@ -451,6 +451,8 @@ options("compare", CMP, [
     ("--max-validation", "0", POS), ("--max-train", "0", POS), ("--lr", "0", POS), ("--warmup", "2", FRACTION),
 ])
 case("compare --methods empty", f"{CMP} --methods ,", "no methods", "--methods")
+# class: an empty list where one is required runs nothing and says so (never the default list)
+case("compare --methods ''", f"{CMP} --methods ''", "no methods", "--methods")
 case("compare --methods unknown", f"{CMP} --methods absolute,rope", "rope", "absolute")
 case("compare --methods twice", f"{CMP} --methods absolute,absolute", "absolute", "twice")
 case("compare --methods vocab_size", f"{CMP} --methods absolute:vocab_size=10", "vocab_size", "--vocab-size")
@@ -478,7 +480,7 @@ case("compare disk full", "compare -o {out} --threads 1 --jobs 1 --builtin-size 
 options("translate train", TT, [
     ("--vocab-size", "0", (">= 5",)), ("--vocab-size", "-1", (">= 5",)), ("--max-length", "0", (">= 2",)),
     ("--max-length", "-1", (">= 2",)), ("--batch-size", "0", POS), ("--batch-size", "-1", POS), ("--grad-accum", "0", POS),
-    ("--learning-rate", "0", POS), ("--learning-rate", "-1", POS), ("--warmup-steps", "-1", NONNEG),
+    ("--lr", "0", POS), ("--lr", "-1", POS), ("--warmup-steps", "-1", NONNEG),
     ("--label-smoothing", "-0.1", FRACTION), ("--label-smoothing", "1", FRACTION),
     ("--dropout", "-0.1", FRACTION), ("--dropout", "1.5", FRACTION), ("--max-grad-norm", "-1", NONNEG),
     ("--epochs", "0", POS), ("--epochs", "-1", POS), ("--max-steps", "0", POS), ("--max-steps", "-1", POS),
@@ -496,7 +498,7 @@ case("translate train --method bad value", f"{TT} --method sinusoidal:hidden_siz
 case("translate train --method tokenizer field", f"{TT} --method sinusoidal:vocab_size=9", "vocab_size",
      "--vocab-size")
 case("translate train --position nope", f"{TT} --position rope", "rope", "absolute")
-case("translate train --preset nope", f"{TT} --preset huge", "--preset", "huge", "transformer-base")
+case("translate train --size nope", f"{TT} --size huge", "--size", "huge", "transformer-base")
 case("translate train --bad-lines nope", f"{TT} --bad-lines maybe", "--bad-lines", "maybe", "skip")
 case("translate train --data missing", TT.replace("--data {para}", "--data {root}/nope"), "nope", "train")
 case("translate train --data without --source", TT.replace("--source de ", ""), "--data", "--source")

@@ -177,3 +177,20 @@ def test_a_method_may_override_the_size_presets_fields(fixtures):
         with pytest.raises(B.Reached):  # accepted: it gets as far as training
             main(B.shlex.split(B.PRE.format(**paths, out=str(outs / "hidden128"))) + ["--method",
                                                                                         "absolute:hidden_size=128"])
+
+
+def test_an_output_file_whose_parent_is_missing_is_created_not_an_errno(tmp_path, capsys):
+    # class: an output path whose parent is missing (accepted by check_output_file) must be written at the end,
+    # never fail with "[Errno 2] No such file or directory" after the work
+    json_out, md_out = tmp_path / "new" / "deeper" / "bench.json", tmp_path / "other" / "bench.md"
+    assert main(["bench", "--shapes", "bert-tiny", "--lengths", "8", "--batch", "1", "--repeats", "1", "--warmup",
+                 "0", "--threads", "1", "--no-memory", "--methods", "diet-rel", "--modes", "infer",
+                 "--json", str(json_out), "--markdown", str(md_out)]) == 0
+    assert json_out.is_file() and md_out.is_file() and "Errno" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [["lm", "corpus.txt", "--methods", ""], ["lm", "corpus.txt", "--methods", " , "]])
+def test_an_empty_list_is_refused_not_replaced_by_the_default(argv, capsys, tmp_path):
+    assert main([*argv, "-o", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "--methods" in err and "no method" in err

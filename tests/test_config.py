@@ -41,3 +41,26 @@ def test_round_trip_dict():
     cfg = DietConfig.from_preset("bert-mini", position="tupe-r", tupe_reset=False)
     again = DietConfig.from_dict(cfg.to_dict())
     assert again.position == "tupe-r" and again.tupe_reset is False and again.hidden_size == 256
+
+
+@pytest.mark.parametrize("position", ["absolute", "t5", "alibi", "diet-abs", "diet-rel"])
+def test_a_method_name_means_the_same_model_in_python_and_in_a_spec(position):
+    from dietpe.methods import parse_method
+
+    assert DietConfig(position=position).segment == parse_method(position).segment
+    assert DietConfig(position="diet-rel").segment == "per-head"
+
+
+def test_an_explicit_segment_survives_save_and_load(tmp_path):
+    DietConfig(position="diet-rel", segment="input").save_pretrained(tmp_path)
+    assert DietConfig.from_pretrained(tmp_path).segment == "input"
+
+
+@pytest.mark.parametrize("field,value", [
+    ("hidden_dropout_prob", 1.0), ("hidden_dropout_prob", -0.1), ("attention_probs_dropout_prob", 1.5),
+    ("classifier_dropout", 2), ("hidden_dropout_prob", "0.1"), ("layer_norm_eps", 0), ("initializer_range", -1),
+    ("type_vocab_size", -1),
+])
+def test_the_python_api_refuses_what_the_command_line_refuses(field, value):
+    with pytest.raises(ConfigError, match=f"{field}="):
+        DietConfig(**{field: value})

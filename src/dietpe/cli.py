@@ -12,8 +12,10 @@ writing (with the path and what was kept).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import importlib
+import os
 import sys
 
 from dietpe.errors import DietError
@@ -37,11 +39,35 @@ KEPT = {
 }
 
 
+class DietHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Defaults shown once: not for options without one (None, False), nor where the help already says it."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if action.default in (None, False, argparse.SUPPRESS) or "default" in text:
+            return text
+        return super()._get_help_string(action)
+
+
 class DietArgumentParser(argparse.ArgumentParser):
-    """argparse's parser with its errors on one line: `dietpe pretrain: error: argument --steps: ...`."""
+    """argparse's parser with its errors on one line: `dietpe pretrain: error: argument --steps: ...`.
+
+    Every command's parser is one: the description is the first paragraph of what it is given (a module's
+    docstring, never cut mid-sentence) and defaults are shown by `DietHelpFormatter`."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs["formatter_class"] = DietHelpFormatter
+        if kwargs.get("description"):
+            kwargs["description"] = " ".join(kwargs["description"].strip().split("\n\n")[0].split())
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def hidden_alias(parser, *names: str, dest: str, **kwargs) -> None:
+    """Old spellings of an option (`--learning-rate` for `--lr`): accepted, not listed in --help."""
+    parser.add_argument(*names, dest=dest, default=argparse.SUPPRESS, help=argparse.SUPPRESS, **kwargs)
 
 
 def write_error(e: BaseException) -> OSError | None:
@@ -54,41 +80,98 @@ def write_error(e: BaseException) -> OSError | None:
         seen += 1
     return None
 
-# sub-command -> module that registers it; imported lazily so `dietpe --help` stays fast.
+# sub-command -> (module that registers it, one-line help). `dietpe --help` lists them without importing
+# any (torch and transformers take seconds to import); a command's module is imported when it is named.
 COMMANDS = {
-    "pretrain": "dietpe.tasks.pretrain",
-    "finetune": "dietpe.tasks.finetune",
-    "compare": "dietpe.tasks.compare",
-    "translate": "dietpe.tasks.translate",
-    "bench": "dietpe.bench.cli",
-    "analyze": "dietpe.analysis.cli",
-    "lm": "dietpe.tasks.lm",
+    "pretrain": ("dietpe.tasks.pretrain", "masked-LM pre-training (DIET appendix A)"),
+    "finetune": ("dietpe.tasks.finetune", "fine-tune a pre-trained model on GLUE/XNLI/QA (lr grid x seeds)"),
+    "compare": ("dietpe.tasks.compare", "pre-train and fine-tune every position method; write a report"),
+    "translate": ("dietpe.tasks.translate", "train and evaluate encoder-decoder translation models"),
+    "bench": ("dietpe.bench.cli", "time and memory of every position method against `none`"),
+    "analyze": ("dietpe.analysis.cli", "rank and attention pictures of a checkpoint (DIET Fig. 2, 4-8; TUPE Fig. 6)"),
+    "lm": ("dietpe.tasks.lm", "causal LMs per position method, then length generalisation"),
+    "lengths": ("dietpe.tasks.lm", "perplexity at 1, 2, 4, 8 times the training length"),
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The full parser; with `only`, that command's parser and a one-line entry for each other command."""
+    from dietpe import __version__
+
     parser = DietArgumentParser(prog="dietpe", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, module in COMMANDS.items():
+    parser.add_argument("--version", action="version", version=f"dietpe {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=DietArgumentParser)
+    if only is None:
+        modules = dict.fromkeys(module for module, _ in COMMANDS.values())
+    else:
+        modules = {COMMANDS[only][0]: None} if only in COMMANDS else {}
+    missing_modules = set()
+    for module in modules:
         try:
             mod = importlib.import_module(module)
         except ModuleNotFoundError as e:
             if e.name and e.name.startswith("dietpe"):
+                missing_modules.add(module)
                 continue  # that job is not part of this build
             raise
         mod.register(sub)
+    for name, (module, help_text) in COMMANDS.items():
+        if name not in sub.choices and module not in missing_modules:
+            sub.add_parser(name, help=help_text, add_help=False)
     return parser
 
 
+@contextlib.contextmanager
+def quiet_libraries():
+    """transformers' info and warnings (cache notes, "mtime may not be reliable") would land inside the
+    progress bar's line: only its errors are shown while a command runs, unless TRANSFORMERS_VERBOSITY is set."""
+    if "transformers" not in sys.modules or os.environ.get("TRANSFORMERS_VERBOSITY"):
+        yield
+        return
+    from transformers.utils import logging as hf_logging
+
+    before = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(before)
+
+
+def _named_command(argv: list[str]) -> str | None:
+    for arg in argv:
+        if not arg.startswith("-"):
+            return arg if arg in COMMANDS else None
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    only = _named_command(argv)
+    try:
+        parser = build_parser(only or "")  # "": no command's module imported
+    except ImportError as e:
+        from dietpe.extras import missing
+
+        if missing(e) is None:
+            raise
+        print(f"dietpe {only}: error: {missing(e)}", file=sys.stderr)
+        return 2
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
     name = " ".join(n for n in (args.command, getattr(args, "translate_command", None)) if n)
     try:
-        return int(args.func(args) or 0)
+        with quiet_libraries():
+            return int(args.func(args) or 0)
+    except ImportError as e:
+        from dietpe.extras import missing
+
+        if missing(e) is None:
+            raise
+        print(f"dietpe {name}: error: {missing(e)}", file=sys.stderr)
+        return 2
     except (DietError, FileNotFoundError) as e:
         # Our validation raises these with messages naming the value and the limit.
         print(f"dietpe {name}: error: {e}", file=sys.stderr)

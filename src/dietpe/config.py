@@ -56,7 +56,10 @@ class DietConfig(PretrainedConfig):
     """Configuration of a diet Transformer (BERT block layout) with a chosen position method.
 
     position: where and how positions enter (see `dietpe.positions` for each method's equation).
-    segment: `input` (BERT's token-type embedding), `per-head` (DIET eq. 2), or `none`.
+    segment: `input` (BERT's token-type embedding), `per-head` (DIET eq. 2), or `none`; when not given, the
+        segment mode of the method's row in the papers (the registry's `segment` trait: `per-head` for
+        `diet-abs` and `diet-rel`, `input` otherwise and with Linformer), as the method spec `diet-rel` means
+        on the command line. A saved config names its segment, so it loads as saved.
     sharing: of DIET's per-head parameters: `none`, `head` (heads of a layer share), `layer` (layers share).
     position_rank: d_p of DIET-ABS (default: the head size).
     input_positions: also add BERT's learned input position table (DIET Fig. 5's DIET-ABS + input table;
@@ -90,7 +93,7 @@ class DietConfig(PretrainedConfig):
         layer_norm_eps: float = 1e-12,
         pad_token_id: int = 0,
         position: str = "absolute",
-        segment: str = "input",
+        segment: str | None = None,
         sharing: str = "none",
         position_rank: int | None = None,
         attention: str = "full",
@@ -122,6 +125,9 @@ class DietConfig(PretrainedConfig):
         self.initializer_range = initializer_range
         self.layer_norm_eps = layer_norm_eps
         self.position = position
+        if segment is None:
+            per_head_ok = attention != "linformer"
+            segment = REGISTRY[position].segment if position in REGISTRY and per_head_ok else "input"
         self.segment = segment
         self.sharing = sharing
         self.position_rank = position_rank
@@ -166,6 +172,19 @@ class DietConfig(PretrainedConfig):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{name}={value!r} must be a positive integer")
+        for name in ("hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout"):
+            value = getattr(self, name)
+            if value is None and name == "classifier_dropout":
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+                raise ConfigError(f"{name}={value!r} must be a probability in [0, 1)")
+        for name in ("layer_norm_eps", "initializer_range", "rotary_base"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+                raise ConfigError(f"{name}={value!r} must be a positive finite number")
+        if not isinstance(self.type_vocab_size, int) or isinstance(self.type_vocab_size, bool) or \
+                self.type_vocab_size < 0:
+            raise ConfigError(f"type_vocab_size={self.type_vocab_size!r} must be a non-negative integer")
         if self.hidden_size % self.num_attention_heads:
             raise ConfigError(
                 f"hidden_size={self.hidden_size} is not divisible by num_attention_heads={self.num_attention_heads}")

@@ -73,6 +73,10 @@ def default_segment(position: str) -> str:
     return REGISTRY[position].segment if position in REGISTRY else "input"
 
 
+# config fields whose values are names (segment=none, sharing=none), never parsed as numbers or None
+WORD_FIELDS = ("segment", "sharing", "attention", "attn_backend", "hidden_act")
+
+
 def parse_value(text: str):
     """A `key=value` option's value: int, float, bool, None or the text itself."""
     for cast in (int, float):
@@ -98,7 +102,9 @@ def parse_method(spec: str, config_class: type = DietConfig, segment: str | None
         key, eq, value = pair.partition("=")
         if not eq or not key:
             raise ConfigError(f"method {spec!r}: {pair!r} is not key=value (e.g. diet-rel:segment=input)")
-        fields[key.strip().replace("-", "_")] = parse_value(value.strip())
+        key = key.strip().replace("-", "_")
+        # named choices stay words: segment=none is the mode 'none', not Python's None
+        fields[key] = value.strip() if key in WORD_FIELDS else parse_value(value.strip())
     segment = str(fields.pop("segment", segment or default_segment(position)))
     sharing = str(fields.pop("sharing", "none"))
     allowed = set(config_class(vocab_size=8, hidden_size=8, num_attention_heads=2).to_dict())

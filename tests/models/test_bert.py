@@ -86,7 +86,8 @@ def test_another_method_starts_from_bert_content_weights(tmp_path, caplog):
     _, report = from_bert(str(tmp_path / "bert"), DietForMaskedLM, keep_input_positions=False)
     assert report.initialised == ["diet.positions.method.weight"]
     # kept beside another method: BERT's table becomes an input table besides DIET-REL's per-head terms
-    kept, report = from_bert(str(tmp_path / "bert"), DietForMaskedLM, position="diet-rel", keep_input_positions=True)
+    kept, report = from_bert(str(tmp_path / "bert"), DietForMaskedLM, position="diet-rel", segment="input",
+                             keep_input_positions=True)
     assert kept.config.input_positions and report.initialised == ["diet.positions.method.r"]
     torch.testing.assert_close(kept.diet.positions.input_positions.weight,
                                bert.bert.embeddings.position_embeddings.weight)

@@ -113,10 +113,10 @@ def test_bad_inputs_are_named():
 
 def test_parameter_increase_of_diet_abs_is_per_layer_per_head_tables():
     base = sum(p.numel() for p in DietModel(tiny(position="none")).parameters())
-    cfg = tiny(position="diet-abs", position_rank=3)
+    cfg = tiny(position="diet-abs", segment="input", position_rank=3)
     extra = sum(p.numel() for p in DietModel(cfg).parameters()) - base
     assert extra == 2 * cfg.num_hidden_layers * cfg.num_attention_heads * cfg.max_position_embeddings * 3
-    shared = tiny(position="diet-abs", position_rank=3, sharing="layer")
+    shared = tiny(position="diet-abs", segment="input", position_rank=3, sharing="layer")
     assert sum(p.numel() for p in DietModel(shared).parameters()) - base == extra // cfg.num_hidden_layers
 
 

@@ -25,8 +25,8 @@ def test_losses_are_better_when_lower_and_missing_rows_are_named():
     rows = {"a": row([1.0, 1.1, 1.05], "early_mlm"), "b": row([2.0, 2.2, 2.1], "early_mlm")}
     first, second = CL.evaluate(claim, rows)
     assert first.verdict == stats.SUPPORTED
-    assert second.missing == ["c"] and second.verdict == stats.UNRESOLVED
-    assert CL.overall([first, second]) == stats.UNRESOLVED
+    assert second.missing == ["c"] and second.verdict == CL.NOT_RUN
+    assert CL.overall([first, second]) == stats.SUPPORTED  # decided by the comparison that was run
     assert CL.overall([first]) == stats.SUPPORTED
 
 
@@ -54,5 +54,41 @@ def test_the_report_section_lists_every_claim_with_a_verdict():
     assert md.startswith("## Claims")
     for claim in CL.CLAIMS:
         assert claim.text in md
-    assert "DIET costs nothing extra" in md and stats.RULE in md
+    assert "costs nothing extra" in md and stats.RULE in md
     assert [f[0] for f in forest] == ["per-head-position: diet-abs − absolute"]  # the mlm row has no data
+
+
+def test_a_claim_whose_rows_were_not_run_reads_not_run():
+    claim = CL.Claim("k", "a beats b", "src", (CL.C("a", "b"),))
+    (r,) = CL.evaluate(claim, {})
+    assert r.verdict == CL.NOT_RUN and CL.overall([r]) == CL.NOT_RUN
+    md, _ = CL.claims_markdown({}, (claim,))
+    assert "| a beats b | score | `a − b` rows not run: a, b | **not run** |" in md
+    table = [x for x in md.split("### Claims in detail")[0].splitlines() if x.startswith("| a beats b")]
+    assert len(table) == 1 and stats.UNRESOLVED not in table[0]
+
+
+def test_theorem_1_is_an_implementation_check_in_its_own_table():
+    rows = {"absolute": row([8, 8, 8], "rank_max"), "diet-abs": row([1, 2, 3])}
+    rows["absolute"]["seeds"] = {s: dict(v, score=1.0 + s) for s, v in rows["absolute"]["seeds"].items()}
+    md, forest = CL.claims_markdown(rows)
+    top, checks = md.split("### Implementation checks")
+    assert "Theorem 1" not in top and "Theorem 1" in checks and "| holds |" in checks
+    assert all(m not in ("rank", "rank_max") for *_, m in forest)  # no 'higher is better' drawn for a bound
+    assert "Multiple comparisons" in top
+
+
+def test_the_cost_claim_is_quoted_without_a_verdict():
+    md, _ = CL.claims_markdown({})
+    cost = md.split("### Cost (quoted, not measured in this run)")[1]
+    assert "quoted from" in cost and "no verdict" in cost
+    for v in (stats.SUPPORTED, stats.CONTRADICTED, stats.UNRESOLVED):
+        assert v not in cost
+
+
+def test_the_top_table_has_one_line_per_empirical_claim():
+    md, _ = CL.claims_markdown({"absolute": row([1, 2, 3]), "diet-abs": row([2, 3, 5])})
+    top = md.split("### Claims in detail")[0]
+    lines = [x for x in top.splitlines() if x.startswith("| ") and not x.startswith("| Claim")]
+    assert len(lines) == sum(1 for c in CL.CLAIMS if not c.check)
+    assert "| Per-head position beats input position, absolute and relative | score | `diet-abs − absolute` " in top

@@ -207,7 +207,7 @@ def test_translate_train_twice_and_resumed_is_bit_identical(tmp_path, capsys):
         # 96 pairs in steps of 2 x 16: 3 steps an epoch; dropout on (the preset's 0.1)
         return cli(["translate", "train", "--data", str(tmp_path), "--source", "xx", "--target", "yy",
                     "--output-dir", str(out), "--vocab-size", "60", "--batch-size", "16", "--grad-accum", "2",
-                    "--learning-rate", "3e-3", "--warmup-steps", "5", "--threads", "1", "--method", SEQ2SEQ,
+                    "--lr", "3e-3", "--warmup-steps", "5", "--threads", "1", "--method", SEQ2SEQ,
                     "--max-steps", "20", "--save-steps", "7", "--eval-steps", "7", *extra])
 
     a, b = tmp_path / "a", tmp_path / "b"

@@ -2,6 +2,7 @@
 method, the length table with n/a beyond a learned table) and `dietpe lengths` on a masked-LM run."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -61,6 +62,10 @@ def test_lm_trains_each_method_and_writes_the_length_table(data, tmp_path):
                 "-o", str(tmp_path / "again")]) == 0
     again = json.loads((tmp_path / "again" / "lengths.json").read_text())[0]
     assert again["ppl"]["2"] == pytest.approx(rows["alibi"]["ppl"]["2"], rel=1e-5)
+    # --data may be a file, as its help says: that file is the held-out text
+    valid = next(p for p in Path(data["corpus"]).iterdir() if "valid" in p.name)
+    assert cli(["lengths", str(out / "alibi"), "--data", str(valid), "--lengths", "1", "-o", str(tmp_path / "f")]) == 0
+    assert json.loads((tmp_path / "f" / "lengths.json").read_text())[0]["ppl"]["1"] > 1
 
 
 def test_masked_lm_perplexity_at_lengths_uses_fixed_masks(data):

@@ -95,6 +95,21 @@ def test_finetune_grid_takes_each_runs_best_and_the_median_over_seeds(pretrained
     assert first.stat().st_mtime_ns == stamp  # finished runs are not redone
 
 
+def test_finetune_keeps_each_runs_model_unless_told_not_to(pretrained, data, tmp_path):
+    from dietpe import DietForSequenceClassification
+
+    _, res = pretrained
+    common = [res["model_dir"], str(data["order"]), "--ft-recipe", "toy", "--lrs", "1e-3", "--seeds", "1",
+              "--epochs", "1", "--max-train", "32", "--max-eval", "16", "--threads", "1"]
+    assert cli(["finetune", *common, "-o", str(tmp_path / "keep")]) == 0
+    run = tmp_path / "keep" / "lr0.001-seed0"
+    assert (run / "model" / "model.safetensors").is_file() and not list(run.glob("checkpoint-*"))
+    model = DietForSequenceClassification.from_pretrained(run / "model")
+    assert model.config.num_labels >= 2
+    assert cli(["finetune", *common, "-o", str(tmp_path / "none"), "--no-save-model"]) == 0
+    assert not (tmp_path / "none" / "lr0.001-seed0" / "model").exists()
+
+
 def test_summary_median_and_best_learning_rate():
     spec = synthetic.TASKS["order"]
 
@@ -160,6 +175,9 @@ def test_method_specs():
         methods.parse_method("diet-rel:layer")
     with pytest.raises(ConfigError, match="unknown field"):
         methods.parse_method("diet-rel:colour=blue")
+    # the word none is the mode 'none', not Python's None
+    assert methods.parse_method("alibi:segment=none").segment == "none"
+    assert methods.parse_method("diet-rel:sharing=none:segment=none").sharing == "none"
 
 
 def test_cli_errors_are_one_line_before_training(tmp_path, capsys):
@@ -186,6 +204,11 @@ def test_compare_writes_the_report_with_claims_and_reruns_to_the_same_numbers(tm
     assert cli(command) == 0
     report = (out / "report.md").read_text()
     assert report.index("## Claims") < report.index("## Results")
+    env = report[report.index("## Environment"):report.index("## Results")]
+    import torch
+    for item in (f"| torch | {torch.__version__} |", "| processes (runs at a time) | 1 |", "| threads per process | 1 |",
+                 "| pre-training seeds | 0, 1 |", "| command | `dietpe "):
+        assert item in env, item
     assert "`diet-rel − absolute`" in report and "rows not run: diet-abs" in report
     assert "| absolute | input | input | none |" in report and "| diet-rel | per-head | per-head | none |" in report
     for task in ("order", "pair-order", "topic", "distance", "start"):

@@ -40,7 +40,7 @@ def data(tmp_path_factory):
 
 def train(data, out, *extra):
     return main(["translate", "train", "--data", str(data), "--source", "xx", "--target", "yy",
-                 "--output-dir", str(out), "--vocab-size", "80", "--batch-size", "16", "--learning-rate", "3e-3",
+                 "--output-dir", str(out), "--vocab-size", "80", "--batch-size", "16", "--lr", "3e-3",
                  "--warmup-steps", "5", "--dropout", "0", "--threads", "1", "--method", "sinusoidal" + TINY, *extra])
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from dietpe import validate as V
@@ -76,6 +77,17 @@ def load_tokenizer_near(checkpoint: Path, explicit: str | None):
     raise DataError(f"{checkpoint}: no tokenizer.json saved with the checkpoint; name one with --tokenizer")
 
 
+def training_length(checkpoint: Path, config) -> int | None:
+    """The block length the model was trained on: its `dietpe pretrain` run's settings, else the config's
+    max_position_embeddings (which the run sets from --max-length)."""
+    results = checkpoint.parent / "pretrain_results.json"
+    try:
+        length = json.loads(results.read_text()).get("settings", {}).get("max_length")
+    except (OSError, ValueError):
+        length = None
+    return int(length) if length else getattr(config, "max_position_embeddings", None)
+
+
 def run(args: argparse.Namespace) -> int:
     from dietpe.analysis.report import report
     from dietpe.tasks.runtime import resolve_device
@@ -91,23 +103,35 @@ def run(args: argparse.Namespace) -> int:
         raise DataError(f"{args.data}: no text to sample a batch from")
     model, checkpoint = load_checkpoint(checkpoint)
     model = model.to(device)
+    trained = training_length(checkpoint, model.config)
+    length = args.length or trained or 128
+    if trained and length > trained:
+        print(f"dietpe analyze: note: analysing {length}-token inputs, beyond the training length {trained}: "
+              f"positions past {trained} were never trained (--length {length} was asked)", file=sys.stderr)
+    elif args.length is None:  # say which length was chosen for the user
+        print(f"dietpe analyze: {length}-token inputs" + (" (the training length)" if length == trained else ""),
+              file=sys.stderr)
     index = report(model, tokenizer, out, data=args.data, title=args.title or model.config.position,
-                   batch_size=args.batch_size, length=args.length, seed=args.seed, rtol=args.rtol)
+                   batch_size=args.batch_size, length=length, seed=args.seed, rtol=args.rtol)
     print(index)
     return 0
 
 
 def register(subparsers) -> None:
+    from dietpe.cli import hidden_alias
+
     p = subparsers.add_parser(
         "analyze", help="rank and attention pictures of a checkpoint (DIET Fig. 2, 4-8; TUPE Fig. 6)",
-        description=__doc__.splitlines()[0])
+        description=__doc__)
     p.add_argument("checkpoint", help="a save_pretrained directory (or a pretrain run directory with model/)")
     p.add_argument("--data", required=True, help="text file (one paragraph per line) to sample the batch from")
-    p.add_argument("--out", help="output directory (default: CHECKPOINT/analysis)")
+    p.add_argument("-o", "--output-dir", dest="out", metavar="DIR", help="output directory (default: CHECKPOINT/analysis)")
+    hidden_alias(p, "--out", dest="out")
     p.add_argument("--tokenizer", help="tokenizer directory or tokenizer.json (default: the checkpoint's)")
     p.add_argument("--batch-size", type=V.positive_int, default=8, help="sequences in the sampled batch (default 8)")
-    p.add_argument("--length", type=V.int_at_least(3, ": [CLS], a token and [SEP]"), default=128,
-                   help="tokens per sequence, capped by the position table (default 128)")
+    p.add_argument("--length", type=V.int_at_least(3, ": [CLS], a token and [SEP]"), default=None,
+                   help="tokens per sequence, capped by the position table (default: the training length; a longer "
+                        "one is analysed with a note saying so)")
     p.add_argument("--seed", type=V.seed, default=0, help="seed of the sampled batch (default 0)")
     p.add_argument("--rtol", type=V.positive_float, default=None,
                    help="rank tolerance relative to the largest singular value (default max(M, N) · ε_float32)")

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
+from dietpe.extras import need
 
+matplotlib = need("matplotlib")
 matplotlib.use("Agg")  # files only: no display on servers and in tests
 
-import matplotlib.pyplot as plt  # noqa: E402
+plt = need("matplotlib.pyplot")
 import numpy as np  # noqa: E402
 from torch import Tensor  # noqa: E402
 

@@ -44,7 +44,9 @@ class Estimate:
 
 def t_quantile(level: float, df: int) -> float:
     """The two-sided Student-t critical value: P(|T| <= q) = level with df degrees of freedom."""
-    from scipy.stats import t
+    from dietpe.extras import need
+
+    t = need("scipy.stats").t
     return float(t.ppf(0.5 + level / 2, df))
 
 

@@ -167,6 +167,8 @@ def run(args) -> int:
 
 
 def _write_atomic(path: str, text: str) -> None:
+    # the parent was checked to be creatable before the bench (validate.check_output_file): create it
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = f"{path}.{os.getpid()}.tmp"
     with open(tmp, "w") as f:
         f.write(text)

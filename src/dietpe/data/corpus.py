@@ -199,10 +199,9 @@ def read_hf_corpus(name: str, split: str) -> list[Document]:
 
 def load_hf_dataset(name: str, split: str):
     """Load `owner/name[:config]`'s split, with a clear message when there is no network or no such split."""
-    try:
-        import datasets
-    except ImportError:  # pragma: no cover - a declared dependency
-        raise DataError(f"{name}: the 'datasets' package is needed to load datasets by name") from None
+    from dietpe.extras import need
+
+    datasets = need("datasets")
     dataset, _, config = name.partition(":")
     names = [split] + [s for s in SPLIT_NAMES.get(split, ()) if s != split]
     try:

@@ -47,7 +47,7 @@ BUILTIN_TASKS = ("order", "pair-order", "topic", "distance", "start")
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("compare", help="pre-train and fine-tune every position method; write a report",
-                              description=__doc__.splitlines()[0],
+                              description=__doc__,
                               formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--corpus", help="pre-training corpus (directory, file or Hugging Face name); default: the "
                                     "built-in generated corpus")
@@ -188,8 +188,9 @@ def write_csvs(out: Path, rows: list[dict], task_names: list[str]) -> None:
 # -- figures -------------------------------------------------------------------------------------------------
 
 def plot_figures(out: Path, rows: list[dict], task_names: list[str], forest: list[tuple]) -> list[str]:
-    import matplotlib
-    matplotlib.use("Agg")
+    from dietpe.extras import need
+
+    need("matplotlib").use("Agg")
     import matplotlib.pyplot as plt
 
     styles = method_styles([r["method"] for r in rows])
@@ -280,6 +281,28 @@ def claim_rows(rows: list[dict]) -> dict[str, dict]:
             for r in rows}
 
 
+def environment(info: dict) -> str:
+    """The report's environment block: what a reader needs to rerun it and compare."""
+    import platform
+
+    import torch
+    import transformers
+
+    from dietpe import __version__
+
+    seeds = ", ".join(map(str, info.get("pretrain_seeds", [])))
+    fine = info.get("finetune", {}).get("seeds")
+    return "\n".join([
+        "| | |", "|---|---|",
+        f"| dietpe | {__version__} |", f"| torch | {torch.__version__} |",
+        f"| transformers | {transformers.__version__} |", f"| Python | {platform.python_version()} |",
+        f"| threads per process | {info.get('threads') or torch.get_num_threads()} |",
+        f"| processes (runs at a time) | {info.get('jobs', 1)} |",
+        f"| pre-training seeds | {seeds} |",
+        f"| fine-tuning seeds per learning rate | {fine if fine is not None else '—'} |",
+        f"| command | `{info.get('command', '')}` |"])
+
+
 def write_report(out: Path, rows: list[dict], task_names: list[str], info: dict, final: bool) -> None:
     claims_md, forest = CL.claims_markdown(claim_rows(rows))
     write_json_atomic(out / "results.json", {"settings": info, "methods": rows})
@@ -309,6 +332,10 @@ time (runs finished by an earlier invocation are reused).
 
 {claims_md}
 ![claims](claims_forest.png)
+
+## Environment
+
+{environment(info)}
 
 ## Results
 
@@ -373,7 +400,7 @@ def _main(args) -> int:
     defaults = budget_defaults(budget, builtin)
     args.recipe = args.recipe or defaults["recipe"]
     args.ft_recipe = args.ft_recipe or defaults["ft_recipe"]
-    methods = parse_methods(args.methods or defaults["methods"])
+    methods = parse_methods(defaults["methods"] if args.methods is None else args.methods)  # "" is refused
     if budget > 1 and args.steps is None:
         r = pt.PRETRAIN_RECIPES[args.recipe]
         args.steps = r.max_steps * budget
@@ -432,6 +459,7 @@ def _main(args) -> int:
     if jobs > 1 and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise ConfigError("--jobs > 1 runs methods side by side in one launch; under torchrun use --jobs 1")
     info["jobs"] = jobs
+    info["threads"] = args.threads
     log(f"{len(methods)} methods x {len(pretrain_seeds)} pre-training seeds x ({len(tasks)} tasks x "
         f"{len(s_ft['lrs'])} lr x {s_ft['seeds']} seeds), {jobs} at a time")
     work = dict(corpus=corpus, out=str(out), s_pre=s_pre, s_ft=s_ft, threads=args.threads,

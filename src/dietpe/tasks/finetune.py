@@ -81,7 +81,7 @@ def add_finetune_options(p: argparse.ArgumentParser, recipe_default: str = "cpu"
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("finetune", help="fine-tune a pre-trained model on GLUE/XNLI/QA (lr grid x seeds)",
-                              description=__doc__.splitlines()[0],
+                              description=__doc__,
                               formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("model", help="a pre-trained model directory, or a `dietpe pretrain` run folder (its model/ is "
                                  "used)")
@@ -96,7 +96,11 @@ def register(subparsers) -> None:
     p.add_argument("--train-split", default="train", help="file prefix of the training split (XNLI: dev)")
     p.add_argument("--eval-split", default="dev", help="file prefix of the evaluation split (XNLI: test)")
     p.add_argument("--train-language", default="en", help="cross-lingual: the language fine-tuned on")
-    p.add_argument("-o", "--output-dir", default="runs/finetune")
+    p.add_argument("-o", "--output-dir", default="runs/finetune",
+                   help="where each run's result.json and fine-tuned model (LR-SEED/model) go")
+    p.add_argument("--no-save-model", dest="save_model", action="store_false",
+                   help="keep no fine-tuned model, only the scores (each run's model at its last step is kept "
+                        "otherwise, loadable with from_pretrained)")
     add_finetune_options(p)
     add_threads_option(p)
     add_device_options(p)
@@ -244,8 +248,9 @@ def quiet_load(cls, model_dir: Path, **kwargs):
 
 def run_one(model_dir: Path, data: TaskData, train_set: ListDataset, scorer: Scorer, tokenizer, lr: float,
             seed: int, s: dict, out: Path, quiet: bool, description: str, report_to: str = "tensorboard",
-            device_args: dict | None = None) -> dict:
-    """One fine-tuning run; returns its history and best evaluation."""
+            device_args: dict | None = None, save_model: bool = False) -> dict:
+    """One fine-tuning run; returns its history and best evaluation. `save_model`: keep the model at the end
+    of the run in `out/model` (safetensors, loadable with `from_pretrained`, with its tokenizer)."""
     from transformers import DataCollatorWithPadding, TrainingArguments, set_seed
 
     spec = data.spec
@@ -279,6 +284,13 @@ def run_one(model_dir: Path, data: TaskData, train_set: ListDataset, scorer: Sco
     if not trainer.history:  # fewer steps than one evaluation interval
         trainer.evaluate()
     best = max(trainer.history, key=lambda h: h["score"])
+    if save_model and is_main_process():
+        final, tmp = out / "model", out / "model.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        trainer.model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        shutil.rmtree(final, ignore_errors=True)
+        tmp.rename(final)  # whole or absent: a run is finished only when its result.json follows
     return dict(lr=lr, seed=seed, best=best, history=trainer.history, seconds=time.time() - start,
                 train_loss=[(r["step"], r["loss"]) for r in trainer.state.log_history if "loss" in r])
 
@@ -309,8 +321,10 @@ def summarise(runs: list[dict], spec, select_on: str | None) -> dict:
 
 def run_finetune(model_dir: str | Path, data: TaskData, output_dir: str | Path, s: dict, *,
                  train_language: str = "en", quiet: bool = False, label: str = "",
-                 report_to: str = "tensorboard", device_args: dict | None = None) -> dict:
-    """The lr x seed grid on one task; returns (and writes) its summary. `device_args`: `trainer_device_args`."""
+                 report_to: str = "tensorboard", device_args: dict | None = None, save_model: bool = False) -> dict:
+    """The lr x seed grid on one task; returns (and writes) its summary. `device_args`: `trainer_device_args`.
+    `save_model`: keep each run's fine-tuned model in `LR-SEED/model` (what `dietpe finetune` does unless
+    --no-save-model)."""
     model_dir, output_dir = Path(model_dir), Path(output_dir)
     log = (lambda m: None) if quiet or not is_main_process() else (
         lambda m: print(f"[finetune] {m}", file=sys.stderr))
@@ -348,7 +362,7 @@ def run_finetune(model_dir: str | Path, data: TaskData, output_dir: str | Path, 
                 runs.append(read_json(out / RESULT))
                 continue
             result = run_one(model_dir, data, train_set, scorer, tokenizer, lr, seed, s, out, quiet,
-                             f"{label}{spec.name} lr={lr:g} seed={seed}", report_to, device_args)
+                             f"{label}{spec.name} lr={lr:g} seed={seed}", report_to, device_args, save_model)
             if is_main_process():
                 write_json_atomic(out / RESULT, result)
                 for _, folder, _ in checkpoints(out):  # finished: its checkpoints are no longer needed
@@ -372,7 +386,8 @@ def main(args) -> int:
                      args.eval_split, args.train_language, args.max_train)
     model_dir = V.find_model_dir(args.model)  # MODEL or a `dietpe pretrain` run folder holding MODEL/model
     with V.created_only_on_success(out):
-        summary = run_finetune(model_dir, data, out, s, train_language=args.train_language, device_args=device_args)
+        summary = run_finetune(model_dir, data, out, s, train_language=args.train_language, device_args=device_args,
+                               save_model=args.save_model)
     if is_main_process():
         print(f"{summary['task']}\tbest lr {summary['best_lr']:g}")
         for name, values in summary["per_set"].items():

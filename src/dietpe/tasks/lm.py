@@ -256,9 +256,9 @@ def table_csv(rows: list[dict], multiples) -> str:
 
 def plot(rows: list[dict], multiples, path: Path, title: str) -> None:
     """Perplexity against evaluation length, one colour and marker per method (log scales)."""
-    import matplotlib
+    from dietpe.extras import need
 
-    matplotlib.use("Agg")
+    need("matplotlib").use("Agg")
     import matplotlib.pyplot as plt
 
     markers = "osD^v<>pPX*hH8d"
@@ -303,40 +303,43 @@ def _multiples(text: str) -> tuple[int, ...]:
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("lm", help="causal LMs per position method, then length generalisation",
-                              description=__doc__.splitlines()[0],
+                              description=__doc__,
                               formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("corpus", help="text corpus (directory with train.txt/valid.txt, a file, or a HF dataset name)")
     p.add_argument("--methods", default=DEFAULT_METHODS, help="comma-separated method specs")
-    p.add_argument("-o", "--output-dir", default="runs/lm")
-    p.add_argument("--size", default="toy", choices=sorted(SIZES))
+    p.add_argument("-o", "--output-dir", default="runs/lm", help="where each method's run and the table go")
+    p.add_argument("--size", default="toy", choices=sorted(SIZES), help="model size preset")
     p.add_argument("--arch", default="diet", choices=ARCHS,
                    help="diet's causal LM, or transformers' Llama (pre-norm, RMSNorm, SwiGLU) with the method "
                         "attached in place of RoPE (dietpe.attach)")
-    p.add_argument("--vocab-size", type=V.int_at_least(6, ": 5 special tokens and a word"), default=4000)
+    p.add_argument("--vocab-size", type=V.int_at_least(6, ": 5 special tokens and a word"), default=4000,
+                   help="vocabulary size of the tokenizer trained on the corpus")
     p.add_argument("--max-length", type=V.int_at_least(2, ": a token and the next"), default=64,
                    help="training length L")
-    p.add_argument("--steps", type=V.positive_int, default=300)
-    p.add_argument("--batch-size", type=V.positive_int, default=16)
-    p.add_argument("--lr", type=V.positive_float, default=2e-3)
-    p.add_argument("--seed", type=V.seed, default=0)
+    p.add_argument("--steps", type=V.positive_int, default=300, help="optimizer steps per method")
+    p.add_argument("--batch-size", type=V.positive_int, default=16, help="sequences per step")
+    p.add_argument("--lr", type=V.positive_float, default=2e-3, help="peak learning rate")
+    p.add_argument("--seed", type=V.seed, default=0, help="seed of initialisation and data order")
     p.add_argument("--max-documents", type=V.positive_int, help="use only the first N training documents")
     p.add_argument("--lengths", type=_multiples, default=(1, 2, 4, 8), help="multiples of L to evaluate at")
     p.add_argument("--eval-tokens", type=V.positive_int, help="held-out tokens scored at every length "
                                                                "(default: 8 windows of the longest)")
-    p.add_argument("--threads", type=V.positive_int, default=1)
+    p.add_argument("--threads", type=V.positive_int, default=1, help="CPU threads")
     add_device_options(p)
     p.set_defaults(func=main_lm)
 
     q = subparsers.add_parser("lengths", help="perplexity at 1, 2, 4, 8 times the training length",
+                              description="Perplexity of trained models at multiples of their training length.",
                               formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     q.add_argument("runs", nargs="+", help="run folders of `dietpe lm` (one per method) or `dietpe pretrain`, or "
                                            "their model folders")
     q.add_argument("--data", required=True, help="held-out text (a file, a corpus directory's valid split)")
     q.add_argument("--train-length", type=V.positive_int, help="L, when a run does not record it")
-    q.add_argument("--lengths", type=_multiples, default=(1, 2, 4, 8))
-    q.add_argument("--eval-tokens", type=V.positive_int)
-    q.add_argument("-o", "--output-dir", default="lengths")
-    q.add_argument("--threads", type=V.positive_int, default=1)
+    q.add_argument("--lengths", type=_multiples, default=(1, 2, 4, 8), help="multiples of L to evaluate at")
+    q.add_argument("--eval-tokens", type=V.positive_int, help="held-out tokens scored at every length "
+                                                               "(default: 8 windows of the longest)")
+    q.add_argument("-o", "--output-dir", default="lengths", help="where the table and JSON go")
+    q.add_argument("--threads", type=V.positive_int, default=1, help="CPU threads")
     add_device_options(q, training=False)
     q.set_defaults(func=main_lengths)
 
@@ -353,6 +356,8 @@ def main_lm(args) -> int:
     resolve_device(args.device)  # a missing CUDA is refused before any work
     out = Path(args.output_dir)
     specs = [s.strip() for s in args.methods.split(",") if s.strip()]
+    if not specs:
+        raise ConfigError(f"--methods {args.methods!r} names no method; e.g. --methods alibi,rotary")
     for spec in specs:  # refuse a bad spec before reading any data
         causal_config(spec, args.size, 100, args.max_length, 0)
     tok_dir = out / "tokenizer"
@@ -434,7 +439,8 @@ def main_lengths(args) -> int:
             causal = bool(getattr(config, "causal", False))
             model = (DietForCausalLM if causal else DietForMaskedLM).from_pretrained(model_dir).eval().to(device)
         tokenizer = load_tokenizer(model_dir)
-        stream = read_stream(args.data, tokenizer, "validation")
+        # --data names held-out text: a file is that text itself; a folder gives its validation split
+        stream = read_stream(args.data, tokenizer, "train" if Path(args.data).is_file() else "validation")
         ppl = length_perplexities(model, tokenizer, stream, length, args.lengths, args.eval_tokens)
         rows.append(dict(method=method, kind="causal" if causal else "masked", train_length=length, ppl=ppl))
         lengths.add(length)

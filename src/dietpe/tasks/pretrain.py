@@ -66,7 +66,8 @@ def add_pretrain_options(p: argparse.ArgumentParser, recipe_default: str = "cpu"
     g.add_argument("--recipe", choices=sorted(PRETRAIN_RECIPES), default=recipe_default,
                    help="hyper-parameter preset: 'paper' is DIET Table 7 (500k steps, batch 4096, lr 0.0018); "
                         "'cpu' a CPU-session budget; 'toy' the built-in comparison; 'init' continued "
-                        "pre-training of a checkpoint (default: %(default)s; with --init: init)")
+                        "pre-training of a checkpoint (default: 'cpu', 'init' with --init; compare: 'study' on its "
+                        "built-in data, else 'cpu')")
     g.add_argument("--size", choices=sorted(SIZES), help="model size preset (default: the recipe's)")
     g.add_argument("--tokenizer", help="an existing tokenizer (directory or tokenizer.json); default: train "
                                        "WordPiece on the corpus")
@@ -94,7 +95,7 @@ def add_pretrain_options(p: argparse.ArgumentParser, recipe_default: str = "cpu"
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("pretrain", help="masked-LM pre-training (DIET appendix A)",
-                              description=__doc__.splitlines()[0],
+                              description=__doc__,
                               formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("corpus", help="text file(s) directory (train.txt, valid.txt), a .txt/.jsonl/.tsv file, or a "
                                   "Hugging Face dataset name such as wikitext:wikitext-2-raw-v1")

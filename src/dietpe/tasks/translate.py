@@ -376,7 +376,9 @@ def eval_outputs(args, model_dir: Path) -> tuple[Path, Path]:
 
 
 def run_eval(args) -> int:
-    import sacrebleu
+    from dietpe.extras import need
+
+    sacrebleu = need("sacrebleu")
 
     set_threads(args.threads)
     if args.beams < 1:
@@ -437,8 +439,10 @@ def run_eval(args) -> int:
 # -- command line --------------------------------------------------------------------------------------------
 
 def register(subparsers) -> None:
+    from dietpe.cli import hidden_alias
+
     parser = subparsers.add_parser("translate", help="train and evaluate encoder-decoder translation models",
-                                   description=__doc__.splitlines()[0])
+                                   description=__doc__)
     sub = parser.add_subparsers(dest="translate_command", metavar="{train,eval}")
     parser.set_defaults(func=lambda a: (parser.print_help(), 2)[1])
 
@@ -448,33 +452,36 @@ def register(subparsers) -> None:
     t.add_argument("--target", help="target language code (file suffix), with --data")
     for name in ("train-source", "train-target", "valid-source", "valid-target"):
         t.add_argument(f"--{name}", help="explicit file instead of --data")
-    t.add_argument("--output-dir", required=True, help="run directory: tokenizer/, checkpoints, final/")
+    t.add_argument("-o", "--output-dir", required=True, help="run directory: tokenizer/, checkpoints, final/")
     t.add_argument("--overwrite", action="store_true", help="start afresh instead of resuming")
-    t.add_argument("--method", "--position", dest="method", default="sinusoidal",
+    t.add_argument("--method", default="sinusoidal",
                    help="position method spec, as for dietpe pretrain, with DietSeq2SeqConfig fields: e.g. t5, "
                         "shaw:shaw_max_distance=16, diet-rel:num_decoder_layers=4:hidden_size=256")
-    t.add_argument("--preset", default="transformer-small", choices=tuple(SEQ2SEQ_PRESETS),
-                   help="model size (transformer-base is the paper's)")
+    t.add_argument("--size", dest="preset", default="transformer-small", choices=tuple(SEQ2SEQ_PRESETS),
+                   help="model size preset (transformer-base is the paper's)")
+    hidden_alias(t, "--position", dest="method")
+    hidden_alias(t, "--preset", dest="preset", choices=tuple(SEQ2SEQ_PRESETS))
     t.add_argument("--vocab-size", type=V.int_at_least(5, ": 4 special tokens and a piece"), default=8000, help="joint BPE vocabulary size")
     t.add_argument("--max-length", type=V.int_at_least(2, ": a token and </s>"), default=128, help="longest source or target, tokens with </s>")
     t.add_argument("--bad-lines", choices=("skip", "error"), default="skip",
                    help="pairs with an empty side or over --max-length: skip and count (default) or stop")
     t.add_argument("--batch-size", type=V.positive_int, default=64, help="sentence pairs per step")
-    t.add_argument("--grad-accum", type=V.positive_int, default=1)
-    t.add_argument("--learning-rate", type=V.positive_float, default=1e-3, help="peak, reached at the end of warm-up")
-    t.add_argument("--warmup-steps", type=V.non_negative_int, default=1000)
-    t.add_argument("--label-smoothing", type=V.fraction, default=0.1)
+    t.add_argument("--grad-accum", type=V.positive_int, default=1, help="gradient accumulation steps per update")
+    t.add_argument("--lr", dest="learning_rate", metavar="LR", type=V.positive_float, default=1e-3, help="peak learning rate, reached at the end of warm-up")
+    hidden_alias(t, "--learning-rate", dest="learning_rate", type=V.positive_float)
+    t.add_argument("--warmup-steps", type=V.non_negative_int, default=1000, help="linear warm-up steps")
+    t.add_argument("--label-smoothing", type=V.fraction, default=0.1, help="label smoothing of the loss, in [0, 1)")
     t.add_argument("--dropout", type=V.fraction, default=None, help="hidden and attention dropout (preset: 0.1)")
-    t.add_argument("--max-grad-norm", type=V.non_negative_float, default=1.0)
-    t.add_argument("--epochs", type=V.positive_int, default=10)
-    t.add_argument("--max-steps", type=V.positive_int, default=None, help="overrides --epochs")
-    t.add_argument("--eval-steps", type=V.positive_int, default=500)
-    t.add_argument("--save-steps", type=V.positive_int, default=500)
-    t.add_argument("--save-total-limit", type=V.positive_int, default=2)
-    t.add_argument("--logging-steps", type=V.positive_int, default=50)
+    t.add_argument("--max-grad-norm", type=V.non_negative_float, default=1.0, help="gradient clipping norm (0: off)")
+    t.add_argument("--epochs", type=V.positive_int, default=10, help="passes over the training pairs")
+    t.add_argument("--max-steps", type=V.positive_int, default=None, help="optimizer steps; overrides --epochs")
+    t.add_argument("--eval-steps", type=V.positive_int, default=500, help="validation loss every N steps")
+    t.add_argument("--save-steps", type=V.positive_int, default=500, help="checkpoint every N steps")
+    t.add_argument("--save-total-limit", type=V.positive_int, default=2, help="checkpoints kept")
+    t.add_argument("--logging-steps", type=V.positive_int, default=50, help="log the loss every N steps")
     t.add_argument("--max-train-pairs", type=V.positive_int, default=None, help="use only the first N training pairs")
     t.add_argument("--max-valid-pairs", type=V.positive_int, default=None, help="use only the first N validation pairs")
-    t.add_argument("--seed", type=V.seed, default=1)
+    t.add_argument("--seed", type=V.seed, default=1, help="seed of initialisation and data order")
     t.add_argument("--threads", type=V.positive_int, default=None, help="torch CPU threads")
     add_device_options(t)
     t.set_defaults(func=train_main)
@@ -485,7 +492,7 @@ def register(subparsers) -> None:
     e.add_argument("--reference", help="reference translations, line-aligned; gives BLEU")
     e.add_argument("--output", help="detokenised translations (default: MODEL/translations.SOURCE)")
     e.add_argument("--report", help="JSON report (default: OUTPUT.json)")
-    e.add_argument("--beams", type=V.positive_int, default=10)
+    e.add_argument("--beams", type=V.positive_int, default=10, help="beam width")
     e.add_argument("--length-penalty", type=V.finite_float, default=0.6, help="alpha in log P / len^alpha")
     e.add_argument("--batch-size", type=V.positive_int, default=32, help="sentences per generate() call")
     e.add_argument("--max-new-tokens", type=V.positive_int, default=None, help="default: 1.5 x source length + 10")

@@ -1,0 +1,97 @@
+"""The package a user installs: a lean core, extras for the tools, and the README's commands installing what
+they run."""
+
+import ast
+import re
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from dietpe.extras import EXTRAS, MissingExtra, need
+
+ROOT = Path(__file__).resolve().parents[1]
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+CORE = {"torch", "transformers", "safetensors", "tokenizers", "numpy"}
+
+
+def names(requirements):
+    return {re.split(r"[<>=!\[ ]", r, maxsplit=1)[0] for r in requirements}
+
+
+def test_the_core_is_the_model_library():
+    assert names(PYPROJECT["project"]["dependencies"]) == CORE
+
+
+def test_every_extra_module_is_declared_in_its_extra():
+    extras = PYPROJECT["project"]["optional-dependencies"]
+    for module, extra in EXTRAS.items():
+        assert module in names(extras[extra]), (module, extra)
+
+
+def test_no_module_imports_an_extra_at_import_time():
+    # an extra imported at the top of a module would break `import dietpe` (and every command) without it
+    stdlib = set(sys.stdlib_module_names)
+    for path in (ROOT / "src" / "dietpe").rglob("*.py"):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.Import):
+                mods = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                mods = [node.module]
+            else:
+                continue
+            for mod in mods:
+                top = mod.split(".")[0]
+                assert top in stdlib | CORE | {"dietpe", "__future__"}, f"{path.relative_to(ROOT)} imports {mod}"
+
+
+def test_a_missing_extra_names_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "sacrebleu", None)
+    with pytest.raises(MissingExtra, match=r"pip install 'dietpe\[translate\]'"):
+        need("sacrebleu")
+
+
+def test_the_cli_reports_a_missing_extra_in_one_line(monkeypatch, capsys):
+    from dietpe import cli
+
+    monkeypatch.setitem(sys.modules, "scipy", None)
+    monkeypatch.setitem(sys.modules, "scipy.stats", None)
+    import dietpe.analysis.stats as stats
+
+    def run(args):
+        stats.t_quantile(0.95, 3)
+
+    parser = cli.build_parser("bench")
+    monkeypatch.setattr(cli, "build_parser", lambda only=None: parser)
+    bench_parser(parser).set_defaults(func=run)
+    assert cli.main(["bench"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "pip install 'dietpe[study]'" in err
+
+
+def test_the_readme_commands_install_what_they_run():
+    readme = (ROOT / "README.md").read_text()
+    extras = PYPROJECT["project"]["optional-dependencies"]
+    assert 'pip install -e ".[study]" && dietpe compare' in readme
+    assert 'pip install -e ".[test]" && python -m pytest -q' in readme
+    assert {"accelerate", "matplotlib", "scipy"} <= names(extras["study"])
+    assert "dietpe[all]" in extras["test"] and "pytest" in names(extras["test"])
+
+
+def test_the_readme_has_no_relative_links():
+    # a package index shows the README without the repository's files
+    readme = (ROOT / "README.md").read_text()
+    assert not re.findall(r"\]\((?!https?://|#)[^)]+\)", readme)
+
+
+def test_the_licence_is_shipped():
+    assert "Apache License" in (ROOT / "LICENSE").read_text()
+    assert PYPROJECT["project"]["license"] == "Apache-2.0"
+
+
+def bench_parser(parser):
+    """The `bench` sub-command's parser (its defaults, such as func, win over the top-level parser's)."""
+    import argparse
+
+    return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices["bench"]
