@@ -33,6 +33,8 @@ KEPT = {
     "translate": "complete checkpoints and the tokenizer are kept; the file being written is not used; free space "
                  "and rerun the same command to resume",
     "analyze": "the checkpoint is untouched and the pictures written so far are kept; free space and rerun",
+    "prepare": "nothing half-written is trusted (shards are renamed into place when complete); free space and "
+               "rerun the same command",
     "bench": "the measurements are printed above only when complete; free space and rerun",
 }
 
@@ -57,6 +59,7 @@ def write_error(e: BaseException) -> OSError | None:
 # sub-command -> module that registers it; imported lazily so `dietpe --help` stays fast.
 COMMANDS = {
     "pretrain": "dietpe.tasks.pretrain",
+    "prepare": "dietpe.tasks.prepare",
     "finetune": "dietpe.tasks.finetune",
     "compare": "dietpe.tasks.compare",
     "translate": "dietpe.tasks.translate",

@@ -310,8 +310,9 @@ def _records(kind: str, where: str, split: str):
             yield "paragraphs", row[column]
 
 
-def iter_chunks(kind: str, where: str, split: str = "train", chunk_chars: int = CHUNK_CHARS):
+def iter_chunks(kind: str, where: str, split: str = "train", chunk_chars: int | None = None):
     """Chunks `(mode, strings)` of about `chunk_chars` characters, in corpus order; memory is one chunk."""
+    chunk_chars = chunk_chars or CHUNK_CHARS
     strings: list[str] = []
     size, mode = 0, "paragraphs"
     for mode, text in _records(kind, where, split):

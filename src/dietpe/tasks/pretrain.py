@@ -24,7 +24,7 @@ import torch
 from dietpe import validate as V
 from dietpe.config import LEARNED_ABSOLUTE
 from dietpe.data import shards
-from dietpe.data.corpus import resolve_source
+from dietpe.data.corpus import iter_chunks, resolve_source
 from dietpe.data.mlm import PACKINGS, MlmCollator
 from dietpe.data.tokenizer import load_tokenizer, save_tokenizer
 from dietpe.errors import ConfigError, DataError
@@ -379,10 +379,12 @@ def main(args) -> int:
     out = V.check_output_dir(args.output_dir, "-o")
     if args.tokenizer:
         load_tokenizer(args.tokenizer)
-    if args.overwrite and out.exists():  # --overwrite deletes the old run: read the new data first
-        resolve_source(args.corpus, "train")
-        if args.validation:
-            resolve_source(args.validation, "train")
+    if args.overwrite and out.exists():  # --overwrite deletes the old run: read the new data first (streamed)
+        for source in filter(None, (args.corpus, args.validation)):
+            kind, where, _ = resolve_source(source, "train")
+            if kind != "hf":
+                for _ in iter_chunks(kind, where):
+                    pass
     with V.created_only_on_success(out):
         run_pretrain(args.corpus, method, out, s, validation=args.validation, tokenizer=args.tokenizer or args.init,
                      seed=args.seed, device_batch_size=args.device_batch_size, max_documents=args.max_documents,
