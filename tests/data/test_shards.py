@@ -231,3 +231,14 @@ def test_prepare_command_prints_the_folder(tmp_path, capsys):
     assert code == 0 and str(folder) in out and "training blocks" in out
     blocks = np.fromfile(folder / "train.blocks", dtype=np.int64)
     assert blocks[0] == 0 and (np.diff(blocks) <= 20).all()
+
+
+def test_lm_stream_shards_are_the_token_stream(tmp_path):
+    from dietpe.tasks import lm
+    src = write_corpus(tmp_path / "c", valid=True)
+    p = prep(src, tmp_path / "cache", max_length=0, packing="stream", max_documents=30)
+    docs, _ = C.read_corpus(str(src), "train")
+    tok = train_wordpiece((s for d in docs[:30] for s in d), vocab_size=80)
+    assert p.tokenizer.backend_tokenizer.to_str() == tok.backend_tokenizer.to_str()
+    assert p.train.tokens.tolist() == lm.token_stream(docs[:30], tok)
+    assert p.validation.tokens.tolist() == lm.read_stream(str(src), tok, "validation")

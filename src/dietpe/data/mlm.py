@@ -34,7 +34,12 @@ def iter_blocks(documents, max_length: int, cls_id: int, sep_id: int, packing: s
     `full-sentences` (RoBERTa): `[CLS] s1 s2 [SEP] t1 ... [SEP]`, a new document after an extra [SEP].
     `documents`: each document's sentences packed the same way into `[CLS] ... [SEP]` segments, several
     segments to a block; a segment starts a document, so position ids restart and attention stays inside it.
+    `stream` (not a packing of blocks): one item per document, its tokens then [SEP], for `dietpe lm`.
     Sentences are any sliceable sequences (lists, numpy arrays): the shards pack numpy slices, without copying."""
+    if packing == "stream":  # causal LMs' stream (`dietpe lm`): a document's tokens then [SEP], unpacked
+        for doc in documents:
+            yield [*doc, [sep_id]], [0]
+        return
     if max_length < 3:
         raise DataError(f"max_length={max_length} leaves no room for text between [CLS] and [SEP]")
     if packing not in PACKINGS:

@@ -10,6 +10,7 @@ Format: per split, a flat token array and an index, as Megatron-LM's indexed dat
 
 * `<split>.tokens`: every block's ids back to back, uint16 when the vocabulary fits (else uint32);
 * `<split>.blocks`: int64 offsets, block i is `tokens[blocks[i]:blocks[i+1]]`;
+* with `packing="stream"` (`dietpe lm`) an item is a document and `<split>.tokens` is the token stream itself;
 * `<split>.starts` / `<split>.starts_index` (`documents` packing only): the in-block offsets where documents
   start (uint32), and int64 offsets of each block's run of starts.
 
