@@ -194,12 +194,17 @@ def plan(corpus: str, validation: str | None, max_documents: int | None, tokeniz
     train_fp = fingerprint(corpus, "train")
     val_source, val_split = (validation, "train") if validation else (corpus, "validation")
     val_fp = fingerprint(val_source, val_split)
+    if val_fp is not None and val_fp["kind"] != "hf":  # small: a bad validation file is refused before any work
+        for _ in iter_chunks(val_fp["kind"], val_fp["origin"], val_split):
+            pass
     counts = {}
     needs_counts = val_fp is None or max_documents or tokenizer_sample
     if needs_counts:
         with _Pool(processes) as pool:
             counts["train"] = list(pool.map(_count_documents, (t for t in Split(corpus, "train").tasks(None))))
     total = sum(counts["train"]) if needs_counts else None
+    if total == 0:
+        raise DataError(f"{train_fp['origin']}: the corpus is empty (no non-blank lines)")
     n = min(total, max_documents) if max_documents else total
     if val_fp is None:
         if n < 2:
@@ -459,7 +464,7 @@ def prepare(corpus: str, *, validation: str | None = None, tokenizer=None, vocab
     manifest = verify(folder, key)
     train, val = (Blocks(folder, n, manifest[n]) for n in ("train", "validation"))
     if not len(train):
-        raise DataError(f"{p.key['train']['origin']}: no text left after tokenisation")
+        raise DataError(f"{p.key['train']['origin']}: the corpus is empty (no text left after tokenisation)")
     if not len(val):
         raise DataError(f"{p.key['validation']['origin']}: the validation corpus is empty")
     return Prepared(tokenizer, train, val, folder, manifest)

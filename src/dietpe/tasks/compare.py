@@ -355,6 +355,8 @@ def budget_defaults(budget: int, builtin: bool) -> dict:
 
 def main(args) -> int:
     out = V.check_output_dir(args.output_dir, "-o")
+    if args.cache_dir:
+        V.check_output_dir(args.cache_dir, "--cache-dir")
     with V.created_only_on_success(out, disposable=("run_settings.json",)):
         return _main(args)
 

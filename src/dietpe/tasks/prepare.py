@@ -43,6 +43,8 @@ def main(args) -> int:
     from dietpe.data.tokenizer import load_tokenizer
 
     r = PRETRAIN_RECIPES[args.recipe]
+    if args.cache_dir:
+        V.check_output_dir(args.cache_dir, "--cache-dir")
     tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer else None
     log = lambda m: print(f"[prepare] {m}", file=sys.stderr)  # noqa: E731
     p = shards.prepare(args.corpus, validation=args.validation, tokenizer=tokenizer,

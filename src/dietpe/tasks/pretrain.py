@@ -377,6 +377,8 @@ def main(args) -> int:
     check_before_work(method, s, args.device_batch_size)
     trainer_device_args(args.device, args.precision)  # refuse --device cuda without CUDA before any work
     out = V.check_output_dir(args.output_dir, "-o")
+    if args.cache_dir:
+        V.check_output_dir(args.cache_dir, "--cache-dir")
     if args.tokenizer:
         load_tokenizer(args.tokenizer)
     if args.overwrite and out.exists():  # --overwrite deletes the old run: read the new data first (streamed)
