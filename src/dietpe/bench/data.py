@@ -102,6 +102,7 @@ def main(argv=None) -> int:
     p.add_argument("--work", default="/tmp/dietpe-data-bench", help="scratch folder (corpora, caches, runs)")
     p.add_argument("--processes", type=int, default=2)
     p.add_argument("--vocab-size", type=int, default=1000)
+    p.add_argument("--no-datasets", action="store_true", help="skip the `datasets` comparison (time)")
     p.add_argument("-o", "--output", help="write the results as JSON here too")
     args = p.parse_args(argv)
     work = Path(args.work)
@@ -130,14 +131,17 @@ def main(argv=None) -> int:
                          env, work / f"second-{mb}.log")
         manifest = json.loads(next((cache / "shards").glob("*/manifest.json")).read_text())
         tokens = manifest["train"]["tokens"]
-        hf_cache = work / f"hf-{mb}"
-        shutil.rmtree(hf_cache, ignore_errors=True)
-        hf_cache.mkdir()
-        hf = measure([py, "-c", DATASETS_MAP, str(corpus / "train.txt"), str(tok), str(args.processes),
-                      str(hf_cache)], env, work / f"datasets-{mb}.log")
-        shutil.rmtree(hf_cache, ignore_errors=True)
+        if args.no_datasets:
+            hf, hf_tokens = dict(seconds=float("nan"), peak=float("nan")), 0
+        else:
+            hf_cache = work / f"hf-{mb}"
+            shutil.rmtree(hf_cache, ignore_errors=True)
+            hf_cache.mkdir()
+            hf = measure([py, "-c", DATASETS_MAP, str(corpus / "train.txt"), str(tok), str(args.processes),
+                          str(hf_cache)], env, work / f"datasets-{mb}.log")
+            shutil.rmtree(hf_cache, ignore_errors=True)
+            hf_tokens = int(Path(work / f"datasets-{mb}.log").read_text().split()[-1])
         prep_s = max(first["seconds"] - second["seconds"], 1e-9)
-        hf_tokens = int(Path(work / f"datasets-{mb}.log").read_text().split()[-1])
         row = dict(mb=mb, text_bytes=(corpus / "train.txt").stat().st_size, tokens=tokens,
                    first_s=first["seconds"], first_peak=first["peak"], second_s=second["seconds"],
                    second_peak=second["peak"], prepare_s=prep_s, prepare_tok_s=tokens / prep_s,

@@ -230,39 +230,48 @@ def _counts(p: Plan, split: Split):
 # -- writing -------------------------------------------------------------------------------------------------
 
 class _Writer:
-    """One split's files, hashed as they are written."""
+    """One split's files, appended block by block; the index is flushed in pieces, so memory stays flat."""
+
+    FLUSH = 1 << 16
 
     def __init__(self, folder: Path, name: str, dtype, packing: str):
         self.folder, self.name, self.dtype, self.packing = folder, name, dtype, packing
         self.tokens = open(folder / f"{name}.tokens", "wb")
         self.hash = hashlib.sha256()
-        # compact arrays: their size grows with the corpus (8 bytes a block), Python lists' by 36
-        self.offsets, self.starts, self.starts_index = array("q", [0]), array("I"), array("q", [0])
-        self.max_id = 0
+        self.n_tokens, self.n_blocks, self.n_starts = 0, 0, 0
+        self.index = {"blocks": (array("q", [0]), open(folder / f"{name}.blocks", "wb"))}
+        if packing == "documents":
+            self.index["starts"] = (array("I"), open(folder / f"{name}.starts", "wb"))
+            self.index["starts_index"] = (array("q", [0]), open(folder / f"{name}.starts_index", "wb"))
 
     def add(self, parts, starts):
         block = np.concatenate([np.asarray(p, dtype=np.uint32) for p in parts])
-        self.max_id = max(self.max_id, int(block.max()))
         data = block.astype(self.dtype).tobytes()
         self.tokens.write(data)
         self.hash.update(data)
-        self.offsets.append(self.offsets[-1] + len(block))
+        self.n_tokens += len(block)
+        self.n_blocks += 1
+        self.index["blocks"][0].append(self.n_tokens)
         if self.packing == "documents":
-            self.starts.extend(starts)
-            self.starts_index.append(len(self.starts))
+            self.index["starts"][0].extend(starts)
+            self.n_starts += len(starts)
+            self.index["starts_index"][0].append(self.n_starts)
+        if len(self.index["blocks"][0]) >= self.FLUSH:
+            self.flush()
+
+    def flush(self):
+        for values, f in self.index.values():
+            f.write(values.tobytes())
+            del values[:]
 
     def close(self) -> dict:
+        self.flush()
         self.tokens.close()
         files = {f"{self.name}.tokens": self.hash.hexdigest()}
-        arrays = {"blocks": np.frombuffer(self.offsets, dtype=np.int64)}
-        if self.packing == "documents":
-            arrays["starts"] = np.frombuffer(self.starts, dtype=np.uint32)
-            arrays["starts_index"] = np.frombuffer(self.starts_index, dtype=np.int64)
-        for suffix, array in arrays.items():
-            path = self.folder / f"{self.name}.{suffix}"
-            array.tofile(path)
-            files[path.name] = file_sha256(path)
-        return dict(blocks=len(self.offsets) - 1, tokens=self.offsets[-1],
+        for _, f in self.index.values():
+            f.close()
+            files[Path(f.name).name] = file_sha256(Path(f.name))
+        return dict(blocks=self.n_blocks, tokens=self.n_tokens,
                     files={n: dict(bytes=os.path.getsize(self.folder / n), sha256=h) for n, h in files.items()})
 
 
@@ -311,11 +320,13 @@ class Blocks:
         dtype = np.dtype(self.info["dtype"])
         path = self.folder / f"{self.name}.tokens"
         self.tokens = np.memmap(path, dtype=dtype, mode="r") if self.info["tokens"] else np.zeros(0, dtype)
-        self.offsets = np.fromfile(self.folder / f"{self.name}.blocks", dtype=np.int64)
+        self.offsets = np.memmap(self.folder / f"{self.name}.blocks", dtype=np.int64, mode="r")
         starts = self.folder / f"{self.name}.starts"
-        self.starts = np.fromfile(starts, dtype=np.uint32) if starts.exists() else None
-        self.starts_index = (np.fromfile(self.folder / f"{self.name}.starts_index", dtype=np.int64)
-                             if starts.exists() else None)
+        documents = (self.folder / f"{self.name}.starts_index").exists()
+        self.starts = (np.memmap(starts, dtype=np.uint32, mode="r") if starts.stat().st_size
+                       else np.zeros(0, np.uint32)) if documents else None
+        self.starts_index = (np.memmap(self.folder / f"{self.name}.starts_index", dtype=np.int64, mode="r")
+                             if documents else None)
 
     def __getstate__(self):  # reopened by path in worker processes, never pickled as data
         return dict(folder=self.folder, name=self.name, info=self.info, limit=self.limit)
