@@ -242,3 +242,18 @@ def test_lm_stream_shards_are_the_token_stream(tmp_path):
     assert p.tokenizer.backend_tokenizer.to_str() == tok.backend_tokenizer.to_str()
     assert p.train.tokens.tolist() == lm.token_stream(docs[:30], tok)
     assert p.validation.tokens.tolist() == lm.read_stream(str(src), tok, "validation")
+
+
+def test_second_method_trains_from_the_same_shards(tmp_path, capsys):
+    from dietpe import methods
+    from dietpe.tasks import pretrain as pt
+    src = write_corpus(tmp_path / "c", documents=60)
+    s = dict(size="toy", vocab_size=80, max_length=20, steps=2, batch_size=4, lr=1e-3, warmup=0.0, save_steps=2,
+             weight_decay=0.01, adam_epsilon=1e-6, max_grad_norm=1.0)
+    for method in ("absolute", "diet-rel"):
+        res = pt.run_pretrain(str(src), methods.parse_method(method), tmp_path / method, s, report_to="none",
+                              cache_dir=tmp_path / "cache")
+        assert res["steps"] == 2
+    err = capsys.readouterr().err
+    assert err.count("preparing the corpus") == 1 and err.count("training a WordPiece") == 1
+    assert len(list((tmp_path / "cache" / "shards").iterdir())) == 1
