@@ -210,13 +210,14 @@ def test_documents_collator_is_block_diagonal_with_restarting_positions():
     assert pos.tolist() == [[0, 1, 2, 3, 0, 1, 2], [0, 1, 2, 3, 4, 0, 0]]
     doc = torch.tensor([0, 0, 0, 0, 1, 1, 1])
     assert torch.equal(mask[0, 0], doc[:, None] == doc[None, :])
-    real = torch.tensor([1, 1, 1, 1, 1, 0, 0], dtype=torch.bool)
-    assert torch.equal(mask[1, 0], real[:, None] & real[None, :])
+    real = torch.tensor([1, 1, 1, 1, 1, 0, 0], dtype=torch.bool)  # padding only sees padding
+    assert torch.equal(mask[1, 0], (real[:, None] & real[None, :]) | (~real[:, None] & ~real[None, :]))
     assert batch["labels"].shape == (2, 7)
     # the same layout as a function of starts and lengths, and premasking keeps the starts
     positions, m = document_layout([[0, 2]], [3], 4)
     assert positions.tolist() == [[0, 1, 0, 0]] and m[0, 0].tolist() == [
-        [True, True, False, False], [True, True, False, False], [False, False, True, False], [False] * 4]
+        [True, True, False, False], [True, True, False, False], [False, False, True, False],
+        [False, False, False, True]]
     pre = collator.premask([{"input_ids": [2, 7, 8, 3, 2, 9, 3], "doc_starts": [0, 4]}], seed=0)
     assert pre[0]["doc_starts"] == [0, 4] and "labels" in pre[0]
     assert collator(pre)["attention_mask"].shape == (1, 1, 7, 7)
@@ -257,3 +258,17 @@ def test_second_method_trains_from_the_same_shards(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.count("preparing the corpus") == 1 and err.count("training a WordPiece") == 1
     assert len(list((tmp_path / "cache" / "shards").iterdir())) == 1
+
+
+def test_pretraining_runs_with_documents_packing(tmp_path):
+    from dietpe import methods
+    from dietpe.tasks import pretrain as pt
+    src = write_corpus(tmp_path / "c", documents=60)
+    s = dict(size="toy", vocab_size=80, max_length=24, steps=2, batch_size=4, lr=1e-3, warmup=0.0, save_steps=2,
+             weight_decay=0.01, adam_epsilon=1e-6, max_grad_norm=1.0)
+    res = pt.run_pretrain(str(src), methods.parse_method("diet-rel"), tmp_path / "run", s, report_to="none",
+                          quiet=True, cache_dir=tmp_path / "cache", packing="documents")
+    assert res["steps"] == 2 and np.isfinite(res["val_loss"])
+    prepared = next((tmp_path / "cache" / "shards").iterdir())
+    assert json.loads((prepared / "manifest.json").read_text())["key"]["packing"] == "documents"
+    assert json.loads((tmp_path / "run" / "run_settings.json").read_text())["packing"] == "documents"

@@ -95,7 +95,8 @@ def pack_sentences(documents: Sequence[Sequence[Sequence[int]]], max_length: int
 def document_layout(starts: Sequence[Sequence[int]], lengths: Sequence[int], length: int
                     ) -> tuple[torch.Tensor, torch.Tensor]:
     """(position_ids (B, L), attention_mask (B, 1, L, L) bool) of blocks holding several documents:
-    positions restart at 0 where a document starts; a query sees the keys of its own document, never padding."""
+    positions restart at 0 where a document starts; a query sees the keys of its own document; padding is a
+    document of its own, so no real token sees it and every query has a key."""
     b = len(lengths)
     doc = torch.full((b, length), -1, dtype=torch.long)
     positions = torch.zeros((b, length), dtype=torch.long)
@@ -104,8 +105,8 @@ def document_layout(starts: Sequence[Sequence[int]], lengths: Sequence[int], len
         for k, (lo, hi) in enumerate(zip(bounds, bounds[1:])):
             doc[i, lo:hi] = k
             positions[i, lo:hi] = torch.arange(hi - lo)
-    real = doc >= 0
-    mask = (doc[:, :, None] == doc[:, None, :]) & real[:, :, None] & real[:, None, :]
+    # padding is a document of its own: real tokens never see it, and its queries still have keys (a softmax)
+    mask = doc[:, :, None] == doc[:, None, :]
     return positions, mask[:, None]
 
 
