@@ -271,7 +271,7 @@ class Case:
         words = self.argv.split()
         if words[0] == "translate":
             return " ".join(words[:2])
-        return words[0] if words[0] in ("pretrain", "finetune", "compare", "bench", "analyze") else "dietpe"
+        return words[0] if words[0] in ("pretrain", "prepare", "finetune", "compare", "bench", "analyze") else "dietpe"
 
 
 CASES: list[Case] = []
@@ -366,6 +366,24 @@ case("pretrain -o read-only folder", PRE.replace("-o {out}", "-o {readonly}"), "
      patch="readonly")
 case("pretrain --overwrite with a bad corpus", PRE_NO_CORPUS.replace("pretrain ", "pretrain {utf8_txt} ", 1)
      .replace("-o {out}", "-o {existing}") + " --overwrite", "corpus_utf8.txt:3001", "UTF-8")
+
+# -- prepare (corpus into shards) -------------------------------------------------------------------------
+PREP = "prepare {corpus} --cache-dir {out} --vocab-size 200 --max-length 24 --processes 1"
+options("prepare", PREP, [
+    ("--max-length", "2", (">= 3|at least 3",)),
+    ("--processes", "0", POS),
+    ("--tokenizer-sample", "0", POS),
+    ("--packing", "nope", ("full-sentences", "documents")),
+])
+case("prepare missing corpus", PREP.replace("{corpus}", "{root}/nope.txt"), "nope.txt", "no such")
+case("prepare invalid UTF-8 .txt", PREP.replace("{corpus}", "{utf8_txt}"), "corpus_utf8.txt:3001", "UTF-8")
+case("prepare bad JSON line", PREP.replace("{corpus}", "{badjson_jsonl}"), "bad.jsonl:2", "JSON")
+case("prepare one-document corpus", PREP.replace("{corpus}", "{onedoc_txt}"), "onedoc.txt", "--validation")
+case("prepare --cache-dir a file", PREP.replace("--cache-dir {out}", "--cache-dir {afile}"), "afile.txt",
+     "not a folder")
+case("prepare --tokenizer missing", f"{PREP} --tokenizer {{root}}/nope", "nope", "tokenizer")
+case("pretrain --packing nope", f"{PRE} --packing nope", "--packing", "nope", "documents")
+case("pretrain --cache-dir a file", f"{PRE} --cache-dir {{afile}}", "afile.txt", "not a folder")
 
 # -- finetune ---------------------------------------------------------------------------------------------
 options("finetune", FT, [

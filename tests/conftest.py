@@ -36,6 +36,13 @@ def head_size_for(device: torch.device) -> int:
     return 16 if torch.device(device).type == "cuda" else 8
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _cache_home(tmp_path_factory):
+    """Prepared corpora go to a temporary cache, never the user's ~/.cache/dietpe."""
+    import os
+    os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("cache"))
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)

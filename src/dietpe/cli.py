@@ -35,6 +35,8 @@ KEPT = {
     "translate": "complete checkpoints and the tokenizer are kept; the file being written is not used; free space "
                  "and rerun the same command to resume",
     "analyze": "the checkpoint is untouched and the pictures written so far are kept; free space and rerun",
+    "prepare": "nothing half-written is trusted (shards are renamed into place when complete); free space and "
+               "rerun the same command",
     "bench": "the measurements are printed above only when complete; free space and rerun",
 }
 
@@ -84,6 +86,7 @@ def write_error(e: BaseException) -> OSError | None:
 # any (torch and transformers take seconds to import); a command's module is imported when it is named.
 COMMANDS = {
     "pretrain": ("dietpe.tasks.pretrain", "masked-LM pre-training (DIET appendix A)"),
+    "prepare": ("dietpe.tasks.prepare", "read, tokenize and pack a corpus once into cached token shards"),
     "finetune": ("dietpe.tasks.finetune", "fine-tune a pre-trained model on GLUE/XNLI/QA (lr grid x seeds)"),
     "compare": ("dietpe.tasks.compare", "pre-train and fine-tune every position method; write a report"),
     "translate": ("dietpe.tasks.translate", "train and evaluate encoder-decoder translation models"),

@@ -221,3 +221,126 @@ def load_hf_dataset(name: str, split: str):
     if split == "train":
         raise DataError(f"huggingface:{name}: no {split} split (has {', '.join(loaded)})")
     return loaded[list(loaded)[0]].select([])
+
+
+# -- streaming: the same documents, read a chunk at a time -----------------------------------------------------
+# A chunk is (mode, strings): mode "paragraphs" (a blank string ends a document, `group_documents`) or
+# "documents" (each string one document, its lines paragraphs). Chunks of paragraphs end at a blank line, so
+# documents never straddle two chunks and `chunk_documents` of every chunk, in order, is `read_corpus`'s list.
+CHUNK_CHARS = 1 << 20
+
+
+def chunk_documents(mode: str, strings: list[str]) -> list[Document]:
+    """The documents of one chunk (run in worker processes)."""
+    if mode == "paragraphs":
+        return group_documents(strings)
+    docs = []
+    for text in strings:
+        sentences = [s for para in text.splitlines() for s in split_sentences(para)]
+        if sentences:
+            docs.append(sentences)
+    return docs
+
+
+def resolve_source(source: str, split: str = "train") -> tuple[str, str, str] | None:
+    """(kind, where, origin) of a corpus split without reading it: kind is txt/jsonl/tsv/hf; None when a
+    non-train split does not exist (the caller holds out part of train)."""
+    path = Path(source)
+    if path.is_dir():
+        found = find_split_file(path, split)
+        if found is None:
+            if split == "train":
+                raise DataError(f"{path}: no {split} file found (looked for train.txt, <name>.train.txt, "
+                                f"wiki.train.tokens and the extensions {', '.join(EXTENSIONS)}); {_listing(path)}")
+            return None
+        path = found
+    elif path.is_file():
+        if split != "train":
+            return None
+    elif is_hf_name(source):
+        if split != "train" and stream_hf_dataset(source, split, missing_ok=True) is None:
+            return None
+        return "hf", source, f"huggingface:{source}[{split}]"
+    else:
+        raise DataError(f"{source}: no such file or directory")
+    kind = path.suffix[1:] if path.suffix in (".jsonl", ".tsv") else "txt"
+    return kind, str(path), str(path)
+
+
+def _records(kind: str, where: str, split: str):
+    """(mode, string) per record of a split, checked as `read_corpus` checks it."""
+    path = Path(where)
+    if kind == "txt":
+        for line in iter_lines(path):
+            yield "paragraphs", line
+    elif kind == "jsonl":
+        for lineno, line in enumerate(iter_lines(path), 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
+            if not isinstance(record, dict) or not isinstance(record.get("text"), str):
+                raise DataError(f"{path}:{lineno}: expected an object with a string field 'text'")
+            yield "documents", record["text"]
+    elif kind == "tsv":
+        lines = iter_lines(path)
+        header = next(lines, "").rstrip("\r\n").split("\t")
+        column = next((c for c in ("text", "sentence") if c in header), None)
+        if column is None:
+            raise DataError(f"{path}:1: the header needs a 'text' or 'sentence' column, found {header}")
+        index = header.index(column)
+        for lineno, line in enumerate(lines, 2):
+            cells = line.rstrip("\r\n").split("\t")
+            if not line.strip():
+                continue
+            if len(cells) <= index:
+                raise DataError(f"{path}:{lineno}: {len(cells)} columns, the header names {len(header)}")
+            yield "documents", cells[index]
+    else:
+        rows = stream_hf_dataset(where, split)
+        column = None
+        for row in rows:
+            if column is None:
+                column = next((c for c in ("text", "sentence", "content") if c in row), None)
+                if column is None:
+                    raise DataError(f"huggingface:{where}: no text column (has {sorted(row)}); expected 'text'")
+            yield "paragraphs", row[column]
+
+
+def iter_chunks(kind: str, where: str, split: str = "train", chunk_chars: int | None = None):
+    """Chunks `(mode, strings)` of about `chunk_chars` characters, in corpus order; memory is one chunk."""
+    chunk_chars = chunk_chars or CHUNK_CHARS
+    strings: list[str] = []
+    size, mode = 0, "paragraphs"
+    for mode, text in _records(kind, where, split):
+        text = text or ""
+        strings.append(text)
+        size += len(text)
+        if size >= chunk_chars and (mode == "documents" or not text.strip()):
+            yield mode, strings
+            strings, size = [], 0
+    if strings:
+        yield mode, strings
+
+
+def stream_hf_dataset(name: str, split: str, missing_ok: bool = False):
+    """`owner/name[:config]`'s split as an iterable of rows, streamed (`streaming=True`): never held whole."""
+    try:
+        import datasets
+    except ImportError:  # pragma: no cover - a declared dependency
+        raise DataError(f"{name}: the 'datasets' package is needed to load datasets by name") from None
+    dataset, _, config = name.partition(":")
+    try:
+        loaded = datasets.load_dataset(dataset, config or None, streaming=True)
+    except Exception as e:  # datasets raises many kinds; all mean "cannot get it here"
+        text = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise DataError(f"{name}: cannot stream this Hugging Face dataset ({text}); pass a local file or "
+                        f"directory instead") from None
+    for candidate in [split] + [s for s in SPLIT_NAMES.get(split, ()) if s != split]:
+        if candidate in loaded:
+            return loaded[candidate]
+    if missing_ok:
+        return None
+    raise DataError(f"huggingface:{name}: no {split} split (has {', '.join(loaded)})")

@@ -4,6 +4,9 @@ Packing follows RoBERTa's FULL-SENTENCES (Liu et al. 2019), which the DIET paper
 added to a block of `max_length` tokens, `[CLS] s1 s2 ... [SEP]`, crossing document boundaries with an extra
 `[SEP]`; no next-sentence task, one segment. A sentence longer than a block is cut into block-sized pieces.
 
+With `packing="documents"` several documents share a block without seeing each other: the collator gives
+position ids restarting at each document and a block-diagonal `(B, 1, L, L)` attention mask.
+
 Masking (Devlin et al. 2019, 3.1): 15% of the non-special tokens are chosen; of those 80% become `[MASK]`,
 10% a random word, 10% stay. Labels are the original ids at chosen positions and -100 elsewhere. An example
 carrying `example_seed` (`dietpe.tasks.seeding.EpochExamples`) is masked by its own generator over its own
@@ -21,35 +24,90 @@ from dietpe.errors import DataError
 IGNORE_INDEX = -100
 
 
-def pack_sentences(documents: Sequence[Sequence[Sequence[int]]], max_length: int, cls_id: int,
-                   sep_id: int) -> list[list[int]]:
-    """Pack tokenised sentences (documents of sentences of ids) into blocks of at most `max_length` ids."""
+PACKINGS = ("full-sentences", "documents")
+
+
+def iter_blocks(documents, max_length: int, cls_id: int, sep_id: int, packing: str = "full-sentences"):
+    """Blocks of tokenised sentences, streamed: yields (parts, starts), the block being the concatenation of
+    `parts` (slices of the sentences, and [CLS]/[SEP] lists) and `starts` the offsets where documents begin.
+
+    `full-sentences` (RoBERTa): `[CLS] s1 s2 [SEP] t1 ... [SEP]`, a new document after an extra [SEP].
+    `documents`: each document's sentences packed the same way into `[CLS] ... [SEP]` segments, several
+    segments to a block; a segment starts a document, so position ids restart and attention stays inside it.
+    `stream` (not a packing of blocks): one item per document, its tokens then [SEP], for `dietpe lm`.
+    Sentences are any sliceable sequences (lists, numpy arrays): the shards pack numpy slices, without copying."""
+    if packing == "stream":  # causal LMs' stream (`dietpe lm`): a document's tokens then [SEP], unpacked
+        for doc in documents:
+            yield [*doc, [sep_id]], [0]
+        return
     if max_length < 3:
         raise DataError(f"max_length={max_length} leaves no room for text between [CLS] and [SEP]")
+    if packing not in PACKINGS:
+        raise DataError(f"packing {packing!r}: expected one of {', '.join(PACKINGS)}")
     room = max_length - 2
-    blocks: list[list[int]] = []
-    body: list[int] = []
+    cls, sep = [cls_id], [sep_id]
 
-    def flush():
-        nonlocal body
-        if body:
-            blocks.append([cls_id, *body, sep_id])
-        body = []
+    def bodies(docs):  # FULL-SENTENCES over `docs`: lists of parts of at most `room` tokens
+        body, size = [], 0
+        for doc in docs:
+            boundary = size > 0  # a new document inside a block gets a separator before its first sentence
+            for sentence in doc:
+                for i in range(0, len(sentence), room):
+                    piece = sentence[i:i + room]
+                    if size + boundary + len(piece) > room:
+                        if size:
+                            yield body
+                        body, size, boundary = [], 0, False
+                    if boundary:
+                        body.append(sep)
+                        size += 1
+                        boundary = False
+                    body.append(piece)
+                    size += len(piece)
+        if size:
+            yield body
 
+    if packing == "full-sentences":
+        for body in bodies(documents):
+            yield [cls, *body, sep], [0]
+        return
+    parts, starts, size = [], [], 0
     for doc in documents:
-        boundary = bool(body)  # a new document inside a block gets a separator before its first sentence
-        for sentence in doc:
-            for i in range(0, len(sentence), room):
-                piece = list(sentence[i:i + room])
-                if len(body) + boundary + len(piece) > room:
-                    flush()
-                    boundary = False
-                if boundary:
-                    body.append(sep_id)
-                    boundary = False
-                body.extend(piece)
-    flush()
-    return blocks
+        for body in bodies([doc]):
+            n = 2 + sum(len(p) for p in body)
+            if size + n > max_length:
+                yield parts, starts
+                parts, starts, size = [], [], 0
+            starts.append(size)
+            parts += [cls, *body, sep]
+            size += n
+    if size:
+        yield parts, starts
+
+
+def pack_sentences(documents: Sequence[Sequence[Sequence[int]]], max_length: int, cls_id: int,
+                   sep_id: int, packing: str = "full-sentences") -> list[list[int]]:
+    """Pack tokenised sentences (documents of sentences of ids) into blocks of at most `max_length` ids."""
+    return [[int(t) for p in parts for t in p]
+            for parts, _ in iter_blocks(documents, max_length, cls_id, sep_id, packing)]
+
+
+def document_layout(starts: Sequence[Sequence[int]], lengths: Sequence[int], length: int
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(position_ids (B, L), attention_mask (B, 1, L, L) bool) of blocks holding several documents:
+    positions restart at 0 where a document starts; a query sees the keys of its own document; padding is a
+    document of its own, so no real token sees it and every query has a key."""
+    b = len(lengths)
+    doc = torch.full((b, length), -1, dtype=torch.long)
+    positions = torch.zeros((b, length), dtype=torch.long)
+    for i, (row_starts, n) in enumerate(zip(starts, lengths)):
+        bounds = [*row_starts, n]
+        for k, (lo, hi) in enumerate(zip(bounds, bounds[1:])):
+            doc[i, lo:hi] = k
+            positions[i, lo:hi] = torch.arange(hi - lo)
+    # padding is a document of its own: real tokens never see it, and its queries still have keys (a softmax)
+    mask = doc[:, :, None] == doc[:, None, :]
+    return positions, mask[:, None]
 
 
 def mask_tokens(input_ids: torch.Tensor, special_mask: torch.Tensor, mask_id: int, first_word_id: int,
@@ -104,6 +162,9 @@ class MlmCollator:
         attention_mask = self.pad([[1] * len(f["input_ids"]) for f in features], 0)
         batch = {"input_ids": ids, "attention_mask": attention_mask,
                  "token_type_ids": torch.zeros_like(ids)}
+        if "doc_starts" in features[0]:  # --packing documents: no attention across documents
+            batch["position_ids"], batch["attention_mask"] = document_layout(
+                [f["doc_starts"] for f in features], [len(f["input_ids"]) for f in features], ids.shape[1])
         if "labels" in features[0]:
             batch["labels"] = self.pad([f["labels"] for f in features], IGNORE_INDEX)
         elif "example_seed" in features[0]:
@@ -122,11 +183,14 @@ class MlmCollator:
                 ids, special, self.mask_id, self.first_word_id, self.vocab_size, self.probability, generator)
         return batch
 
-    def premask(self, blocks: list[list[int]], seed: int) -> list[dict]:
-        """Mask `blocks` once with a fixed seed: a validation set that is the same for every model."""
+    def premask(self, blocks, seed: int) -> list[dict]:
+        """Mask `blocks` (lists of ids, or examples with `input_ids` and maybe `doc_starts`) once with a fixed
+        seed: a validation set that is the same for every model."""
         generator = torch.Generator().manual_seed(seed)
         out = []
         for block in blocks:
-            batch = self([{"input_ids": block}], generator=generator)
-            out.append({"input_ids": batch["input_ids"][0].tolist(), "labels": batch["labels"][0].tolist()})
+            feature = dict(block) if isinstance(block, dict) else {"input_ids": block}
+            batch = self([{"input_ids": feature["input_ids"]}], generator=generator)
+            feature.update(input_ids=batch["input_ids"][0].tolist(), labels=batch["labels"][0].tolist())
+            out.append(feature)
         return out

@@ -23,13 +23,26 @@ SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 def train_wordpiece(texts: Iterable[str], vocab_size: int = 30000, lowercase: bool = True,
                     min_frequency: int = 2) -> PreTrainedTokenizerFast:
     """Train a BERT-style WordPiece tokenizer on `texts` (an iterable of strings); deterministic."""
-    if vocab_size <= len(SPECIAL_TOKENS):
-        raise DataError(f"vocab_size={vocab_size} must exceed the {len(SPECIAL_TOKENS)} special tokens")
+    normalizer, pre_tokenizer = word_splitter(lowercase)
+    return wordpiece_from_counts(count_words(texts, normalizer, pre_tokenizer), vocab_size, lowercase,
+                                 min_frequency)
+
+
+def word_splitter(lowercase: bool = True):
+    """(normalizer, pre-tokenizer) of BERT's WordPiece: what a word is, for counting and for encoding."""
     normalizer = normalizers.BertNormalizer(lowercase=lowercase, strip_accents=None if lowercase else False,
                                             clean_text=True, handle_chinese_chars=True)
-    pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    tokens, _ = learn_subwords(count_words(texts, normalizer, pre_tokenizer), vocab_size, SPECIAL_TOKENS,
-                               min_frequency, prefix="##")
+    return normalizer, pre_tokenizers.BertPreTokenizer()
+
+
+def wordpiece_from_counts(word_counts, vocab_size: int = 30000, lowercase: bool = True,
+                          min_frequency: int = 2) -> PreTrainedTokenizerFast:
+    """The WordPiece tokenizer learned from word counts (`count_words` after `word_splitter`); deterministic,
+    so counts streamed from a corpus in chunks (and summed) give the tokenizer `train_wordpiece` gives."""
+    if vocab_size <= len(SPECIAL_TOKENS):
+        raise DataError(f"vocab_size={vocab_size} must exceed the {len(SPECIAL_TOKENS)} special tokens")
+    normalizer, pre_tokenizer = word_splitter(lowercase)
+    tokens, _ = learn_subwords(word_counts, vocab_size, SPECIAL_TOKENS, min_frequency, prefix="##")
     if len(tokens) <= len(SPECIAL_TOKENS):
         raise DataError("the tokenizer learned no words: the training text is empty")
     tok = Tokenizer(models.WordPiece(vocab={t: i for i, t in enumerate(tokens)}, unk_token="[UNK]",

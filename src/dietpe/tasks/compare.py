@@ -382,6 +382,8 @@ def budget_defaults(budget: int, builtin: bool) -> dict:
 
 def main(args) -> int:
     out = V.check_output_dir(args.output_dir, "-o")
+    if args.cache_dir:
+        V.check_output_dir(args.cache_dir, "--cache-dir")
     with V.created_only_on_success(out, disposable=("run_settings.json",)):
         return _main(args)
 
@@ -448,7 +450,8 @@ def _main(args) -> int:
     log = (lambda m: print(f"[compare] {m}", file=sys.stderr)) if is_main_process() else (lambda m: None)
     out.mkdir(parents=True, exist_ok=True)
     prepared = pt.prepare_data(corpus, None, args.tokenizer, s_pre["vocab_size"], s_pre["max_length"], out,
-                               args.max_documents, log, args.max_validation)
+                               args.max_documents, log, args.max_validation, cache_dir=args.cache_dir,
+                               packing=args.packing, tokenizer_sample=args.tokenizer_sample)
     info = dict(command="dietpe " + " ".join(shlex.quote(a) for a in sys.argv[1:]), corpus=corpus, builtin=builtin,
                 tasks={t: d.source for t, d in tasks.items()}, methods=[m.name for m in methods],
                 pretrain=s_pre, finetune={k: v for k, v in s_ft.items()}, pretrain_seeds=pretrain_seeds,
@@ -465,7 +468,7 @@ def _main(args) -> int:
     work = dict(corpus=corpus, out=str(out), s_pre=s_pre, s_ft=s_ft, threads=args.threads,
                 device_batch_size=args.device_batch_size, train_language=args.train_language,
                 quiet=jobs > 1, total=len(plan), device=args.device, precision=args.precision,
-                deterministic=args.deterministic)
+                deterministic=args.deterministic, packing=args.packing)
     units: dict[tuple[str, int], dict] = {}
 
     def finished(i: int, unit: dict) -> None:
@@ -512,7 +515,7 @@ def run_unit(i: int, method: Method, seed: int, tasks: dict, prepared, work: dic
     res = pt.run_pretrain(work["corpus"], method, out / "pretrain" / method.slug / f"seed{seed}", work["s_pre"],
                           seed=seed, device_batch_size=work["device_batch_size"], quiet=work["quiet"],
                           description=f"[{i}/{n}] pretrain {tag}", prepared=prepared, device=work["device"],
-                          precision=work["precision"], deterministic=work["deterministic"])
+                          precision=work["precision"], deterministic=work["deterministic"], packing=work["packing"])
     index = analyze_method(res["model_dir"], prepared, out / "analysis" / method.slug / f"seed{seed}", tag,
                            device=work["device"])
     summary = json.loads((index.parent / "summary.json").read_text(encoding="utf-8"))

@@ -32,6 +32,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from dietpe import validate as V
@@ -131,7 +132,6 @@ def train_lm(config, stream: list[int], steps: int, batch_size: int, length: int
     # initialised on the CPU: the same weights on every device
     model = (DietForCausalLM(config) if arch == "diet" else llama_lm(config, spec or config.position)).to(dev)
     model.train()
-    data = torch.tensor(stream, dtype=torch.long)
     g = torch.Generator().manual_seed(seed)
     decay = [p for n, p in model.named_parameters() if p.dim() > 1 and "positions" not in n]
     other = [p for n, p in model.named_parameters() if not (p.dim() > 1 and "positions" not in n)]
@@ -143,7 +143,9 @@ def train_lm(config, stream: list[int], steps: int, batch_size: int, length: int
     losses, start = [], time.time()
     for step in range(steps):
         starts = torch.randint(0, len(stream) - length, (batch_size,), generator=g)
-        ids = torch.stack([data[s:s + length] for s in starts.tolist()]).to(dev)
+        # windows read from the stream (a memory-mapped shard: only the batch is in memory)
+        ids = torch.stack([torch.from_numpy(np.asarray(stream[s:s + length], dtype=np.int64))
+                           for s in starts.tolist()]).to(dev)
         with autocast(dev, precision):
             loss = model(ids, labels=ids).loss
         opt.zero_grad(set_to_none=True)
@@ -326,6 +328,8 @@ def register(subparsers) -> None:
                                                                "(default: 8 windows of the longest)")
     p.add_argument("--threads", type=V.positive_int, default=1, help="CPU threads")
     add_device_options(p)
+    p.add_argument("--cache-dir", help="where prepared corpora are kept and reused, shared with `dietpe prepare` and "
+                                       "`pretrain` (default: $XDG_CACHE_HOME/dietpe or ~/.cache/dietpe)")
     p.set_defaults(func=main_lm)
 
     q = subparsers.add_parser("lengths", help="perplexity at 1, 2, 4, 8 times the training length",
@@ -349,8 +353,8 @@ def _log(message: str) -> None:
 
 
 def main_lm(args) -> int:
-    from dietpe.data.corpus import read_corpus
-    from dietpe.data.tokenizer import load_tokenizer, save_tokenizer, train_wordpiece
+    from dietpe.data import shards
+    from dietpe.data.tokenizer import load_tokenizer, save_tokenizer
 
     torch.set_num_threads(args.threads)
     resolve_device(args.device)  # a missing CUDA is refused before any work
@@ -361,15 +365,15 @@ def main_lm(args) -> int:
     for spec in specs:  # refuse a bad spec before reading any data
         causal_config(spec, args.size, 100, args.max_length, 0)
     tok_dir = out / "tokenizer"
-    if (tok_dir / "tokenizer.json").is_file():
-        tokenizer = load_tokenizer(tok_dir)
-    else:
-        docs, _ = read_corpus(args.corpus, "train")
-        _log(f"training a WordPiece tokenizer (vocabulary {args.vocab_size:,})")
-        tokenizer = train_wordpiece((s for d in docs[:args.max_documents] for s in d), vocab_size=args.vocab_size)
+    # the token streams from the shared cache (`dietpe.data.shards`), memory-mapped
+    tokenizer = load_tokenizer(tok_dir) if (tok_dir / "tokenizer.json").is_file() else None
+    prepared = shards.prepare(args.corpus, tokenizer=tokenizer, vocab_size=args.vocab_size, max_length=0,
+                              packing="stream", max_documents=args.max_documents, cache_dir=args.cache_dir,
+                              log=_log)
+    if tokenizer is None:
+        tokenizer = prepared.tokenizer
         tokenizer.save_pretrained(tok_dir)
-    train = read_stream(args.corpus, tokenizer, "train", args.max_documents)
-    valid = read_stream(args.corpus, tokenizer, "validation")
+    train, valid = prepared.train.tokens, prepared.validation.tokens
     _log(f"{len(train):,} training tokens, {len(valid):,} held-out tokens, vocabulary {len(tokenizer):,}")
     rows = []
     for spec in specs:

@@ -23,9 +23,10 @@ import torch
 
 from dietpe import validate as V
 from dietpe.config import LEARNED_ABSOLUTE
-from dietpe.data.corpus import read_corpus
-from dietpe.data.mlm import MlmCollator, pack_sentences
-from dietpe.data.tokenizer import load_tokenizer, save_tokenizer, train_wordpiece
+from dietpe.data import shards
+from dietpe.data.corpus import iter_chunks, resolve_source
+from dietpe.data.mlm import PACKINGS, MlmCollator
+from dietpe.data.tokenizer import load_tokenizer, save_tokenizer
 from dietpe.errors import ConfigError, DataError
 from dietpe.methods import Method, parse_method
 from dietpe.positions.registry import REGISTRY
@@ -86,11 +87,24 @@ def add_pretrain_options(p: argparse.ArgumentParser, recipe_default: str = "cpu"
     g.add_argument("--max-validation", type=V.positive_int,
                    help="score validation MLM loss on the first N validation blocks only (faster evaluations)")
     g.add_argument("--seed", type=V.seed, default=0, help="seed of initialisation and data order")
+    add_data_options(g)
     g.add_argument("--logit-lr-scale", type=V.positive_float,
                    help="learning rate of the position and segment parameters added to the attention logits "
                         "(DIET-REL's R, T5's buckets, DIET-ABS's P_Q/P_K, per-head segments) relative to --lr, "
                         "for every method alike, on top of their stored scale (DietConfig.logit_scale) (default: "
                         "the recipe's, 1 in every recipe; docs/parametrization.md)")
+
+
+def add_data_options(g) -> None:
+    """Where and how the corpus is prepared into shards (`dietpe prepare`, `pretrain`, `compare`)."""
+    g.add_argument("--cache-dir", help="where prepared corpora (tokenizers and token shards) are kept and reused "
+                                       "(default: $XDG_CACHE_HOME/dietpe or ~/.cache/dietpe)")
+    g.add_argument("--packing", choices=PACKINGS, default="full-sentences",
+                   help="full-sentences: the papers' rule (RoBERTa), documents run on in a block after [SEP]; "
+                        "documents: several documents per block, positions restarting and attention kept "
+                        "inside each document")
+    g.add_argument("--tokenizer-sample", type=V.positive_int, metavar="N",
+                   help="train the tokenizer on the first N training documents only (very large corpora)")
 
 
 def register(subparsers) -> None:
@@ -176,59 +190,35 @@ def settings(args) -> dict:
 
 def prepare_data(corpus: str, validation: str | None, tokenizer_path: str | None, vocab_size: int,
                  max_length: int, output_dir: Path, max_documents: int | None, log=print,
-                 max_validation: int | None = None):
-    """Read, tokenise and pack the corpus: (tokenizer, train blocks, validation blocks)."""
-    docs, origin = read_corpus(corpus, "train")
-    if validation:
-        val_docs, val_origin = read_corpus(validation, "train")
-    else:
-        val_docs, val_origin = read_corpus(corpus, "validation")
-    if max_documents:
-        docs = docs[:max_documents]
-    if not val_docs:  # hold out 5% of the training documents
-        cut = max(1, len(docs) // 20)
-        if len(docs) < 2:
-            raise DataError(f"{origin}: one document only; give a --validation corpus")
-        docs, val_docs, val_origin = docs[cut:], docs[:cut], f"{origin} (first {cut} documents held out)"
-    log(f"corpus: {len(docs):,} documents from {origin}; validation: {len(val_docs):,} from {val_origin}")
-
+                 max_validation: int | None = None, *, cache_dir: str | None = None,
+                 packing: str = "full-sentences", tokenizer_sample: int | None = None,
+                 processes: int | None = None):
+    """The corpus prepared once into memory-mapped shards (`dietpe.data.shards`, reused from the cache):
+    (tokenizer, train blocks, validation blocks)."""
     saved = output_dir / "tokenizer"
     if tokenizer_path:
         tokenizer = load_tokenizer(tokenizer_path)
     elif (saved / "tokenizer.json").is_file():
         tokenizer = load_tokenizer(saved)  # resuming: the vocabulary must not change
     else:
-        log(f"training a WordPiece tokenizer (vocabulary {vocab_size:,}) on the corpus")
-        tokenizer = train_wordpiece((s for d in docs for s in d), vocab_size=vocab_size)
-        if is_main_process():
-            tmp = output_dir / "tokenizer.tmp"
-            shutil.rmtree(tmp, ignore_errors=True)
-            tokenizer.save_pretrained(tmp)
-            shutil.rmtree(saved, ignore_errors=True)
-            tmp.rename(saved)
-
-    def encode(documents):
-        flat = [s for d in documents for s in d]
-        ids = [e.ids for e in tokenizer.backend_tokenizer.encode_batch(flat, add_special_tokens=False)]
-        out, i = [], 0
-        for d in documents:
-            out.append(ids[i:i + len(d)])
-            i += len(d)
-        return out
-
-    cls_id, sep_id = tokenizer.cls_token_id, tokenizer.sep_token_id
-    train_blocks = pack_sentences(encode(docs), max_length, cls_id, sep_id)
-    val_blocks = pack_sentences(encode(val_docs), max_length, cls_id, sep_id)
-    if not train_blocks:
-        raise DataError(f"{origin}: no text left after tokenisation")
-    if not val_blocks:
-        raise DataError(f"{val_origin}: the validation corpus is empty")
+        tokenizer = None
+    prepared = shards.prepare(corpus, validation=validation, tokenizer=tokenizer, vocab_size=vocab_size,
+                              max_length=max_length, packing=packing, max_documents=max_documents,
+                              tokenizer_sample=tokenizer_sample, cache_dir=cache_dir, processes=processes, log=log)
+    if tokenizer is None and is_main_process():
+        output_dir.mkdir(parents=True, exist_ok=True)
+        tmp = output_dir / "tokenizer.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        prepared.tokenizer.save_pretrained(tmp)
+        shutil.rmtree(saved, ignore_errors=True)
+        tmp.rename(saved)
     if max_validation:
-        val_blocks = val_blocks[:max_validation]
-    n_tokens = sum(len(b) for b in train_blocks)
-    log(f"packed {len(train_blocks):,} training blocks ({n_tokens:,} tokens) and {len(val_blocks):,} validation "
-        f"blocks of at most {max_length} tokens; vocabulary {len(tokenizer):,}")
-    return tokenizer, train_blocks, val_blocks
+        prepared.validation.limit = max_validation
+    m = prepared.manifest
+    log(f"corpus: {m['key']['data']['train']['origin']}, {m['train']['blocks']:,} training blocks "
+        f"({m['train']['tokens']:,} tokens) and {len(prepared.validation):,} validation blocks of at most "
+        f"{max_length} tokens ({packing}); vocabulary {len(prepared.tokenizer):,}; shards in {prepared.folder}")
+    return prepared
 
 
 @torch.no_grad()
@@ -257,7 +247,8 @@ def run_pretrain(corpus: str, method: Method, output_dir: str | Path, s: dict, *
                  max_documents: int | None = None, max_validation: int | None = None, overwrite: bool = False,
                  quiet: bool = False, report_to: str = "tensorboard", description: str | None = None, prepared=None,
                  init: str | None = None, device: str | None = None, precision: str = "fp32",
-                 deterministic: bool = False) -> dict:
+                 deterministic: bool = False, cache_dir: str | None = None,
+                 packing: str = "full-sentences", tokenizer_sample: int | None = None) -> dict:
     """Pre-train one model; resumes from a complete checkpoint and returns the results (also in RESULTS).
 
     `prepared`: (tokenizer, train blocks, validation blocks) already made, shared by compared methods.
@@ -283,6 +274,10 @@ def run_pretrain(corpus: str, method: Method, output_dir: str | Path, s: dict, *
         run["init"] = local_path(init)
     if precision != "fp32":  # likewise
         run["precision"] = precision
+    if packing != "full-sentences":  # likewise
+        run["packing"] = packing
+    if tokenizer_sample:
+        run["tokenizer_sample"] = tokenizer_sample
     if prepared is not None:  # compare's shared data: the vocabulary itself identifies it
         run["vocabulary_sha256"] = hashlib.sha256(prepared[0].backend_tokenizer.to_str().encode()).hexdigest()[:16]
     check_run_settings(output_dir, run, "--overwrite", products=("model", "tokenizer", RESULTS))
@@ -309,10 +304,12 @@ def run_pretrain(corpus: str, method: Method, output_dir: str | Path, s: dict, *
         with args.main_process_first(desc="data preparation", local=False):
             tok, train_blocks, val_blocks = prepare_data(corpus, validation, tokenizer, s["vocab_size"],
                                                          s["max_length"], output_dir, max_documents, log,
-                                                         max_validation)
+                                                         max_validation, cache_dir=cache_dir, packing=packing,
+                                                         tokenizer_sample=tokenizer_sample)
     collator = MlmCollator(tok)
-    val_set = ListDataset(collator.premask(val_blocks, VALIDATION_SEED))
-    train_set = EpochExamples([{"input_ids": b} for b in train_blocks], seed)  # masks: f(seed, epoch, index)
+    val_set = ListDataset(collator.premask(val_blocks.examples(), VALIDATION_SEED))
+    # read from the memory-mapped shards; masks: f(seed, epoch, index)
+    train_set = EpochExamples(train_blocks.examples(), seed)
 
     set_seed(seed)  # identical initialisation of the parameters all methods share
     if init:  # BERT's sizes and content weights; the method's position parameters fresh (dietpe.models.bert)
@@ -381,15 +378,20 @@ def main(args) -> int:
     check_before_work(method, s, args.device_batch_size)
     trainer_device_args(args.device, args.precision)  # refuse --device cuda without CUDA before any work
     out = V.check_output_dir(args.output_dir, "-o")
+    if args.cache_dir:
+        V.check_output_dir(args.cache_dir, "--cache-dir")
     if args.tokenizer:
         load_tokenizer(args.tokenizer)
-    if args.overwrite and out.exists():  # --overwrite deletes the old run: read the new data first
-        read_corpus(args.corpus, "train")
-        if args.validation:
-            read_corpus(args.validation, "train")
+    if args.overwrite and out.exists():  # --overwrite deletes the old run: read the new data first (streamed)
+        for source in filter(None, (args.corpus, args.validation)):
+            kind, where, _ = resolve_source(source, "train")
+            if kind != "hf":
+                for _ in iter_chunks(kind, where):
+                    pass
     with V.created_only_on_success(out):
         run_pretrain(args.corpus, method, out, s, validation=args.validation, tokenizer=args.tokenizer or args.init,
                      seed=args.seed, device_batch_size=args.device_batch_size, max_documents=args.max_documents,
                      max_validation=args.max_validation, overwrite=args.overwrite, init=args.init,
-                     device=args.device, precision=args.precision, deterministic=args.deterministic)
+                     device=args.device, precision=args.precision, deterministic=args.deterministic,
+                     cache_dir=args.cache_dir, packing=args.packing, tokenizer_sample=args.tokenizer_sample)
     return 0

@@ -67,8 +67,10 @@ class SeededSampler(torch.utils.data.Sampler):
             from transformers.trainer_pt_utils import get_length_grouped_indices
             order = get_length_grouped_indices(self.lengths, self.batch_size, generator=generator)
         else:
-            order = torch.randperm(self.size, generator=generator).tolist()
+            order = torch.randperm(self.size, generator=generator)
         offset = self.epoch * self.size if self.tag_epoch else 0
+        if isinstance(order, torch.Tensor):  # a tensor, read in pieces: no Python int per block of a large corpus
+            return (offset + i for piece in order.split(1 << 16) for i in piece.tolist())
         return iter([offset + int(i) for i in order])
 
 
