@@ -10,7 +10,8 @@ Low-rank logit terms (fq·fkᵀ) are folded into extra query/key channels for th
 Off the CPU the folded width is padded with zero channels to a multiple of 8, which the fused GPU kernels
 need (else SDPA silently takes its math kernel and builds the scores).
 Shapes: q (B, H, Lq, Dh), k and v (B, H, Lk, Dh), mask (B|1, 1|H, Lq|1, Lk) additive (0 or finfo.min, as
-`dietpe.attention.masks` builds it) or None.
+`dietpe.attention.masks` builds it), a `CausalMask` (causality alone: sdpa passes `is_causal=True` when no
+bias is left to add, every other path builds it out), or None.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from dietpe.attention import banded as _banded
+from dietpe.attention.masks import CausalMask, dense_mask
 from dietpe.config import NEEDS_PROBABILITIES, DietConfig
 from dietpe.errors import ConfigError
 from dietpe.positions.base import LayerTerms, LogitTerm
@@ -82,6 +84,7 @@ def fit_mask(mask: Tensor | None, dtype: torch.dtype) -> Tensor | None:
 
 def eager(q, k, v, terms: LayerTerms, mask, scale, dropout_p, need_probs=True):
     """The reference: every term built densely and added to the logits."""
+    mask = dense_mask(mask)
     parts = logits(q, k, terms, scale)
     scores = parts.content  # a fresh (B, H, Lq, Lk): the terms and the mask are added into it in place
     for _, term in parts.parts:
@@ -161,7 +164,7 @@ def sdpa(q, k, v, terms: LayerTerms, mask, scale, dropout_p, need_probs=False):
     lk = k.shape[2]
     bias_batch = max([_bias_batch(t, b) for t in terms.logits] + [b if mask is not None else 1])
     if terms.logits and lq > 1 and bias_batch * h * lq * lk > LONG_ELEMENTS:
-        return _sdpa_blocks(q, k, v, terms, mask, s, dropout_p, q_raw, bias_batch), None
+        return _sdpa_blocks(q, k, v, terms, dense_mask(mask), s, dropout_p, q_raw, bias_batch), None
     fold, dense = [], []
     for term in terms.logits:
         factors = term.factors()
@@ -169,8 +172,11 @@ def sdpa(q, k, v, terms: LayerTerms, mask, scale, dropout_p, need_probs=False):
             fold.append(term)
         else:
             dense.append(term)
+    # causality alone, and no dense term to add it to: SDPA's is_causal (which takes no mask beside it)
+    causal = isinstance(mask, CausalMask) and not dense
+    mask = None if causal else dense_mask(mask)
     bias = _summed_bias(dense, fit_mask(mask, q.dtype), q_raw, q.dtype, terms.cache)
-    if fold and lk <= ADD_LOW_RANK_KEYS and _fused_cpu_kernel_possible(q, dropout_p, bias) and not (
+    if fold and not causal and lk <= ADD_LOW_RANK_KEYS and _fused_cpu_kernel_possible(q, dropout_p, bias) and not (
             torch.is_grad_enabled() and any(f.requires_grad for t in fold for f in t.factors())):
         bias, fold = _add_low_rank(bias, fold, q.dtype), []
     dv = v.shape[-1]
@@ -181,13 +187,17 @@ def sdpa(q, k, v, terms: LayerTerms, mask, scale, dropout_p, need_probs=False):
         # only calls without a bias (with one, the memory-efficient kernel takes v at its own width)
         if _fused_cpu_kernel_possible(q, dropout_p, bias) or (not on_cpu and bias is None):
             v = F.pad(v, (0, q.shape[-1] - dv))
-    out = run_sdpa(q, k, v, bias, dropout_p, s)
+    if causal:
+        out = run_sdpa(q, k, v, None, dropout_p, s, is_causal=True)
+    else:
+        out = run_sdpa(q, k, v, bias, dropout_p, s)
     return out[..., :dv], None
 
 
-def run_sdpa(q, k, v, bias, dropout_p, scale):
+def run_sdpa(q, k, v, bias, dropout_p, scale, is_causal=False):
     """The kernel call itself (a seam for tests that look at the widths and the bias the kernel gets)."""
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p, scale=scale)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p, scale=scale,
+                                          is_causal=is_causal)
 
 
 def _add_low_rank(bias: Tensor | None, terms: list[LogitTerm], dtype: torch.dtype) -> Tensor:
@@ -328,7 +338,7 @@ def flex(q, k, v, terms: LayerTerms, mask, scale, dropout_p, need_probs=False):
         raise ConfigError("FlexAttention's backward needs CUDA; on CPU use attn_backend='sdpa' for training "
                           "(flex runs forward-only there)")
     s = scale * terms.score_scale
-    q_raw = q
+    q_raw, mask = q, dense_mask(mask)
     q, k = apply_qk(q, k, terms)
     mods, fold = flex_plan(terms, q_raw)
     q, k = fold_low_rank(q, k, fold, s)
@@ -362,6 +372,7 @@ def band_or_eager(q, k, v, terms: LayerTerms, mask, scale, dropout_p, need_probs
     paths (the banded fused path from `banded.MIN_KEYS` keys on, below it every pair explicit in fewer passes);
     else the reference, which training needs (the value term reads the dropped probabilities and their
     gradient)."""
+    mask = dense_mask(mask)
     per_head_mask = mask is not None and mask.shape[1] > 1  # the banded paths read one mask for all heads
     plan = None if need_probs or per_head_mask else _banded.plan(q, k, terms, dropout_p)
     if plan is None:

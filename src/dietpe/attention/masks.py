@@ -11,6 +11,10 @@ backend reads the same additive form (0 or finfo.min), so FlexAttention's mask_m
 Shaw path see exactly what the reference adds. Lq is the number of new queries and Lk every key, cached ones
 included, as in Hugging Face's cached decoding. A 4-D mask with a query that sees no key is refused: its
 softmax would average every key (or give NaN); give padding tokens a document of their own.
+
+Causality alone (L new tokens, nothing cached, no padding) is a `CausalMask`, not a tensor: the sdpa backend
+then calls SDPA with `is_causal=True` and no mask, which lets a GPU take flash attention's causal mode; every
+other reader (a bias to add it to, the eager reference, flex, Shaw's banded paths) takes `dense_mask(mask)`.
 """
 
 from __future__ import annotations
@@ -75,6 +79,26 @@ def refuse_empty_rows(keep: Tensor, name: str = "attention_mask") -> None:
 def additive(keep: Tensor, dtype: torch.dtype) -> Tensor:
     """Booleans (True = attend) as the additive mask the backends read: 0 or finfo(dtype).min."""
     return torch.zeros(keep.shape, dtype=dtype, device=keep.device).masked_fill_(~keep, torch.finfo(dtype).min)
+
+
+class CausalMask:
+    """Query i sees keys j <= i, for `length` queries and as many keys (SDPA's `is_causal`, whose diagonal starts
+    at the first key: so never with cached keys). `dense()` is the additive (1, 1, L, L) mask, built once."""
+
+    def __init__(self, length: int, dtype: torch.dtype, device: torch.device):
+        self.length, self.dtype, self.device = length, dtype, device
+        self._dense: Tensor | None = None
+
+    def dense(self) -> Tensor:
+        if self._dense is None:  # one tensor for every layer: flex's block-mask cache goes by its identity
+            keep = torch.ones(self.length, self.length, dtype=torch.bool, device=self.device).tril()
+            self._dense = additive(keep[None, None], self.dtype)  # (1, 1, L, L)
+        return self._dense
+
+
+def dense_mask(mask: "Tensor | CausalMask | None") -> Tensor | None:
+    """The additive mask as a tensor (a `CausalMask` built out), or None."""
+    return mask.dense() if isinstance(mask, CausalMask) else mask
 
 
 def document_mask(doc_ids: Tensor) -> Tensor:

@@ -181,6 +181,9 @@ class MlmCollator:
             special = torch.isin(ids, self.special_ids)
             batch["input_ids"], batch["labels"] = mask_tokens(
                 ids, special, self.mask_id, self.first_word_id, self.vocab_size, self.probability, generator)
+        if batch["attention_mask"].dim() == 2 and bool(batch["attention_mask"].all()):
+            # nothing padded, seen here on the host: no mask lets SDPA take flash on a GPU (no mask = attend all)
+            del batch["attention_mask"]
         return batch
 
     def premask(self, blocks, seed: int) -> list[dict]:

@@ -40,7 +40,7 @@ from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, EncoderD
 from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput
 
 from dietpe.attention.layer import MultiHeadAttention
-from dietpe.attention.masks import additive, check_4d, is_4d, refuse_empty_rows
+from dietpe.attention.masks import CausalMask, additive, check_4d, is_4d, refuse_empty_rows
 from dietpe.config import PRESETS, DietConfig, _check
 from dietpe.errors import ConfigError, InputError, may_read
 from dietpe.models.modeling import (
@@ -163,7 +163,8 @@ def step_positions(positions: PositionEncoding, position_ids: Tensor | None, bat
 def step_mask(batch: int, past: int, length: int, attention_mask: Tensor | None, dtype: torch.dtype,
               device: torch.device, name: str = "attention_mask", heads: int = 1) -> Tensor | None:
     """Causality (by sequence order) plus padding for `length` new tokens after `past` cached ones; None when
-    one new token sees every key. attention_mask: (B, past + length), 1 = keep; or 4-D (B|1, 1|H, length,
+    one new token sees every key; a `CausalMask` (SDPA's is_causal, no tensor) for causality alone, with
+    nothing cached and nothing padded. attention_mask: (B, past + length), 1 = keep; or 4-D (B|1, 1|H, length,
     past + length) (`dietpe.attention.masks`), combined with causality: (B|1, 1|H, length, past + length)."""
     k_index = torch.arange(past + length, device=device)
     if is_4d(attention_mask):
@@ -171,14 +172,17 @@ def step_mask(batch: int, past: int, length: int, attention_mask: Tensor | None,
         keep = keep & (k_index[None, :] <= k_index[past:, None])  # (Lq, Lk): causality by sequence order
         refuse_empty_rows(keep, name)
         return additive(keep, dtype)
-    mask = causal_mask(k_index[past:], k_index, dtype) if length > 1 else None
+    padding = None
     if attention_mask is not None:
         if tuple(attention_mask.shape) != (batch, past + length):
             raise InputError(f"{name} has shape {tuple(attention_mask.shape)}, but there are {past} cached + "
                              f"{length} new tokens: give (batch, {past + length}) = ({batch}, {past + length}) or "
                              f"4-D (batch|1, 1|heads, {length}, {past + length})")
-        mask = _add_masks(mask, padding_mask(attention_mask, dtype))
-    return mask
+        padding = padding_mask(attention_mask, dtype)  # None when nothing is padded (and that is read)
+    if padding is None and past == 0 and length > 1:
+        return CausalMask(length, dtype, device)
+    mask = causal_mask(k_index[past:], k_index, dtype) if length > 1 else None
+    return _add_masks(mask, padding)
 
 
 def shift_right(labels: Tensor, start_id: int, pad_id: int) -> Tensor:
