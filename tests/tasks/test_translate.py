@@ -134,3 +134,21 @@ def test_eval_refuses_a_source_longer_than_a_learned_table(tmp_path, capsys):
     assert main(["translate", "eval", str(model_dir), "--source", str(tmp_path / "src"), "--max-new-tokens",
                  "9"]) == 2
     assert "--max-new-tokens 9 exceeds max_position_embeddings=8" in capsys.readouterr().err
+
+
+def test_the_collator_leaves_out_the_source_mask_only_when_nothing_is_padded():
+    from dietpe.tasks.translate import TranslationCollator
+
+    collate = TranslationCollator(pad_id=0, start_id=1)
+    even = collate([dict(input_ids=[5, 6, 7], labels=[8, 9]), dict(input_ids=[5, 6, 9], labels=[8])])
+    ragged = collate([dict(input_ids=[5, 6, 7], labels=[8, 9]), dict(input_ids=[5], labels=[8])])
+    assert "attention_mask" not in even  # no mask: attend to every source token, and SDPA may take flash
+    assert ragged["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
+    model = DietForConditionalGeneration(DietSeq2SeqConfig(vocab_size=16, hidden_size=16, num_hidden_layers=1,
+                                                           num_attention_heads=2, intermediate_size=32,
+                                                           position="diet-rel")).eval()
+    with torch.no_grad():
+        without = model(**{k: v for k, v in even.items() if k != "labels"}).logits
+        with_ones = model(**{k: v for k, v in even.items() if k != "labels"},
+                          attention_mask=torch.ones_like(even["input_ids"])).logits
+    torch.testing.assert_close(without, with_ones, rtol=0, atol=0)

@@ -105,8 +105,11 @@ class TranslationCollator:
             input_ids[i, :len(f["input_ids"])] = torch.tensor(f["input_ids"])
             attention_mask[i, :len(f["input_ids"])] = 1
             labels[i, :len(f["labels"])] = torch.tensor(f["labels"])
-        return dict(input_ids=input_ids, attention_mask=attention_mask, labels=labels,
-                    decoder_input_ids=shift_right(labels, self.start_id, self.pad_id))
+        batch = dict(input_ids=input_ids, attention_mask=attention_mask, labels=labels,
+                     decoder_input_ids=shift_right(labels, self.start_id, self.pad_id))
+        if bool(attention_mask.all()):  # nothing padded, seen on the host: no mask lets SDPA take flash on a GPU
+            del batch["attention_mask"]
+        return batch
 
 
 class TranslationTrainer(SeededTrainer):
