@@ -92,3 +92,38 @@ def test_the_top_table_has_one_line_per_empirical_claim():
     lines = [x for x in top.splitlines() if x.startswith("| ") and not x.startswith("| Claim")]
     assert len(lines) == sum(1 for c in CL.CLAIMS if not c.check)
     assert "| Per-head position beats input position, absolute and relative | score | `diet-abs − absolute` " in top
+
+
+def test_chance_is_the_best_constant_predictor_on_the_evaluation_labels():
+    from dietpe.data import metrics as M
+
+    gold = [1, 1, 1, 0]
+    c = M.chance(["accuracy", "f1", "mcc"], gold, 2)
+    assert c["accuracy"] == 75.0 and c["mcc"] == 0.0
+    assert abs(c["f1"] - 100 * 2 * 3 / (2 * 3 + 1)) < 1e-9  # all-positive
+    assert M.chance(["accuracy"], [2, 2, 0, 1, 2], 3)["accuracy"] == 60.0
+    assert M.chance(["pearson"], [0.5, 1.0, 4.0], 1)["pearson"] == 0.0  # predicting the mean
+
+
+def test_the_report_marks_cells_at_chance_and_gives_each_tasks_chance():
+    from dietpe.data.tasks import Example, TaskData, task_spec
+    from dietpe.tasks.compare import chance_score, markdown_table
+
+    data = TaskData(task_spec("mnli"), evals={
+        "dev_matched": [Example("a", "b", label, "f:1") for label in (0, 0, 0, 1)],
+        "dev_mismatched": [Example("a", "b", label, "f:1") for label in (1, 2)]})
+    assert chance_score(data) == (75.0 + 50.0) / 2  # per set, then averaged as the task's score is
+    assert chance_score(TaskData(task_spec("cola"), evals={"dev": [Example("a", None, 1, "f:1")] * 3})) == 0.0
+
+    def row(name, mean, low, high, n=3):
+        return dict(method=name, place="input", segment="none", sharing="none", parameters=1e6, seeds={0: {}},
+                    estimates={"task:t": [mean, low, high, n], "score": [mean, low, high, n]})
+
+    rows = [row("learnt", 80.0, 75.0, 85.0), row("chance-ish", 55.0, 49.0, 61.0), row("below", 40.0, 38.0, 42.0),
+            row("one-seed", 50.5, float("nan"), float("nan"), 1), row("just-above", 53.0, 51.5, 54.5)]
+    text = markdown_table(rows, ["t"], {"t": 50.0})
+    lines = {line.split(" | ")[0].strip("| "): line for line in text.splitlines()}
+    assert "†" not in lines["learnt"] and "†" not in lines["just-above"]
+    assert all("†" in lines[m] for m in ("chance-ish", "below", "one-seed"))
+    assert "*50.0*" in lines["*chance*"]
+    assert "†" not in markdown_table(rows, ["t"])  # no chance known: nothing marked, no chance row

@@ -71,6 +71,19 @@ def task_metrics(names: Sequence[str], pred, gold) -> dict[str, float]:
     return {name: table[name](pred, gold) for name in names}
 
 
+def chance(names: Sequence[str], gold, num_labels: int) -> dict[str, float]:
+    """Each metric's score of the best constant predictor on these gold labels: the majority-class rate for
+    accuracy, all-positive F1, 0 for Matthews correlation; for regression (`num_labels` 1) predicting the mean,
+    which correlates 0. What a model that ignored its input would reach."""
+    gold = np.asarray(gold)
+    if len(gold) == 0:
+        return {name: float("nan") for name in names}
+    if num_labels == 1:
+        return task_metrics(names, np.full(len(gold), float(gold.mean())), gold)
+    constants = [np.full(len(gold), c) for c in range(num_labels)]
+    return {name: max(task_metrics([name], p, gold)[name] for p in constants) for name in names}
+
+
 # -- SQuAD v1.1 ---------------------------------------------------------------------------------------------
 
 def normalize_answer(s: str) -> str:

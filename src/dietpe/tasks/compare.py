@@ -141,16 +141,66 @@ def est_cell(row: dict, key: str, digits: int = 3) -> str:
     return f"{mean:.{digits}f} ± {(high - low) / 2:.{digits}f}"
 
 
-def markdown_table(rows: list[dict], task_names: list[str]) -> str:
+# A task cell is marked at chance when its 95% interval reaches up to chance + this many points (with one seed,
+# no interval: when its mean does): the model may have learnt nothing about that task.
+CHANCE_MARGIN = 1.0
+CHANCE_MARK = "†"
+
+
+def chance_score(data) -> float:
+    """A task's chance: the best constant predictor's first metric on its evaluation labels (majority-class
+    accuracy, all-positive F1, 0 for Matthews or a correlation), averaged over evaluation sets as `task_score`
+    averages; 0 for span QA (a constant answer matches no span)."""
+    from dietpe.data import metrics as M
+
+    spec = data.spec
+    if spec.kind == "qa":
+        return 0.0
+    primary = spec.metrics[0]
+    scores = [M.chance([primary], [ex.label for ex in examples], spec.num_labels)[primary]
+              for examples in data.evals.values() if examples]
+    return float(np.mean(scores)) if scores else float("nan")
+
+
+def at_chance(row: dict, key: str, chance: float | None) -> bool:
+    e = row["estimates"].get(key)
+    if not e or chance is None or math.isnan(chance):
+        return False
+    mean, low, high, n = e
+    reach = mean if n < 2 or low is None or math.isnan(low) else low
+    return reach <= chance + CHANCE_MARGIN
+
+
+def markdown_table(rows: list[dict], task_names: list[str], chance: dict[str, float] | None = None) -> str:
+    """The results table; with `chance` (task -> chance score), task cells at chance are marked and a last
+    row gives each task's chance."""
+    chance = chance or {}
     head = ["Method", "Position", "Segment", "Sharing", "Params", "Seeds", "MLM loss", "MLM @1st eval"] + \
         task_names + ["Avg"]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     for r in rows:
         vals = [r["method"], r["place"], r["segment"], r["sharing"], f"{r['parameters'] / 1e6:.3f}M",
                 str(len(r["seeds"])), est_cell(r, "mlm"), est_cell(r, "early_mlm")]
-        vals += [est_cell(r, f"task:{t}", 1) for t in task_names] + [est_cell(r, "score", 1)]
+        vals += [est_cell(r, f"task:{t}", 1) + (f" {CHANCE_MARK}" if at_chance(r, f"task:{t}", chance.get(t)) else "")
+                 for t in task_names] + [est_cell(r, "score", 1)]
+        lines.append("| " + " | ".join(vals) + " |")
+    if chance and rows:
+        known = [chance[t] for t in task_names if t in chance and not math.isnan(chance[t])]
+        vals = ["*chance*", "", "", "", "", "", "", ""]
+        vals += [f"*{chance[t]:.1f}*" if t in chance and not math.isnan(chance[t]) else "…" for t in task_names]
+        vals += [f"*{np.mean(known):.1f}*" if len(known) == len(task_names) else "…"]
         lines.append("| " + " | ".join(vals) + " |")
     return "\n".join(lines)
+
+
+def chance_note(chance: dict[str, float] | None) -> str:
+    if not chance:
+        return ""
+    return (f" *chance*: each task's score of the best constant predictor on its evaluation labels (the "
+            f"majority class for accuracy, all-positive for F1, 0 for Matthews and correlations). "
+            f"{CHANCE_MARK}: at chance, the cell's 95% interval reaches up to chance + {CHANCE_MARGIN:g} point "
+            f"(with one seed, its mean does); such a method has shown nothing on that task, and a difference "
+            f"between two such cells says nothing about position.")
 
 
 def write_csvs(out: Path, rows: list[dict], task_names: list[str]) -> None:
@@ -341,13 +391,13 @@ time (runs finished by an earlier invocation are reused).
 
 Mean ± half-width of the 95% t interval over pre-training seeds.
 
-{markdown_table(rows, task_names)}
+{markdown_table(rows, task_names, info.get("chance"))}
 
 Position: where position enters (`input` embeddings or `per-head` in attention). MLM loss: validation
 cross-entropy over masked tokens (same masked positions for every method) at the end, and at the first
 evaluation. Task cells: for each pre-trained model, the task's first metric ({', '.join(task_names)}) at the
 learning rate whose median over fine-tuning seeds is best (the papers' protocol; averaged over evaluation sets);
-then mean over pre-training seeds. Avg: the mean over tasks, per seed, then over seeds.
+then mean over pre-training seeds. Avg: the mean over tasks, per seed, then over seeds.{chance_note(info.get("chance"))}
 
 Files: `results.json` (everything: per-seed measures, intervals, every run), `results.csv` (means and
 intervals), `seeds.csv` (per pre-training seed), `runs.csv` (every fine-tuning run), {', '.join(f'`{f}`' for f in figures)}.
@@ -364,7 +414,7 @@ Figures share one colour and marker per method.
 Built-in tasks (docs/study.md): `order` (is the animal or the fruit first), `pair-order` (two segments; which
 one puts the animal first), `distance` (are the animal and the fruit adjacent or at least four words apart) and
 `start` (is the animal the first word after [CLS]) have the same words under both labels, so `none` (no
-position information) stays at chance (50); `topic` needs only the words, a control every method should solve.
+position information) stays at chance (the *chance* row); `topic` needs only the words, a control every method should solve.
 """
     (out / "report.md").write_text(text, encoding="utf-8")
 
@@ -454,6 +504,7 @@ def _main(args) -> int:
                                packing=args.packing, tokenizer_sample=args.tokenizer_sample)
     info = dict(command="dietpe " + " ".join(shlex.quote(a) for a in sys.argv[1:]), corpus=corpus, builtin=builtin,
                 tasks={t: d.source for t, d in tasks.items()}, methods=[m.name for m in methods],
+                chance={t: chance_score(d) for t, d in tasks.items()},
                 pretrain=s_pre, finetune={k: v for k, v in s_ft.items()}, pretrain_seeds=pretrain_seeds,
                 budget=budget, seconds=0.0, processes=int(os.environ.get("WORLD_SIZE", "1")))
     # seed-major: every method's first seed before any second seed, so a partial report compares all methods
@@ -495,7 +546,7 @@ def _main(args) -> int:
     if is_main_process():
         rows = aggregate(methods, units, task_names)
         print(CL.claims_markdown(claim_rows(rows))[0])
-        print(markdown_table(rows, task_names))
+        print(markdown_table(rows, task_names, info["chance"]))
         print(f"\nreport: {out / 'report.md'} ({info['seconds'] / 60:.1f} min)")
     return 0
 
