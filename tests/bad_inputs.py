@@ -593,6 +593,15 @@ for _name, _base in (("pretrain", PRE), ("finetune", FT), ("compare", CMP), ("tr
         case(f"{_name} --device cuda", f"{_base} --device cuda", "--device cuda", "CUDA is not available")
 case("pretrain --precision fp16 on the CPU", f"{PRE} --device cpu --precision fp16", "fp16", "CUDA")
 
+# -- a size far beyond memory: refused before any work, naming the estimate and what is available ----------
+_HUGE_BATCH = "--batch-size 1000000 --device-batch-size 1000000"
+case("pretrain batch beyond memory", f"{PRE} {_HUGE_BATCH}".replace("--batch-size 4 --device-batch-size 4 ", ""),
+     "needs about", "GiB available", "--ignore-memory-check")
+case("pretrain length beyond memory", PRE.replace("--max-length 24", "--max-length 1000000") + " --method diet-rel",
+     "needs about", "GiB available", "1000000 tokens")
+case("compare batch beyond memory", f"{CMP} {_HUGE_BATCH}".replace("--batch-size 4 --device-batch-size 4 ", ""),
+     "needs about", "GiB available", "--ignore-memory-check")
+
 # -- analyze ----------------------------------------------------------------------------------------------
 options("analyze", AN, [
     ("--length", "0", (">= 3",)), ("--length", "-1", (">= 3",)), ("--length", "2", (">= 3",)), ("--batch-size", "0", POS),

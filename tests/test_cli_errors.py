@@ -194,3 +194,23 @@ def test_an_empty_list_is_refused_not_replaced_by_the_default(argv, capsys, tmp_
     assert main([*argv, "-o", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "--methods" in err and "no method" in err
+
+
+def test_the_memory_estimate_grows_with_batch_and_length_and_the_check_can_be_skipped(monkeypatch):
+    from dietpe.errors import ConfigError
+    from dietpe.methods import parse_method
+    from dietpe.tasks import pretrain as pt
+    from dietpe.tasks import runtime as R
+    from dietpe.tasks.recipes import build_config
+
+    config = build_config(parse_method("diet-rel"), "bert-tiny", 200, 64, 0)
+    state, act = R.training_memory(config, 4, 64)
+    assert state > 16 * 200 * 128  # at least the embeddings' parameters, 16 bytes each
+    assert R.training_memory(config, 8, 64)[1] == pytest.approx(2 * act)
+    assert R.training_memory(config, 4, 128)[1] > 2 * act  # attention grows with the square of the length
+    monkeypatch.setattr(R, "available_memory", lambda device: 1024.0 ** 3)
+    monkeypatch.setattr(pt, "check_memory", R.check_memory)
+    s = dict(size="bert-base", vocab_size=30000, max_length=512, batch_size=256)
+    with pytest.raises(ConfigError, match=r"needs about \d+\.\d GiB .* this machine has 1\.0 GiB available"):
+        pt.check_before_work(parse_method("absolute"), s, 256)
+    pt.check_before_work(parse_method("absolute"), s, 256, memory_check=False)  # --ignore-memory-check

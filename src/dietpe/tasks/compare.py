@@ -466,7 +466,7 @@ def _main(args) -> int:
         # the pre-trained models' tables end at the pre-training length
         check_length(m.position, s_ft["max_length"], s_pre["max_length"], "fine-tuning length ",
                      "lower --ft-max-length or raise --max-length", ConfigError)
-        pt.check_before_work(m, s_pre, args.device_batch_size)  # the model at this size, the batch layout
+        pt.check_before_work(m, s_pre, args.device_batch_size, args.device, not args.ignore_memory_check)
 
     # What the shared data depends on, recorded before anything is written (each pre-training and fine-tuning
     # folder inside records its own settings): a rerun with another corpus or vocabulary is refused.

@@ -47,6 +47,7 @@ from dietpe.tasks.runtime import (
     add_device_options,
     add_threads_option,
     batch_layout,
+    check_memory,
     is_main_process,
     log_history_curves,
     replace_progress,
@@ -88,6 +89,9 @@ def add_pretrain_options(p: argparse.ArgumentParser, recipe_default: str = "cpu"
                    help="score validation MLM loss on the first N validation blocks only (faster evaluations)")
     g.add_argument("--seed", type=V.seed, default=0, help="seed of initialisation and data order")
     add_data_options(g)
+    g.add_argument("--ignore-memory-check", action="store_true",
+                   help="train even when the estimated memory of the model and a device batch exceeds what this "
+                        "machine has available (checked before any work)")
     g.add_argument("--logit-lr-scale", type=V.positive_float,
                    help="learning rate of the position and segment parameters added to the attention logits "
                         "(DIET-REL's R, T5's buckets, DIET-ABS's P_Q/P_K, per-head segments) relative to --lr, "
@@ -363,10 +367,15 @@ def run_pretrain(corpus: str, method: Method, output_dir: str | Path, s: dict, *
     return results if results is not None else read_json(done)
 
 
-def check_before_work(method: Method, s: dict, device_batch_size: int) -> None:
-    """What can be refused without reading data: the model's shape at this size, the batch layout."""
-    build_config(method, s["size"], s["vocab_size"], s["max_length"], 0)
-    batch_layout(s["batch_size"], device_batch_size)
+def check_before_work(method: Method, s: dict, device_batch_size: int, device: str | None = None,
+                      memory_check: bool = True) -> None:
+    """What can be refused without reading data: the model's shape at this size, the batch layout, and a
+    model and batch far beyond the memory available."""
+    config = build_config(method, s["size"], s["vocab_size"], s["max_length"], 0)
+    per_device, _ = batch_layout(s["batch_size"], device_batch_size)
+    if memory_check:
+        check_memory(config, per_device, s["max_length"], device,
+                     f"{method.name} at size {s['size']} (vocabulary {s['vocab_size']})")
 
 
 def main(args) -> int:
@@ -375,7 +384,7 @@ def main(args) -> int:
     if args.init:
         method = init_method(method)
     s = settings(args)
-    check_before_work(method, s, args.device_batch_size)
+    check_before_work(method, s, args.device_batch_size, args.device, not args.ignore_memory_check)
     trainer_device_args(args.device, args.precision)  # refuse --device cuda without CUDA before any work
     out = V.check_output_dir(args.output_dir, "-o")
     if args.cache_dir:

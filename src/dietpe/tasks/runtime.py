@@ -218,3 +218,56 @@ class RunSummary:
     steps: int
     seconds: float
     curves: dict = field(default_factory=dict)
+
+
+# -- memory ------------------------------------------------------------------------------------------------
+
+GiB = 1024 ** 3
+
+
+def available_memory(device: str | None) -> float | None:
+    """Bytes free for a run on `device`: the GPU's free memory on CUDA, else MemAvailable (Linux), else psutil's;
+    None where it cannot be told."""
+    if (device or default_device()) == "cuda" and torch.cuda.is_available():
+        return float(torch.cuda.mem_get_info()[0])
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return float(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        import psutil
+        return float(psutil.virtual_memory().available)
+    except ImportError:
+        return None
+
+
+def training_memory(config, batch: int, length: int) -> tuple[float, float]:
+    """Bytes an fp32 masked-LM training step needs: (parameters, gradients and Adam's two moments: 16 bytes a
+    parameter; activations kept for the backward pass). Activations per layer follow Korthikanti et al. (2022,
+    34sbh + 5as^2b bytes in 16 bits), doubled for fp32, plus the logits over the vocabulary and their gradient.
+    An estimate for refusing sizes far beyond memory, not a budget."""
+    h, layers, heads = config.hidden_size, config.num_hidden_layers, config.num_attention_heads
+    with torch.device("meta"):
+        from dietpe.models import DietForMaskedLM
+        n_params = sum(p.numel() for p in DietForMaskedLM(config).parameters())
+    activations = layers * (68 * batch * length * h + 10 * heads * length * length * batch) \
+        + 8 * batch * length * config.vocab_size
+    return 16.0 * n_params, float(activations)
+
+
+def check_memory(config, batch: int, length: int, device: str | None, what: str) -> None:
+    """Refuse, before any work, a model and batch whose estimated training memory exceeds what is available."""
+    available = available_memory(device)
+    if available is None:
+        return
+    state, activations = training_memory(config, batch, length)
+    if state + activations > available:
+        raise ConfigError(
+            f"{what} needs about {(state + activations) / GiB:.1f} GiB (parameters, gradients and optimizer state "
+            f"{state / GiB:.1f} GiB, activations of a batch of {batch} x {length} tokens {activations / GiB:.1f} "
+            f"GiB), this machine has {available / GiB:.1f} GiB available "
+            f"{'on the GPU' if (device or default_device()) == 'cuda' else ''}".rstrip()
+            + "; lower --device-batch-size, --max-length or --size, or pass --ignore-memory-check")
