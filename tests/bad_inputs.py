@@ -254,7 +254,7 @@ TE = ("translate eval {mt} --source {para}/val.de --reference {para}/val.en --ou
       "--beams 2 --batch-size 4")
 BENCH = ("bench --shapes bert-tiny --lengths 16 --repeats 1 --warmup 0 --threads 1 --no-memory --methods diet-rel "
          "--modes infer")
-AN = "analyze {model} --data {analysis_text} --out {out} --batch-size 2 --length 16"
+AN = "analyze {model} --data {analysis_text} -o {out} --batch-size 2 --length 16"
 
 
 @dataclass(frozen=True)
@@ -616,9 +616,9 @@ case("analyze --data missing", AN.replace("{analysis_text}", "{root}/nope.txt"),
 case("analyze --data invalid UTF-8", AN.replace("{analysis_text}", "{utf8_txt}"), "corpus_utf8.txt:3001", "UTF-8")
 case("analyze --data empty", AN.replace("{analysis_text}", "{empty_txt}"), "empty.txt", "no text")
 case("analyze --tokenizer missing", f"{AN} --tokenizer {{root}}/nope", "nope", "tokenizer")
-case("analyze --out a file", AN.replace("--out {out}", "--out {afile}"), "afile.txt", "not a folder")
-case("analyze --out under a file", AN.replace("--out {out}", "--out {afile}/an"), "afile.txt", "not a folder")
-case("analyze --out read-only", AN.replace("--out {out}", "--out {readonly}"), "readonly", "cannot write",
+case("analyze -o a file", AN.replace("-o {out}", "-o {afile}"), "afile.txt", "not a folder")
+case("analyze -o under a file", AN.replace("-o {out}", "-o {afile}/an"), "afile.txt", "not a folder")
+case("analyze -o read-only", AN.replace("-o {out}", "-o {readonly}"), "readonly", "cannot write",
      patch="readonly")
 case("analyze disk full", AN, "{out}", "no space left", "kept", patch="diskfull", writes=True, stub=False)
 

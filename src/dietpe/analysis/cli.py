@@ -96,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
     if not Path(args.data).is_file():
         raise DataError(f"{args.data}: no such data file")
     checkpoint = find_checkpoint(args.checkpoint)
-    out = V.check_output_dir(args.out if args.out else checkpoint / "analysis", "--out")
+    out = V.check_output_dir(args.out if args.out else checkpoint / "analysis", "-o")
     tokenizer = load_tokenizer_near(checkpoint, args.tokenizer)
     from dietpe.data.corpus import read_file
     if not any(read_file(args.data)):  # invalid UTF-8 or no text: named before the model is loaded
