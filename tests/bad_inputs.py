@@ -602,6 +602,29 @@ case("pretrain length beyond memory", PRE.replace("--max-length 24", "--max-leng
 case("compare batch beyond memory", f"{CMP} {_HUGE_BATCH}".replace("--batch-size 4 --device-batch-size 4 ", ""),
      "needs about", "GiB available", "--ignore-memory-check")
 
+# -- an option that does not apply to the task at hand: refused, naming the option and why ---------------
+case("pretrain --tokenizer-sample with --tokenizer", f"{PRE} --tokenizer {{model}} --tokenizer-sample 5",
+     "--tokenizer-sample", "does not apply", "--tokenizer")
+case("pretrain --tokenizer-sample with --init", f"{PRE} --init {{model}}/model --tokenizer-sample 5",
+     "--tokenizer-sample", "does not apply", "--init")
+case("pretrain --size with --init", f"{PRE} --init {{model}}/model --size bert-mini", "--size", "does not apply",
+     "--init")
+case("prepare --tokenizer-sample with --tokenizer", f"{PREP} --tokenizer {{model}} --tokenizer-sample 5"
+     .replace("--vocab-size 200 ", ""), "--tokenizer-sample", "does not apply", "--tokenizer")
+case("prepare --vocab-size with --tokenizer", f"{PREP} --tokenizer {{model}}", "--vocab-size",
+     "does not apply", "--tokenizer")
+case("compare --tokenizer-sample with --tokenizer", f"{CMP} --tokenizer {{model}} --tokenizer-sample 5",
+     "--tokenizer-sample", "does not apply", "--tokenizer")
+case("compare --builtin-size with --corpus", f"{CMP} --builtin-size 40", "--builtin-size", "does not apply",
+     "--corpus")
+case("compare --train-language on the built-in tasks", "compare -o {out} --threads 1 --jobs 1 --train-language de",
+     "--train-language", "does not apply", "built-in")
+case("finetune --doc-stride on a classification task", f"{FT} --doc-stride 8", "--doc-stride", "does not apply",
+     "QA")
+case("compare --doc-stride without a QA task", f"{CMP} --doc-stride 8", "--doc-stride", "does not apply", "QA")
+case("translate train --train-source with --data", f"{TT} --train-source {{para}}/train.de", "--train-source",
+     "does not apply", "--data")
+
 # -- analyze ----------------------------------------------------------------------------------------------
 options("analyze", AN, [
     ("--length", "0", (">= 3",)), ("--length", "-1", (">= 3",)), ("--length", "2", (">= 3",)), ("--batch-size", "0", POS),

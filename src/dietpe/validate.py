@@ -93,6 +93,14 @@ def names(text: str) -> list[str]:
 # -- output folders and files -----------------------------------------------------------------------------------
 
 
+def refuse_unused(args, options: dict[str, str], why: str) -> None:
+    """An option given where it has no effect is refused, never silently ignored: `options` maps each such
+    option's dest to its flag; `why` ends the message ("with --tokenizer: no tokenizer is trained")."""
+    for dest, flag in options.items():
+        if getattr(args, dest, None) not in (None, False):
+            raise ConfigError(f"{flag} does not apply {why}")
+
+
 def _probe_write(folder: Path) -> None:
     """Create and remove a file in `folder`: the only test that holds for root, ACLs and read-only mounts."""
     fd, name = tempfile.mkstemp(prefix=".diet-write-test-", dir=folder)

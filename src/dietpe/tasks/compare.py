@@ -43,6 +43,7 @@ from dietpe.tasks.runtime import (add_device_options, add_threads_option, is_mai
                                   trainer_device_args)
 
 BUILTIN_TASKS = ("order", "pair-order", "topic", "distance", "start")
+BUILTIN_SIZE = 1000
 
 
 def register(subparsers) -> None:
@@ -58,10 +59,11 @@ def register(subparsers) -> None:
                                      "papers+none, table5); default: study on built-in data (study+papers with "
                                      "--budget 2 or more), papers otherwise")
     p.add_argument("-o", "--output-dir", default="diet-compare", help="where runs and the report go")
-    p.add_argument("--train-split", default="train", help="file prefix of training splits (XNLI: dev)")
-    p.add_argument("--eval-split", default="dev", help="file prefix of evaluation splits (XNLI: test)")
-    p.add_argument("--train-language", default="en", help="cross-lingual tasks: the language fine-tuned on")
-    p.add_argument("--builtin-size", type=V.positive_int, default=1000, help="training examples per built-in task")
+    p.add_argument("--train-split", help="file prefix of training splits (XNLI: dev) (default: train)")
+    p.add_argument("--eval-split", help="file prefix of evaluation splits (XNLI: test) (default: dev)")
+    p.add_argument("--train-language", help="cross-lingual tasks: the language fine-tuned on (default: en)")
+    p.add_argument("--builtin-size", type=V.positive_int,
+                   help=f"training examples per built-in task (default: {BUILTIN_SIZE})")
     p.add_argument("--pretrain-seeds", type=V.positive_int,
                    help="pre-training seeds per method (--seed, --seed+1, ...); intervals need 2 or more "
                         "(default: 3, 5 with --budget 3 or more)")
@@ -448,7 +450,17 @@ def _main(args) -> int:
     builtin = args.corpus is None and args.tasks is None
     if (args.corpus is None) != (args.tasks is None):
         raise ConfigError("give both --corpus and --tasks, or neither (the built-in data)")
+    if not builtin:
+        V.refuse_unused(args, {"builtin_size": "--builtin-size"}, "with --corpus and --tasks: no data is generated")
+    else:
+        V.refuse_unused(args, {"train_split": "--train-split", "eval_split": "--eval-split",
+                               "train_language": "--train-language"},
+                        "to the built-in tasks: they have one training and one evaluation file each")
+    pt.refuse_unused_options(args)
     budget = args.budget
+    args.builtin_size = args.builtin_size or BUILTIN_SIZE
+    args.train_split, args.eval_split = args.train_split or "train", args.eval_split or "dev"
+    args.train_language = args.train_language or "en"
     defaults = budget_defaults(budget, builtin)
     args.recipe = args.recipe or defaults["recipe"]
     args.ft_recipe = args.ft_recipe or defaults["ft_recipe"]
@@ -492,6 +504,7 @@ def _main(args) -> int:
             raise ConfigError(f"task {data.spec.name} given twice")
         tasks[data.spec.name] = data
     task_names = list(tasks)
+    ft.refuse_unused_options(args, list(tasks.values()))
     for name, data in tasks.items():  # refused now rather than after every method's pre-training
         if data.spec.kind != "qa" and len(data.train) < s_ft["batch_size"]:
             raise DataError(f"{data.source}: {len(data.train)} training examples of {name}, fewer than one "

@@ -61,6 +61,16 @@ RESULT = "result.json"
 SUMMARY = "summary.json"
 
 
+DOC_STRIDE = 64  # QA context windows' overlap unless --doc-stride
+
+
+def refuse_unused_options(args, tasks: list[TaskData]) -> None:
+    """Options that apply to a kind of task none of the tasks is."""
+    if not any(t.spec.kind == "qa" for t in tasks):
+        names = ", ".join(t.spec.name for t in tasks)
+        V.refuse_unused(args, {"doc_stride": "--doc-stride"}, f"to {names}: it sets QA's context windows")
+
+
 def add_finetune_options(p: argparse.ArgumentParser, recipe_default: str = "cpu") -> None:
     g = p.add_argument_group("fine-tuning")
     g.add_argument("--ft-recipe", choices=sorted(FINETUNE_RECIPES), default=recipe_default,
@@ -75,8 +85,9 @@ def add_finetune_options(p: argparse.ArgumentParser, recipe_default: str = "cpu"
     g.add_argument("--eval-steps", type=V.positive_int, help="evaluate every N steps instead of every epoch")
     g.add_argument("--max-train", type=V.positive_int, help="use only the first N training examples")
     g.add_argument("--max-eval", type=V.positive_int, help="use only the first N examples of each evaluation set")
-    g.add_argument("--doc-stride", type=V.non_negative_int, default=64,
-                   help="QA: overlap of context windows, in tokens; less than the room the question leaves")
+    g.add_argument("--doc-stride", type=V.non_negative_int,
+                   help=f"QA only: overlap of context windows, in tokens; less than the room the question leaves "
+                        f"(default: {DOC_STRIDE})")
 
 
 def register(subparsers) -> None:
@@ -126,7 +137,8 @@ def settings(args) -> dict:
     s = dict(lrs=lrs, seeds=given(args.seeds, r.seeds), epochs=given(args.epochs, r.epochs),
              batch_size=given(args.ft_batch_size, r.batch_size), max_length=given(args.ft_max_length, r.max_length),
              warmup=r.warmup, weight_decay=r.weight_decay, max_grad_norm=r.max_grad_norm,
-             eval_steps=args.eval_steps, max_eval=args.max_eval, doc_stride=args.doc_stride)
+             eval_steps=args.eval_steps, max_eval=args.max_eval,
+             doc_stride=DOC_STRIDE if args.doc_stride is None else args.doc_stride)
     options = dict(seeds="--seeds", batch_size="--ft-batch-size", max_length="--ft-max-length",
                    eval_steps="--eval-steps", max_eval="--max-eval")
     for key, option in options.items():
@@ -384,6 +396,7 @@ def main(args) -> int:
     out = V.check_output_dir(args.output_dir, "-o")
     data = load_task(args.task, args.task_type, args.train_file, args.eval_files, args.train_split,
                      args.eval_split, args.train_language, args.max_train)
+    refuse_unused_options(args, [data])
     model_dir = V.find_model_dir(args.model)  # MODEL or a `dietpe pretrain` run folder holding MODEL/model
     with V.created_only_on_success(out):
         summary = run_finetune(model_dir, data, out, s, train_language=args.train_language, device_args=device_args,

@@ -45,6 +45,9 @@ def main(args) -> int:
     if args.cache_dir:
         V.check_output_dir(args.cache_dir, "--cache-dir")
     tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer else None
+    if args.tokenizer:
+        V.refuse_unused(args, {"tokenizer_sample": "--tokenizer-sample", "vocab_size": "--vocab-size"},
+                        "with --tokenizer: no tokenizer is trained")
     log = lambda m: print(f"[prepare] {m}", file=sys.stderr)  # noqa: E731
     p = shards.prepare(args.corpus, validation=args.validation, tokenizer=tokenizer,
                        vocab_size=args.vocab_size or r.vocab_size, max_length=args.max_length or r.max_length,

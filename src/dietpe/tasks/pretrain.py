@@ -378,8 +378,18 @@ def check_before_work(method: Method, s: dict, device_batch_size: int, device: s
                      f"{method.name} at size {s['size']} (vocabulary {s['vocab_size']})")
 
 
+def refuse_unused_options(args) -> None:
+    """Options of `pretrain` and `compare` that the rest of the command line makes moot."""
+    if getattr(args, "init", None):
+        V.refuse_unused(args, {"size": "--size"}, "with --init: the model's sizes are the checkpoint's")
+    if args.tokenizer or getattr(args, "init", None):
+        V.refuse_unused(args, {"tokenizer_sample": "--tokenizer-sample"},
+                        f"with {'--tokenizer' if args.tokenizer else '--init'}: no tokenizer is trained")
+
+
 def main(args) -> int:
     set_threads(args.threads)
+    refuse_unused_options(args)
     method = parse_method(args.method)
     if args.init:
         method = init_method(method)

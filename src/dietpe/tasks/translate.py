@@ -144,6 +144,9 @@ class PrintEvaluations(TrainerCallback):
 
 def _train_files(args) -> tuple[Path, Path, Path, Path]:
     if args.data:
+        V.refuse_unused(args, {k: f"--{k.replace('_', '-')}" for k in ("train_source", "train_target",
+                                                                       "valid_source", "valid_target")},
+                        "with --data: the files are found in its folder")
         if not (args.source and args.target):
             raise ConfigError("--data needs --source and --target language codes (e.g. --source de --target en)")
         return (find_split(args.data, "train", args.source), find_split(args.data, "train", args.target),
