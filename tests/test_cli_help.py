@@ -87,6 +87,43 @@ def test_the_command_lists_its_commands_without_importing_torch(tmp_path):
     assert out.stdout.strip() == "[]"
 
 
+def test_every_commands_help_is_built_without_importing_torch(tmp_path):
+    # each command's full parser and help, as `dietpe X --help` builds it: no torch, no transformers, no job
+    script = tmp_path / "dietpe"
+    script.write_text(
+        "import sys\nfrom dietpe.cli import COMMANDS, build_parser\n"
+        "for name in COMMANDS:\n"
+        "    top = build_parser(name)\n"
+        "    sub = next(a for a in top._actions if a.dest == 'command').choices[name]\n"
+        "    assert any(a.dest == 'func' or a.option_strings for a in sub._actions), name\n"
+        "    sub.format_help()\n"
+        "heavy = ('torch', 'transformers', 'dietpe.models', 'dietpe.tasks.pretrain', 'dietpe.analysis')\n"
+        "print(sorted(m for m in heavy if m in sys.modules))\n")
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, check=True,
+                         env={"PYTHONPATH": src, "PATH": ""})
+    assert out.stdout.strip() == "[]"
+
+
+def test_the_names_the_parsers_offer_are_the_models():
+    from dietpe.commands import LM_SIZES, PACKINGS, SEQ2SEQ_SIZES
+    from dietpe.data.mlm import PACKINGS as MLM_PACKINGS
+    from dietpe.models.seq2seq import SEQ2SEQ_PRESETS
+    from dietpe.tasks.lm import SIZES
+
+    assert PACKINGS == MLM_PACKINGS
+    assert sorted(SEQ2SEQ_SIZES) == sorted(SEQ2SEQ_PRESETS)
+    assert sorted(LM_SIZES) == sorted(SIZES)
+
+
+def test_a_command_runs_its_module_once_parsed(monkeypatch):
+    from dietpe.tasks import prepare
+
+    seen = []
+    monkeypatch.setattr(prepare, "main", lambda args: seen.append(args.corpus) or 0)
+    assert main(["prepare", "somewhere"]) == 0 and seen == ["somewhere"]
+
+
 def test_library_messages_are_quiet_while_a_command_runs(monkeypatch):
     # transformers' warnings would land inside the progress bar's line
     import transformers

@@ -1,7 +1,7 @@
 """The `dietpe` command line: one sub-command per job, each defined in its own module.
 
-A module named here exposes `register(subparsers)`, which adds its parser and sets `func`
-(a callable taking the parsed namespace and returning an exit code).
+Each command's parser is built by `dietpe.commands` (without importing torch); it sets `func`, a callable
+taking the parsed namespace and returning an exit code, which imports the command's module when it runs.
 
 Every mistake in the input ends the command with exit code 2 and one line on stderr,
 `dietpe <command>: error: ...`, naming the value and the limit (or the file and line): argparse's own errors
@@ -14,9 +14,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import errno
-import importlib
 import os
 import sys
+from pathlib import Path
 
 from dietpe.errors import DietError
 
@@ -82,8 +82,8 @@ def write_error(e: BaseException) -> OSError | None:
         seen += 1
     return None
 
-# sub-command -> (module that registers it, one-line help). `dietpe --help` lists them without importing
-# any (torch and transformers take seconds to import); a command's module is imported when it is named.
+# sub-command -> (module that does its work, one-line help). `dietpe --help` lists them without importing
+# any (torch and transformers take seconds to import); a command's module is imported when it runs.
 COMMANDS = {
     "pretrain": ("dietpe.tasks.pretrain", "masked-LM pre-training (DIET appendix A)"),
     "prepare": ("dietpe.tasks.prepare", "read, tokenize and pack a corpus once into cached token shards"),
@@ -97,29 +97,31 @@ COMMANDS = {
 }
 
 
+def module_file(module: str) -> Path:
+    """Where a `dietpe.` module's source lies, found without importing its package (whose __init__ may be
+    heavy)."""
+    return Path(__file__).parent.joinpath(*module.split(".")[1:]).with_suffix(".py")
+
+
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
-    """The full parser; with `only`, that command's parser and a one-line entry for each other command."""
+    """The full parser; with `only`, that command's parser and a one-line entry for each other command.
+    No command's module is imported (`dietpe.commands` holds the parsers; the job is imported when it runs)."""
     from dietpe import __version__
 
     parser = DietArgumentParser(prog="dietpe", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"dietpe {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=DietArgumentParser)
-    if only is None:
-        modules = dict.fromkeys(module for module, _ in COMMANDS.values())
-    else:
-        modules = {COMMANDS[only][0]: None} if only in COMMANDS else {}
-    missing_modules = set()
-    for module in modules:
-        try:
-            mod = importlib.import_module(module)
-        except ModuleNotFoundError as e:
-            if e.name and e.name.startswith("dietpe"):
-                missing_modules.add(module)
-                continue  # that job is not part of this build
-            raise
-        mod.register(sub)
+    # a job whose module is not part of this build is left out
+    present = {name for name, (module, _) in COMMANDS.items() if module_file(module).is_file()}
+    wanted = [name for name in COMMANDS if (only is None or name == only) and name in present]
+    if wanted:
+        from dietpe.commands import REGISTER
+
+        for name in wanted:
+            if name not in sub.choices:
+                REGISTER[name](sub)
     for name, (module, help_text) in COMMANDS.items():
-        if name not in sub.choices and module not in missing_modules:
+        if name not in sub.choices and name in present:
             sub.add_parser(name, help=help_text, add_help=False)
     return parser
 

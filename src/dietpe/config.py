@@ -13,6 +13,7 @@ from transformers import PretrainedConfig
 
 from dietpe.errors import ConfigError
 from dietpe.positions.registry import REGISTRY, names
+from dietpe.presets import PRESETS  # noqa: F401  (re-exported: dietpe.config.PRESETS)
 
 Position = Literal[tuple(REGISTRY)]  # the registry's names (dietpe.positions.registry)
 Segment = Literal["none", "input", "per-head"]
@@ -34,13 +35,6 @@ NEEDS_KEY_POSITIONS = names(key_positions=True)
 NEEDS_PROBABILITIES = names(probabilities=True)
 SHAREABLE_POSITIONS = names(shareable=True)
 
-PRESETS: dict[str, dict] = {
-    # Sizes from BERT (Devlin et al.) and Turc et al.'s compact BERTs; bert-small is DIET's BERT_SMALL.
-    "bert-tiny": dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=2, intermediate_size=512),
-    "bert-mini": dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, intermediate_size=1024),
-    "bert-small": dict(hidden_size=512, num_hidden_layers=4, num_attention_heads=8, intermediate_size=2048),
-    "bert-base": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072),
-}
 
 
 #: default `logit_scale` (docs/parametrization.md)

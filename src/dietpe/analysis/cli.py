@@ -117,25 +117,3 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(subparsers) -> None:
-    from dietpe.cli import hidden_alias
-
-    p = subparsers.add_parser(
-        "analyze", help="rank and attention pictures of a checkpoint (DIET Fig. 2, 4-8; TUPE Fig. 6)",
-        description=__doc__)
-    p.add_argument("checkpoint", help="a save_pretrained directory (or a pretrain run directory with model/)")
-    p.add_argument("--data", required=True, help="text file (one paragraph per line) to sample the batch from")
-    p.add_argument("-o", "--output-dir", dest="out", metavar="DIR", help="output directory (default: CHECKPOINT/analysis)")
-    hidden_alias(p, "--out", dest="out")
-    p.add_argument("--tokenizer", help="tokenizer directory or tokenizer.json (default: the checkpoint's)")
-    p.add_argument("--batch-size", type=V.positive_int, default=8, help="sequences in the sampled batch (default 8)")
-    p.add_argument("--length", type=V.int_at_least(3, ": [CLS], a token and [SEP]"), default=None,
-                   help="tokens per sequence, capped by the position table (default: the training length; a longer "
-                        "one is analysed with a note saying so)")
-    p.add_argument("--seed", type=V.seed, default=0, help="seed of the sampled batch (default 0)")
-    p.add_argument("--rtol", type=V.positive_float, default=None,
-                   help="rank tolerance relative to the largest singular value (default max(M, N) · ε_float32)")
-    p.add_argument("--title", help="title of the report (default: the position method)")
-    from dietpe.tasks.runtime import add_device_options
-    add_device_options(p, training=False)
-    p.set_defaults(func=run)

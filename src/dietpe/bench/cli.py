@@ -7,7 +7,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -19,53 +18,10 @@ import torch
 from dietpe import validate as V
 from dietpe.bench import cost, report
 from dietpe.errors import ConfigError
-from dietpe.tasks.runtime import add_device_options, add_precision_option, resolve_device, set_threads
-
-
-def _ints(text: str) -> list[int]:
-    try:
-        values = [int(x) for x in text.split(",") if x]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers") from None
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must list positive integers")
-    return values
+from dietpe.tasks.runtime import resolve_device, set_threads
 
 
 _names = V.names  # a comma-separated, non-empty list
-
-
-def register(subparsers) -> None:
-    p = subparsers.add_parser("bench", help="time and memory of every position method against `none`",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--shapes", type=_names, default=["bert-small", "bert-base"],
-                   help="model presets (default: bert-small,bert-base)")
-    p.add_argument("--lengths", type=_ints, default=[128, 512], help="sequence lengths (default: 128,512)")
-    p.add_argument("--batch", type=_ints, default=None,
-                   help="batch size, one for all lengths or one per length (default: 8 at 128, 2 at 512, "
-                        "so 1,024 tokens per step; elsewhere max(1, 1024 // length))")
-    p.add_argument("--methods", type=_names, default=list(cost.DEFAULT_METHODS),
-                   help="position methods, `+seg` for per-head segments (default: all, with diet-abs+seg and "
-                        "diet-rel+seg); `none` is always added as the baseline")
-    p.add_argument("--modes", type=_names, default=["train", "infer"], help="train, infer or both")
-    p.add_argument("--repeats", type=V.positive_int, default=15, help="timed cycles (default: 15)")
-    p.add_argument("--warmup", type=V.non_negative_int, default=2, help="untimed cycles first (default: 2)")
-    p.add_argument("--threads", type=V.positive_int, default=2, help="torch intra-op threads (default: 2)")
-    p.add_argument("--peers", action="store_true",
-                   help="add Hugging Face BertModel (SDPA) and T5EncoderModel on the same shapes")
-    p.add_argument("--no-memory", dest="memory", action="store_false",
-                   help="skip peak memory (one fresh process per configuration)")
-    p.add_argument("--long", action="store_true",
-                   help="also: inference at --long-length tokens for the methods with no absolute table")
-    p.add_argument("--long-length", type=V.positive_int, default=8192, help="length for --long (default: 8192)")
-    p.add_argument("--long-methods", type=_names, default=["none", "diet-rel", "diet-rel+seg", "t5", "alibi",
-                                                           "rotary"],
-                   help="methods for --long (default: none,diet-rel,diet-rel+seg,t5,alibi,rotary)")
-    p.add_argument("--json", default=None, help="also write the results as JSON to this path")
-    p.add_argument("--markdown", default=None, help="also write the tables as Markdown to this path")
-    add_device_options(p, training=False)
-    add_precision_option(p)
-    p.set_defaults(func=run)
 
 
 def _batches(args) -> list[int]:
@@ -89,7 +45,7 @@ def run(args) -> int:
     for mode in args.modes:
         if mode not in ("train", "infer"):
             raise ConfigError(f"--modes: {mode!r} is not one of 'train', 'infer'")
-    variants = [cost.Variant.parse(m) for m in args.methods]
+    variants = [cost.Variant.parse(m) for m in (args.methods or cost.DEFAULT_METHODS)]
     long_variants = [cost.Variant.parse(m) for m in args.long_methods] if args.long else []
     for v in long_variants:
         if v.label not in cost.LENGTH_FREE:

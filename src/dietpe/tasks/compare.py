@@ -13,7 +13,6 @@ rerunning the command after a kill continues where it stopped.
 
 from __future__ import annotations
 
-import argparse
 import csv
 import io
 import json
@@ -29,6 +28,7 @@ import numpy as np
 
 from dietpe import validate as V
 from dietpe.analysis import stats
+from dietpe.commands import BUILTIN_SIZE, BUILTIN_TASKS
 from dietpe.analysis.style import method_styles
 from dietpe.data.tasks import load_task
 from dietpe.errors import ConfigError, DataError
@@ -39,45 +39,7 @@ from dietpe.tasks import claims as CL
 from dietpe.tasks import finetune as ft
 from dietpe.tasks import pretrain as pt
 from dietpe.tasks.checkpoints import check_run_settings, local_path, write_json_atomic
-from dietpe.tasks.runtime import (add_device_options, add_threads_option, is_main_process, set_threads,
-                                  trainer_device_args)
-
-BUILTIN_TASKS = ("order", "pair-order", "topic", "distance", "start")
-BUILTIN_SIZE = 1000
-
-
-def register(subparsers) -> None:
-    p = subparsers.add_parser("compare", help="pre-train and fine-tune every position method; write a report",
-                              description=__doc__,
-                              formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--corpus", help="pre-training corpus (directory, file or Hugging Face name); default: the "
-                                    "built-in generated corpus")
-    p.add_argument("--tasks", nargs="+", metavar="PATH[=TASK]",
-                   help="fine-tuning tasks, each a directory in its official layout (glue/CoLA, xnli, xquad), "
-                        "optionally =task-name; default: the built-in tasks " + ", ".join(BUILTIN_TASKS))
-    p.add_argument("--methods", help="comma-separated method specs or named lists (study, study+papers, papers, "
-                                     "papers+none, table5); default: study on built-in data (study+papers with "
-                                     "--budget 2 or more), papers otherwise")
-    p.add_argument("-o", "--output-dir", default="diet-compare", help="where runs and the report go")
-    p.add_argument("--train-split", help="file prefix of training splits (XNLI: dev) (default: train)")
-    p.add_argument("--eval-split", help="file prefix of evaluation splits (XNLI: test) (default: dev)")
-    p.add_argument("--train-language", help="cross-lingual tasks: the language fine-tuned on (default: en)")
-    p.add_argument("--builtin-size", type=V.positive_int,
-                   help=f"training examples per built-in task (default: {BUILTIN_SIZE})")
-    p.add_argument("--pretrain-seeds", type=V.positive_int,
-                   help="pre-training seeds per method (--seed, --seed+1, ...); intervals need 2 or more "
-                        "(default: 3, 5 with --budget 3 or more)")
-    p.add_argument("--budget", type=V.positive_int, default=1,
-                   help="scale the study for more time: pre-training steps x N (unless --steps); from N = 2 the "
-                        "papers' other rows and fine-tuning protocol (lr grid, median of 3 fine-tuning seeds: "
-                        "--ft-recipe study-full), 5 pre-training seeds from N = 3")
-    pt.add_pretrain_options(p, recipe_default=None)
-    ft.add_finetune_options(p, recipe_default=None)
-    add_threads_option(p, default=1)
-    add_device_options(p, deterministic_default=True)  # the study's runs are the same bits on CUDA too
-    p.add_argument("--jobs", type=V.positive_int, help="runs trained side by side, one process each (default: CPU "
-                                                       "cores / threads, e.g. 2 on 2 cores)")
-    p.set_defaults(func=main)
+from dietpe.tasks.runtime import is_main_process, set_threads, trainer_device_args
 
 
 # -- numbers -------------------------------------------------------------------------------------------------

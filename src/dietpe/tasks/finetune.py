@@ -14,7 +14,6 @@ task, hyper-parameters) are recorded in the output folder; a rerun with other se
 
 from __future__ import annotations
 
-import argparse
 import math
 import shutil
 import statistics
@@ -26,6 +25,7 @@ import numpy as np
 import torch
 
 from dietpe import validate as V
+from dietpe.commands import DOC_STRIDE
 from dietpe.data import metrics as M
 from dietpe.data.qa import best_answers, encode_eval, encode_train
 from dietpe.data.tasks import TaskData, load_task
@@ -46,8 +46,6 @@ from dietpe.tasks.recipes import FINETUNE_RECIPES, check_model_length
 from dietpe.tasks.runtime import (
     ListDataset,
     ProgressBar,
-    add_device_options,
-    add_threads_option,
     batch_layout,
     is_main_process,
     replace_progress,
@@ -61,61 +59,11 @@ RESULT = "result.json"
 SUMMARY = "summary.json"
 
 
-DOC_STRIDE = 64  # QA context windows' overlap unless --doc-stride
-
-
 def refuse_unused_options(args, tasks: list[TaskData]) -> None:
     """Options that apply to a kind of task none of the tasks is."""
     if not any(t.spec.kind == "qa" for t in tasks):
         names = ", ".join(t.spec.name for t in tasks)
         V.refuse_unused(args, {"doc_stride": "--doc-stride"}, f"to {names}: it sets QA's context windows")
-
-
-def add_finetune_options(p: argparse.ArgumentParser, recipe_default: str = "cpu") -> None:
-    g = p.add_argument_group("fine-tuning")
-    g.add_argument("--ft-recipe", choices=sorted(FINETUNE_RECIPES), default=recipe_default,
-                   help="'paper' is DIET Table 7 (lr {1,2,3,4}e-5 x 5 seeds, 5 epochs, batch 32, warm-up 0.1)")
-    g.add_argument("--lrs", help="comma-separated learning rates (default: the recipe's grid)")
-    g.add_argument("--seeds", type=V.positive_int,
-                   help="runs per learning rate (seeds 0..N-1); the median is reported")
-    g.add_argument("--epochs", type=V.positive_float, help="training epochs per run")
-    g.add_argument("--ft-batch-size", type=V.positive_int, help="global fine-tuning batch")
-    g.add_argument("--ft-max-length", type=V.int_at_least(5, ": [CLS] A [SEP] B [SEP]"),
-                   help="maximum tokens per example (pairs: both segments)")
-    g.add_argument("--eval-steps", type=V.positive_int, help="evaluate every N steps instead of every epoch")
-    g.add_argument("--max-train", type=V.positive_int, help="use only the first N training examples")
-    g.add_argument("--max-eval", type=V.positive_int, help="use only the first N examples of each evaluation set")
-    g.add_argument("--doc-stride", type=V.non_negative_int,
-                   help=f"QA only: overlap of context windows, in tokens; less than the room the question leaves "
-                        f"(default: {DOC_STRIDE})")
-
-
-def register(subparsers) -> None:
-    p = subparsers.add_parser("finetune", help="fine-tune a pre-trained model on GLUE/XNLI/QA (lr grid x seeds)",
-                              description=__doc__,
-                              formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("model", help="a pre-trained model directory, or a `dietpe pretrain` run folder (its model/ is "
-                                 "used)")
-    p.add_argument("task", help="a task directory in its official layout (e.g. glue/CoLA, xnli, xquad) or a "
-                                "Hugging Face name such as nyu-mll/glue:cola")
-    p.add_argument("--task-name", dest="task_type",
-                   help="which task the data is (cola, sst-2, mrpc, sts-b, qqp, mnli, qnli, rte, wnli, xnli, qa, "
-                        "order, pair-order, topic, tsv); default: from the directory name")
-    p.add_argument("--train-file", help="training file, overriding the directory layout (e.g. MNLI's "
-                                        "train.tsv for XNLI, SQuAD's train-v1.1.json for XQuAD)")
-    p.add_argument("--eval-files", nargs="+", help="evaluation files, overriding the directory layout")
-    p.add_argument("--train-split", default="train", help="file prefix of the training split (XNLI: dev)")
-    p.add_argument("--eval-split", default="dev", help="file prefix of the evaluation split (XNLI: test)")
-    p.add_argument("--train-language", default="en", help="cross-lingual: the language fine-tuned on")
-    p.add_argument("-o", "--output-dir", default="runs/finetune",
-                   help="where each run's result.json and fine-tuned model (LR-SEED/model) go")
-    p.add_argument("--no-save-model", dest="save_model", action="store_false",
-                   help="keep no fine-tuned model, only the scores (each run's model at its last step is kept "
-                        "otherwise, loadable with from_pretrained)")
-    add_finetune_options(p)
-    add_threads_option(p)
-    add_device_options(p)
-    p.set_defaults(func=main)
 
 
 def settings(args) -> dict:

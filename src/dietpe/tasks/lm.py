@@ -23,7 +23,6 @@ thread; see docs/causal.md for the measured tables).
 
 from __future__ import annotations
 
-import argparse
 import csv
 import io
 import json
@@ -35,14 +34,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from dietpe import validate as V
 from dietpe.config import PRESETS
 from dietpe.errors import ConfigError, DataError
 from dietpe.positions.registry import REGISTRY
-from dietpe.tasks.runtime import add_device_options, resolve_device
+from dietpe.tasks.runtime import resolve_device
 
 SIZES = {"toy": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=256), **PRESETS}
-DEFAULT_METHODS = "none,absolute,sinusoidal,shaw,xlnet,t5,tupe-a,tupe-r,diet-abs,diet-rel,rotary,alibi,kerple"
 RESULT = "lm_result.json"
 MASK_SEED = 1234
 
@@ -85,9 +82,6 @@ def causal_config(position_spec: str, size: str, vocab_size: int, max_length: in
     return DietCausalConfig(**{**SIZES[size], **method.config_fields(), "vocab_size": vocab_size,
                                "max_position_embeddings": max_length, "pad_token_id": pad_token_id,
                                "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0})
-
-
-ARCHS = ("diet", "llama")
 
 
 def llama_lm(config, spec: str):
@@ -290,62 +284,6 @@ def write_report(rows: list[dict], multiples, out: Path, title: str) -> str:
     (out / "lengths.json").write_text(json.dumps(rows, indent=1), encoding="utf-8")
     plot(rows, multiples, out / "lengths.png", title)
     return md
-
-
-# ------------------------------------------------------------------------------------------------ commands
-def _multiples(text: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(x) for x in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers (e.g. 1,2,4,8)")
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: multiples of the training length must be >= 1")
-    return values
-
-
-def register(subparsers) -> None:
-    p = subparsers.add_parser("lm", help="causal LMs per position method, then length generalisation",
-                              description=__doc__,
-                              formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("corpus", help="text corpus (directory with train.txt/valid.txt, a file, or a HF dataset name)")
-    p.add_argument("--methods", default=DEFAULT_METHODS, help="comma-separated method specs")
-    p.add_argument("-o", "--output-dir", default="runs/lm", help="where each method's run and the table go")
-    p.add_argument("--size", default="toy", choices=sorted(SIZES), help="model size preset")
-    p.add_argument("--arch", default="diet", choices=ARCHS,
-                   help="diet's causal LM, or transformers' Llama (pre-norm, RMSNorm, SwiGLU) with the method "
-                        "attached in place of RoPE (dietpe.attach)")
-    p.add_argument("--vocab-size", type=V.int_at_least(6, ": 5 special tokens and a word"), default=4000,
-                   help="vocabulary size of the tokenizer trained on the corpus")
-    p.add_argument("--max-length", type=V.int_at_least(2, ": a token and the next"), default=64,
-                   help="training length L")
-    p.add_argument("--steps", type=V.positive_int, default=300, help="optimizer steps per method")
-    p.add_argument("--batch-size", type=V.positive_int, default=16, help="sequences per step")
-    p.add_argument("--lr", type=V.positive_float, default=2e-3, help="peak learning rate")
-    p.add_argument("--seed", type=V.seed, default=0, help="seed of initialisation and data order")
-    p.add_argument("--max-documents", type=V.positive_int, help="use only the first N training documents")
-    p.add_argument("--lengths", type=_multiples, default=(1, 2, 4, 8), help="multiples of L to evaluate at")
-    p.add_argument("--eval-tokens", type=V.positive_int, help="held-out tokens scored at every length "
-                                                               "(default: 8 windows of the longest)")
-    p.add_argument("--threads", type=V.positive_int, default=1, help="CPU threads")
-    add_device_options(p)
-    p.add_argument("--cache-dir", help="where prepared corpora are kept and reused, shared with `dietpe prepare` and "
-                                       "`pretrain` (default: $XDG_CACHE_HOME/dietpe or ~/.cache/dietpe)")
-    p.set_defaults(func=main_lm)
-
-    q = subparsers.add_parser("lengths", help="perplexity at 1, 2, 4, 8 times the training length",
-                              description="Perplexity of trained models at multiples of their training length.",
-                              formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    q.add_argument("runs", nargs="+", help="run folders of `dietpe lm` (one per method) or `dietpe pretrain`, or "
-                                           "their model folders")
-    q.add_argument("--data", required=True, help="held-out text (a file, a corpus directory's valid split)")
-    q.add_argument("--train-length", type=V.positive_int, help="L, when a run does not record it")
-    q.add_argument("--lengths", type=_multiples, default=(1, 2, 4, 8), help="multiples of L to evaluate at")
-    q.add_argument("--eval-tokens", type=V.positive_int, help="held-out tokens scored at every length "
-                                                               "(default: 8 windows of the longest)")
-    q.add_argument("-o", "--output-dir", default="lengths", help="where the table and JSON go")
-    q.add_argument("--threads", type=V.positive_int, default=1, help="CPU threads")
-    add_device_options(q, training=False)
-    q.set_defaults(func=main_lengths)
 
 
 def _log(message: str) -> None:

@@ -7,34 +7,10 @@ find these shards instead of preparing again.
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 from dietpe import validate as V
 from dietpe.tasks.recipes import PRETRAIN_RECIPES
-
-
-def register(subparsers) -> None:
-    from dietpe.tasks.pretrain import add_data_options
-
-    p = subparsers.add_parser("prepare", help="prepare a corpus once into token shards (reused by pretrain, "
-                                              "compare, lm)", description=__doc__)
-    p.add_argument("corpus", help="text file(s) directory (train.txt, valid.txt), a .txt/.jsonl/.tsv file, or a "
-                                  "Hugging Face dataset name (streamed), such as wikitext:wikitext-2-raw-v1")
-    p.add_argument("--validation", help="validation corpus (default: the corpus's valid file, else 5%% of the "
-                                        "documents held out)")
-    p.add_argument("--recipe", choices=sorted(PRETRAIN_RECIPES), default="cpu",
-                   help="the pre-training recipe whose vocabulary size and block length are the defaults")
-    p.add_argument("--tokenizer", help="an existing tokenizer (directory or tokenizer.json); default: train "
-                                       "WordPiece on the corpus")
-    p.add_argument("--vocab-size", type=V.int_at_least(6, ": 5 special tokens and a word"),
-                   help="WordPiece vocabulary size when training one (default: the recipe's)")
-    p.add_argument("--max-length", type=V.int_at_least(3, ": [CLS], a token and [SEP]"),
-                   help="block length in tokens (default: the recipe's)")
-    p.add_argument("--max-documents", type=V.positive_int, help="use only the first N documents of the corpus")
-    p.add_argument("--processes", type=V.positive_int, help="worker processes (default: the cores, at most 8)")
-    add_data_options(p)
-    p.set_defaults(func=main)
 
 
 def main(args) -> int:

@@ -10,7 +10,6 @@ on a validation set masked once with a fixed seed, so every method is scored on 
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import math
 import shutil
@@ -25,7 +24,7 @@ from dietpe import validate as V
 from dietpe.config import LEARNED_ABSOLUTE
 from dietpe.data import shards
 from dietpe.data.corpus import iter_chunks, resolve_source
-from dietpe.data.mlm import PACKINGS, MlmCollator
+from dietpe.data.mlm import MlmCollator
 from dietpe.data.tokenizer import load_tokenizer, save_tokenizer
 from dietpe.errors import ConfigError, DataError
 from dietpe.methods import Method, parse_method
@@ -40,12 +39,10 @@ from dietpe.tasks.checkpoints import (
     train_resumable,
     write_json_atomic,
 )
-from dietpe.tasks.recipes import PRETRAIN_RECIPES, SIZES, build_config
+from dietpe.tasks.recipes import PRETRAIN_RECIPES, build_config
 from dietpe.tasks.runtime import (
     ListDataset,
     ProgressBar,
-    add_device_options,
-    add_threads_option,
     batch_layout,
     check_memory,
     is_main_process,
@@ -60,79 +57,6 @@ from dietpe.tasks.seeding import EpochExamples
 
 RESULTS = "pretrain_results.json"
 VALIDATION_SEED = 1234  # the masking of the validation set, shared by all methods
-
-
-def add_pretrain_options(p: argparse.ArgumentParser, recipe_default: str = "cpu") -> None:
-    """Options shared by `dietpe pretrain` and `dietpe compare`; unset ones come from the recipe."""
-    g = p.add_argument_group("pre-training")
-    g.add_argument("--recipe", choices=sorted(PRETRAIN_RECIPES), default=recipe_default,
-                   help="hyper-parameter preset: 'paper' is DIET Table 7 (500k steps, batch 4096, lr 0.0018); "
-                        "'cpu' a CPU-session budget; 'toy' the built-in comparison; 'init' continued "
-                        "pre-training of a checkpoint (default: 'cpu', 'init' with --init; compare: 'study' on its "
-                        "built-in data, else 'cpu')")
-    g.add_argument("--size", choices=sorted(SIZES), help="model size preset (default: the recipe's)")
-    g.add_argument("--tokenizer", help="an existing tokenizer (directory or tokenizer.json); default: train "
-                                       "WordPiece on the corpus")
-    g.add_argument("--vocab-size", type=V.int_at_least(6, ": 5 special tokens and a word"),
-                   help="WordPiece vocabulary size when training one")
-    g.add_argument("--max-length", type=V.int_at_least(3, ": [CLS], a token and [SEP]"),
-                   help="block length in tokens ([CLS] and [SEP] included)")
-    g.add_argument("--steps", type=V.positive_int, help="optimizer steps")
-    g.add_argument("--batch-size", type=V.positive_int, help="global batch (all processes, after accumulation)")
-    g.add_argument("--device-batch-size", type=V.positive_int, default=64,
-                   help="largest batch one process computes at once; the rest is gradient accumulation")
-    g.add_argument("--lr", type=V.positive_float, help="peak learning rate")
-    g.add_argument("--warmup", type=V.fraction, help="warm-up fraction of the steps, in [0, 1)")
-    g.add_argument("--save-steps", type=V.positive_int, help="checkpoint interval in steps")
-    g.add_argument("--max-documents", type=V.positive_int, help="use only the first N documents of the corpus")
-    g.add_argument("--max-validation", type=V.positive_int,
-                   help="score validation MLM loss on the first N validation blocks only (faster evaluations)")
-    g.add_argument("--seed", type=V.seed, default=0, help="seed of initialisation and data order")
-    add_data_options(g)
-    g.add_argument("--ignore-memory-check", action="store_true",
-                   help="train even when the estimated memory of the model and a device batch exceeds what this "
-                        "machine has available (checked before any work)")
-    g.add_argument("--logit-lr-scale", type=V.positive_float,
-                   help="learning rate of the position and segment parameters added to the attention logits "
-                        "(DIET-REL's R, T5's buckets, DIET-ABS's P_Q/P_K, per-head segments) relative to --lr, "
-                        "for every method alike, on top of their stored scale (DietConfig.logit_scale) (default: "
-                        "the recipe's, 1 in every recipe; docs/parametrization.md)")
-
-
-def add_data_options(g) -> None:
-    """Where and how the corpus is prepared into shards (`dietpe prepare`, `pretrain`, `compare`)."""
-    g.add_argument("--cache-dir", help="where prepared corpora (tokenizers and token shards) are kept and reused "
-                                       "(default: $XDG_CACHE_HOME/dietpe or ~/.cache/dietpe)")
-    g.add_argument("--packing", choices=PACKINGS, default="full-sentences",
-                   help="full-sentences: the papers' rule (RoBERTa), documents run on in a block after [SEP]; "
-                        "documents: several documents per block, positions restarting and attention kept "
-                        "inside each document")
-    g.add_argument("--tokenizer-sample", type=V.positive_int, metavar="N",
-                   help="train the tokenizer on the first N training documents only (very large corpora)")
-
-
-def register(subparsers) -> None:
-    p = subparsers.add_parser("pretrain", help="masked-LM pre-training (DIET appendix A)",
-                              description=__doc__,
-                              formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("corpus", help="text file(s) directory (train.txt, valid.txt), a .txt/.jsonl/.tsv file, or a "
-                                  "Hugging Face dataset name such as wikitext:wikitext-2-raw-v1")
-    p.add_argument("--validation", help="validation corpus (default: the corpus's valid file, else 5%% of the "
-                                        "documents held out)")
-    p.add_argument("--method", default="absolute",
-                   help="position method spec, e.g. absolute, diet-rel, diet-rel:segment=input:sharing=layer")
-    p.add_argument("-o", "--output-dir", default="runs/pretrain", help="where checkpoints and the model go")
-    p.add_argument("--overwrite", action="store_true", help="start afresh instead of resuming")
-    p.add_argument("--init", help="continue pre-training a BERT checkpoint (folder or hub name, safetensors): its "
-                                  "content weights and sizes, the method's position parameters fresh, BERT's input "
-                                  "positions kept for 'absolute', and beside a per-head method unless the spec says "
-                                  "input_positions=false (e.g. diet-rel:input_positions=false drops them); the "
-                                  "'init' recipe unless --recipe; its tokenizer unless --tokenizer; the log "
-                                  "lists what was loaded, initialised and dropped, and what that means")
-    add_pretrain_options(p, recipe_default=None)  # `cpu`, or `init` with --init (recipe_name)
-    add_threads_option(p)
-    add_device_options(p)
-    p.set_defaults(func=main)
 
 
 def recipe_name(args) -> str:

@@ -5,10 +5,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dietpe.config import PRESETS, DietConfig
+from typing import TYPE_CHECKING
+
 from dietpe.errors import ConfigError
-from dietpe.methods import Method
-from dietpe.positions.encoding import check_length
+from dietpe.presets import PRESETS
+
+if TYPE_CHECKING:  # the model code is imported when a config is built, not when the parsers list the sizes
+    from dietpe.config import DietConfig
+    from dietpe.methods import Method
 
 # `toy` is the built-in comparison's size (fits ~10 CPU minutes for 12 methods); the rest are diet's presets.
 SIZES: dict[str, tuple[str, dict]] = {
@@ -22,6 +26,9 @@ SIZES: dict[str, tuple[str, dict]] = {
 
 def build_config(method: Method, size: str, vocab_size: int, max_length: int, pad_token_id: int,
                  max_position_embeddings: int | None = None, dropout: float | None = None) -> DietConfig:
+    from dietpe.config import DietConfig
+    from dietpe.positions.encoding import check_length
+
     if size not in SIZES:
         raise ConfigError(f"model size {size!r} is not one of {', '.join(SIZES)}")
     preset, overrides = SIZES[size]
@@ -37,6 +44,8 @@ def build_config(method: Method, size: str, vocab_size: int, max_length: int, pa
 
 def check_model_length(config: DietConfig, max_length: int, where: str) -> None:
     """Refuse, before training, a length the pretrained model's position method cannot serve."""
+    from dietpe.positions.encoding import check_length
+
     check_length(config.position, max_length, config.max_position_embeddings, "max_length=",
                  f"the model in {where}; use --max-length {config.max_position_embeddings} or less", ConfigError)
 

@@ -4,7 +4,6 @@ loss curves of a run."""
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import sys
@@ -13,6 +12,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import TrainerCallback
 
+from dietpe.commands import PRECISIONS
 from dietpe.errors import ConfigError
 
 
@@ -73,14 +73,6 @@ class ListDataset(torch.utils.data.Dataset):
         return self.items[i]
 
 
-def add_threads_option(p, default: int | None = None) -> None:
-    from dietpe.validate import positive_int
-
-    p.add_argument("--threads", type=positive_int, default=default,
-                   help="CPU threads per process (default: torch's choice); 1 is much faster for small models "
-                        "on a busy machine, where more threads than free cores stall each other")
-
-
 def set_threads(threads: int | None) -> None:
     if threads is not None:
         if threads < 1:
@@ -88,30 +80,12 @@ def set_threads(threads: int | None) -> None:
         torch.set_num_threads(threads)
 
 
-PRECISIONS = ("fp32", "bf16", "fp16")
 # cuBLAS needs a fixed workspace to pick deterministic reductions (CUDA docs, "Reproducibility")
 CUBLAS_WORKSPACE = ":4096:8"
 
 
 def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def add_device_options(p, *, training: bool = True, deterministic_default: bool = False) -> None:
-    """`--device` on every command that runs a model; `--precision` and `--deterministic` on training ones."""
-    p.add_argument("--device", choices=("cpu", "cuda"), default=None,
-                   help="where the model runs (default: cuda if available, else cpu)")
-    if training:
-        add_precision_option(p)
-        p.add_argument("--deterministic", action=argparse.BooleanOptionalAction, default=deterministic_default,
-                       help="deterministic algorithms on CUDA (torch.use_deterministic_algorithms, a fixed cuBLAS "
-                            "workspace): same bits on the same GPU and software, slower; CPU runs are always so")
-
-
-def add_precision_option(p) -> None:
-    p.add_argument("--precision", choices=PRECISIONS, default="fp32",
-                   help="fp32 (TF32 matmuls allowed on CUDA), or bf16 / fp16 mixed precision (fp16 needs CUDA; "
-                        "bf16 also runs on the CPU)")
 
 
 def resolve_device(device: str | None) -> torch.device:

@@ -42,7 +42,7 @@ from dietpe.data.parallel import (
 from dietpe.data.tokenizer import save_tokenizer
 from dietpe.errors import ConfigError, DataError
 from dietpe.methods import Method, parse_method
-from dietpe.models.seq2seq import SEQ2SEQ_PRESETS, DietForConditionalGeneration, DietSeq2SeqConfig, shift_right
+from dietpe.models.seq2seq import DietForConditionalGeneration, DietSeq2SeqConfig, shift_right
 from dietpe.positions.encoding import check_length
 from dietpe.tasks.checkpoints import (
     CompleteCheckpoints,
@@ -52,8 +52,8 @@ from dietpe.tasks.checkpoints import (
     train_resumable,
     write_json_atomic,
 )
-from dietpe.tasks.runtime import (ListDataset, ProgressBar, add_device_options, replace_progress, resolve_device,
-                                  set_threads, trainer_device_args)
+from dietpe.tasks.runtime import (ListDataset, ProgressBar, replace_progress, resolve_device, set_threads,
+                                  trainer_device_args)
 from dietpe.tasks.seeding import SeededTrainer
 
 # what changes the trained model: recorded in the run directory, and a rerun with other values is refused
@@ -444,68 +444,3 @@ def run_eval(args) -> int:
 
 # -- command line --------------------------------------------------------------------------------------------
 
-def register(subparsers) -> None:
-    from dietpe.cli import hidden_alias
-
-    parser = subparsers.add_parser("translate", help="train and evaluate encoder-decoder translation models",
-                                   description=__doc__)
-    sub = parser.add_subparsers(dest="translate_command", metavar="{train,eval}")
-    parser.set_defaults(func=lambda a: (parser.print_help(), 2)[1])
-
-    t = sub.add_parser("train", help="train a translation model on line-aligned parallel files")
-    t.add_argument("--data", help="directory with train.L1/train.L2 and val.L1/val.L2 (or valid./dev.)")
-    t.add_argument("--source", help="source language code (file suffix), with --data")
-    t.add_argument("--target", help="target language code (file suffix), with --data")
-    for name in ("train-source", "train-target", "valid-source", "valid-target"):
-        t.add_argument(f"--{name}", help="explicit file instead of --data")
-    t.add_argument("-o", "--output-dir", required=True, help="run directory: tokenizer/, checkpoints, final/")
-    t.add_argument("--overwrite", action="store_true", help="start afresh instead of resuming")
-    t.add_argument("--method", default="sinusoidal",
-                   help="position method spec, as for dietpe pretrain, with DietSeq2SeqConfig fields: e.g. t5, "
-                        "shaw:shaw_max_distance=16, diet-rel:num_decoder_layers=4:hidden_size=256")
-    t.add_argument("--size", dest="preset", default="transformer-small", choices=tuple(SEQ2SEQ_PRESETS),
-                   help="model size preset (transformer-base is the paper's)")
-    hidden_alias(t, "--position", dest="method")
-    hidden_alias(t, "--preset", dest="preset", choices=tuple(SEQ2SEQ_PRESETS))
-    t.add_argument("--vocab-size", type=V.int_at_least(5, ": 4 special tokens and a piece"), default=8000, help="joint BPE vocabulary size")
-    t.add_argument("--max-length", type=V.int_at_least(2, ": a token and </s>"), default=128, help="longest source or target, tokens with </s>")
-    t.add_argument("--bad-lines", choices=("skip", "error"), default="skip",
-                   help="pairs with an empty side or over --max-length: skip and count (default) or stop")
-    t.add_argument("--batch-size", type=V.positive_int, default=64, help="sentence pairs per step")
-    t.add_argument("--grad-accum", type=V.positive_int, default=1, help="gradient accumulation steps per update")
-    t.add_argument("--lr", dest="learning_rate", metavar="LR", type=V.positive_float, default=1e-3, help="peak learning rate, reached at the end of warm-up")
-    hidden_alias(t, "--learning-rate", dest="learning_rate", type=V.positive_float)
-    t.add_argument("--warmup-steps", type=V.non_negative_int, default=1000, help="linear warm-up steps")
-    t.add_argument("--label-smoothing", type=V.fraction, default=0.1, help="label smoothing of the loss, in [0, 1)")
-    t.add_argument("--dropout", type=V.fraction, default=None, help="hidden and attention dropout (preset: 0.1)")
-    t.add_argument("--max-grad-norm", type=V.non_negative_float, default=1.0, help="gradient clipping norm (0: off)")
-    t.add_argument("--epochs", type=V.positive_int, default=10, help="passes over the training pairs")
-    t.add_argument("--max-steps", type=V.positive_int, default=None, help="optimizer steps; overrides --epochs")
-    t.add_argument("--eval-steps", type=V.positive_int, default=500, help="validation loss every N steps")
-    t.add_argument("--save-steps", type=V.positive_int, default=500, help="checkpoint every N steps")
-    t.add_argument("--save-total-limit", type=V.positive_int, default=2, help="checkpoints kept")
-    t.add_argument("--logging-steps", type=V.positive_int, default=50, help="log the loss every N steps")
-    t.add_argument("--max-train-pairs", type=V.positive_int, default=None, help="use only the first N training pairs")
-    t.add_argument("--max-valid-pairs", type=V.positive_int, default=None, help="use only the first N validation pairs")
-    t.add_argument("--seed", type=V.seed, default=1, help="seed of initialisation and data order")
-    t.add_argument("--threads", type=V.positive_int, default=None, help="torch CPU threads")
-    add_device_options(t)
-    t.set_defaults(func=train_main)
-
-    e = sub.add_parser("eval", help="beam-search translation and SacreBLEU")
-    e.add_argument("model", help="a run directory (uses final/ or the newest checkpoint) or a model directory")
-    e.add_argument("--source", required=True, help="source sentences, one per line")
-    e.add_argument("--reference", help="reference translations, line-aligned; gives BLEU")
-    e.add_argument("--output", help="detokenised translations (default: MODEL/translations.SOURCE)")
-    e.add_argument("--report", help="JSON report (default: OUTPUT.json)")
-    e.add_argument("--beams", type=V.positive_int, default=10, help="beam width")
-    e.add_argument("--length-penalty", type=V.finite_float, default=0.6, help="alpha in log P / len^alpha")
-    e.add_argument("--batch-size", type=V.positive_int, default=32, help="sentences per generate() call")
-    e.add_argument("--max-new-tokens", type=V.positive_int, default=None, help="default: 1.5 x source length + 10")
-    e.add_argument("--limit", type=V.positive_int, default=None, help="translate only the first N lines (a fixed subset)")
-    e.add_argument("--no-cache", action="store_true", help="rerun the whole prefix at every step")
-    e.add_argument("--speed", action="store_true",
-                   help="decode every batch with and without the cache, interleaved; report both speeds")
-    e.add_argument("--threads", type=V.positive_int, default=None, help="torch CPU threads")
-    add_device_options(e, training=False)
-    e.set_defaults(func=run_eval)
