@@ -12,7 +12,7 @@ map them) over the process and its children, sampled every 0.2 s, so worker proc
 Every command gets the same tokenizer (trained once on the source corpus) and the same number of processes;
 ratios are taken within one run. Usage:
 
-    python -m dietpe.bench.data --source /work/shared/data/wikitext-2 --sizes 30 300 1000 --work /tmp/dietpe-data
+    python -m dietpe.bench.data --source ../shared/data/wikitext-2 --sizes 30 300 1000 --work /tmp/dietpe-data
 """
 
 from __future__ import annotations
@@ -97,11 +97,14 @@ print(sum(len(x) for x in out.with_format("numpy")["input_ids"]))
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m dietpe.bench.data", description=__doc__.splitlines()[0])
-    p.add_argument("--source", default="/work/shared/data/wikitext-2", help="a corpus folder with train.txt")
+    p.add_argument("--source", default="../shared/data/wikitext-2",
+                   help="a corpus folder with train.txt, repeated to each size (default: %(default)s)")
     p.add_argument("--sizes", type=int, nargs="+", default=[30, 300, 1000], help="MB of text")
     p.add_argument("--work", default="/tmp/dietpe-data-bench", help="scratch folder (corpora, caches, runs)")
-    p.add_argument("--processes", type=int, default=2)
-    p.add_argument("--vocab-size", type=int, default=1000)
+    p.add_argument("--processes", type=int, default=2,
+                   help="tokenizing processes, the same for dietpe and datasets (default: %(default)s)")
+    p.add_argument("--vocab-size", type=int, default=1000,
+                   help="WordPiece vocabulary of the tokenizer every command shares (default: %(default)s)")
     p.add_argument("--no-datasets", action="store_true", help="skip the `datasets` comparison (time)")
     p.add_argument("-o", "--output", help="write the results as JSON here too")
     args = p.parse_args(argv)
