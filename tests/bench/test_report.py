@@ -1,4 +1,4 @@
-"""The bench table marks each ratio against issue 13's targets: 1.05 for per-head methods, Shaw 1.10 up to
+"""The bench table marks each ratio against the project's cost targets: 1.05 for per-head methods, Shaw 1.10 up to
 128 tokens and 1.15 / 1.20 beyond, nothing for XLNet and the peers."""
 
 from dietpe.bench.cost import Row

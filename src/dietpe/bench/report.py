@@ -1,5 +1,5 @@
 """Markdown for the cost table: one table per shape and length (time ratios to `none`, parameters as in DIET
-Table 6, step peak memory), the targets of issue 13 checked, and the long-input table.
+Table 6, step peak memory), the project's cost targets checked, and the long-input table.
 """
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from dietpe.bench.cost import LongRow, Row
 from dietpe.positions.registry import REGISTRY
 
 
-# (training, inference) ratio to `none` a method should stay within on CPU (issue 13, after DIET Table 1's
-# claim): per-head terms that do not read the query cost nothing extra; Shaw, whose value term needs the
-# probabilities, has the issue's looser targets (1.10 up to 128 tokens, 1.15 / 1.20 beyond); XLNet's
+# (training, inference) ratio to `none` a method should stay within on CPU (after DIET Table 1's claim):
+# per-head terms that do not read the query cost nothing extra; Shaw, whose value term needs the
+# probabilities, has looser targets (1.10 up to 128 tokens, 1.15 / 1.20 beyond); XLNet's
 # query-dependent terms have none.
 def target(label: str, length: int) -> tuple[float, float] | None:
     method = REGISTRY.get(label.split("+")[0])
@@ -72,7 +72,7 @@ def markdown(rows: list[Row], long_rows: list[LongRow], settings: dict) -> str:
     parts = ["## dietpe bench", "",
              f"torch {settings.get('torch')}, {settings.get('threads')} threads, median of {settings.get('repeats')} "
              f"interleaved cycles after {settings.get('warmup')} warm-up; ratios are medians of per-cycle ratios "
-             f"to `none` (✓/✗: the target of issue 13). `+seg`: per-head segments (DIET eq. 2). Peak MiB: the "
+             f"to `none` (✓/✗: the project's cost target, docs/bench.md). `+seg`: per-head segments (DIET eq. 2). Peak MiB: the "
              f"step's RSS high-water mark above the idle process, in a fresh process per configuration."]
     if settings.get("device", "cpu") != "cpu":
         parts[-1] = parts[-1].replace("RSS high-water mark", "GPU allocator peak (max_memory_allocated)") + (
