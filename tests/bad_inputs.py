@@ -1,4 +1,4 @@
-"""The catalogue of bad inputs to the `dietpe` command line and its data readers (issue 9, part 4).
+"""The catalogue of bad inputs to the `dietpe` command line and its data readers.
 
 Each case is a command line over tiny generated data (a corpus, three tasks, a pre-trained model, a translation
 model, parallel files and many broken files), run in this process through `dietpe.cli.main` with stderr captured at

@@ -1,6 +1,6 @@
 """A run is a pure function of its command line and seed (on CPU, with a fixed thread count), and a resumed run
 ends bit-identical to an uninterrupted one: pretrain, finetune, translate train. Output folders record their
-settings and refuse a rerun with other ones (issue 9, parts 2 and 3)."""
+settings and refuse a rerun with other ones."""
 
 import json
 import random
