@@ -107,15 +107,6 @@ def read_tsv_file(path: Path) -> list[Document]:
     return docs
 
 
-def open_text(path: Path):
-    try:
-        return open(path, encoding="utf-8")
-    except FileNotFoundError:
-        raise DataError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise DataError(f"{path}: is a directory, expected a file") from None
-
-
 def read_file(path: str | Path) -> list[Document]:
     """Read one local corpus file by its extension; unknown extensions are read as text."""
     path = Path(path)

@@ -16,7 +16,7 @@ before the weights are loaded (a wrapper around `PreTrainedModel.post_init`).
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 import torch

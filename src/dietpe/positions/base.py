@@ -323,17 +323,6 @@ class DistanceBias(RowsTerm):
                                       *(p[h] for p in params))
 
 
-class DenseBias(LogitTerm):
-    """A bias given in full: (1|B, H|1, Lq, Lk). ALiBi."""
-
-    def __init__(self, bias: Tensor):
-        self.bias = bias
-        self.batch = bias.shape[0]
-
-    def dense(self, q: Tensor | None = None) -> Tensor:
-        return self.bias
-
-
 class QueryRelativeBias(LazyIndex, LogitTerm):
     """scale · ((q + u) · r_m)[bucket(pos_i - pos_j)]: a query-dependent term over M relative vectors r.
 

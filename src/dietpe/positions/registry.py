@@ -112,10 +112,6 @@ REGISTRY: dict[str, MethodInfo] = {m.name: m for m in (
 )}
 
 
-def method_info(name: str) -> MethodInfo:
-    return REGISTRY[name]
-
-
 def names(**traits) -> tuple[str, ...]:
     """The methods with the given trait values, e.g. names(learned_table=True), in registry order."""
     return tuple(n for n, m in REGISTRY.items() if all(getattr(m, k) == v for k, v in traits.items()))

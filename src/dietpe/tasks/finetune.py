@@ -22,7 +22,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from dietpe import validate as V
 from dietpe.commands import DOC_STRIDE

@@ -7,7 +7,6 @@ from __future__ import annotations
 import math
 import os
 import sys
-from dataclasses import dataclass, field
 
 import torch
 from transformers import TrainerCallback
@@ -179,19 +178,6 @@ def log_history_curves(log_history: list[dict]) -> dict[str, list[tuple[int, flo
             if key in row and "step" in row:
                 curves[name].append((int(row["step"]), float(row[key])))
     return curves
-
-
-@dataclass
-class RunSummary:
-    """What a finished pre-training run reports."""
-
-    method: str
-    output_dir: str
-    val_loss: float
-    perplexity: float
-    steps: int
-    seconds: float
-    curves: dict = field(default_factory=dict)
 
 
 # -- memory ------------------------------------------------------------------------------------------------
