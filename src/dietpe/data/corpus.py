@@ -65,58 +65,19 @@ def group_documents(paragraphs: Iterable[str | None]) -> list[Document]:
     return docs
 
 
-def read_text_file(path: Path) -> list[Document]:
-    """`*.txt`: a line is a paragraph, a blank line ends a document."""
-    return group_documents(iter_lines(path))
-
-
-def read_jsonl_file(path: Path, field: str = "text") -> list[Document]:
-    docs = []
-    for lineno, line in enumerate(iter_lines(path), 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise DataError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
-        if not isinstance(record, dict) or not isinstance(record.get(field), str):
-            raise DataError(f"{path}:{lineno}: expected an object with a string field {field!r}")
-        sentences = [s for para in record[field].splitlines() for s in split_sentences(para)]
-        if sentences:
-            docs.append(sentences)
-    return docs
-
-
-def read_tsv_file(path: Path) -> list[Document]:
-    docs = []
-    lines = iter_lines(path)
-    header = next(lines, "").rstrip("\r\n").split("\t")
-    column = next((c for c in ("text", "sentence") if c in header), None)
-    if column is None:
-        raise DataError(f"{path}:1: the header needs a 'text' or 'sentence' column, found {header}")
-    index = header.index(column)
-    for lineno, line in enumerate(lines, 2):
-        cells = line.rstrip("\r\n").split("\t")
-        if not line.strip():
-            continue
-        if len(cells) <= index:
-            raise DataError(f"{path}:{lineno}: {len(cells)} columns, the header names {len(header)}")
-        sentences = split_sentences(cells[index])
-        if sentences:
-            docs.append(sentences)
-    return docs
+def file_kind(path: Path) -> str:
+    """How a local file's records are read: `jsonl`, `tsv`, or `txt` for any other extension."""
+    return path.suffix[1:] if path.suffix in (".jsonl", ".tsv") else "txt"
 
 
 def read_file(path: str | Path) -> list[Document]:
-    """Read one local corpus file by its extension; unknown extensions are read as text."""
+    """Read one local corpus file whole, by its extension (`.jsonl`, `.tsv`; anything else is text): the same
+    records and checks as the streamed chunks of `iter_chunks`, for inputs small enough to hold."""
     path = Path(path)
     if not path.exists():
         raise DataError(f"{path}: no such file")
-    if path.suffix == ".jsonl":
-        return read_jsonl_file(path)
-    if path.suffix == ".tsv":
-        return read_tsv_file(path)
-    return read_text_file(path)
+    records = list(_records(file_kind(path), str(path), "train"))
+    return chunk_documents(records[0][0], [text for _, text in records]) if records else []
 
 
 def find_split_file(directory: Path, split: str, depth: int = 1) -> Path | None:
@@ -254,8 +215,7 @@ def resolve_source(source: str, split: str = "train") -> tuple[str, str, str] | 
         return "hf", source, f"huggingface:{source}[{split}]"
     else:
         raise DataError(f"{source}: no such file or directory")
-    kind = path.suffix[1:] if path.suffix in (".jsonl", ".tsv") else "txt"
-    return kind, str(path), str(path)
+    return file_kind(path), str(path), str(path)
 
 
 def _records(kind: str, where: str, split: str):
