@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from dietpe import DietConfig
+from dietpe.positions.registry import FIELDS, REGISTRY
 
 # DIET_TEST_DEVICE=cuda runs the backend, reference, flex, compile and pipeline tests on the GPU (the `device`
 # fixture); by default they run on the CPU. `probe_device` is where the tests that only look at what reaches
@@ -48,12 +49,22 @@ def _seed():
     torch.manual_seed(0)
 
 
+#: small sizes for the methods' tables; `method_fields` keeps those the method reads
+SMALL_FIELDS = dict(shaw_max_distance=3, t5_num_buckets=8, t5_max_distance=16)
+
+
+def method_fields(position: str, **fields) -> dict:
+    """`SMALL_FIELDS` updated by `fields`, less the method fields `position` does not read (DietConfig
+    refuses a non-default value there)."""
+    return {k: v for k, v in {**SMALL_FIELDS, **fields}.items() if k not in FIELDS or REGISTRY[position].uses(k)}
+
+
 def tiny(head_size: int = 8, **overrides) -> DietConfig:
     """A deterministic tiny config: 2 layers, 2 heads of size 8 (or `head_size`), no dropout."""
     base = dict(vocab_size=50, hidden_size=2 * head_size, num_hidden_layers=2, num_attention_heads=2,
                 intermediate_size=32,
                 max_position_embeddings=24, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
-                linformer_k=6, shaw_max_distance=3, t5_num_buckets=8, t5_max_distance=16)
+                linformer_k=6, **method_fields(overrides.get("position", "absolute")))
     return DietConfig(**{**base, **overrides})
 
 

@@ -1,6 +1,8 @@
 import pytest
 
 from dietpe import ConfigError, DietConfig
+from dietpe.config import POSITIONS
+from dietpe.positions.registry import FIELDS, REGISTRY, users
 
 
 @pytest.mark.parametrize("field,value,allowed", [
@@ -43,7 +45,7 @@ def test_round_trip_dict():
     assert again.position == "tupe-r" and again.tupe_reset is False and again.hidden_size == 256
 
 
-@pytest.mark.parametrize("position", ["absolute", "t5", "alibi", "diet-abs", "diet-rel"])
+@pytest.mark.parametrize("position", POSITIONS)
 def test_a_method_name_means_the_same_model_in_python_and_in_a_spec(position):
     from dietpe.methods import parse_method
 
@@ -64,3 +66,45 @@ def test_an_explicit_segment_survives_save_and_load(tmp_path):
 def test_the_python_api_refuses_what_the_command_line_refuses(field, value):
     with pytest.raises(ConfigError, match=f"{field}="):
         DietConfig(**{field: value})
+
+
+@pytest.mark.parametrize("field", list(FIELDS))
+def test_a_method_field_is_checked_and_refused_where_its_method_is_absent(field):
+    owners = users(field)
+    with pytest.raises(ConfigError, match=f"{field}='x' "):  # every field's own check refuses text
+        DietConfig(position=owners[0], **{field: "x"})
+    other = next(p for p in POSITIONS if p not in owners)
+    default = FIELDS[field].default
+    value = (not default) if isinstance(default, bool) else 7  # a valid non-default value
+    assert getattr(DietConfig(position=owners[0], **{field: value}), field) == value
+    with pytest.raises(ConfigError, match=f"{field}={value!r} only applies to .*{owners[-1]!r}.*not {other!r}"):
+        DietConfig(position=other, **{field: value})
+
+
+def test_a_shared_field_is_declared_once_by_its_owner():
+    assert users("t5_num_buckets") == ("t5", "tupe-r")
+    declared = [f for m in REGISTRY.values() for f in m.fields]
+    assert all(f is FIELDS[f.name] for f in declared)  # one Field object per name, whoever reads it
+
+
+def test_method_cross_checks_come_from_the_method():
+    with pytest.raises(ConfigError, match="position='rotary' needs an even head size, got 3"):
+        DietConfig(position="rotary", hidden_size=12, num_attention_heads=4)
+    assert DietConfig(position="t5", hidden_size=12, num_attention_heads=4).head_size == 3
+
+
+def test_a_saved_config_loads_whatever_fields_of_other_methods_it_holds():
+    saved = {**DietConfig(position="absolute").to_dict(), "shaw_max_distance": 3, "t5_num_buckets": 8}
+    again = DietConfig.from_dict(saved)
+    assert again.position == "absolute" and again.shaw_max_distance == 16 and again.t5_num_buckets == 32
+    kept = DietConfig.from_dict({**saved, "position": "t5"})
+    assert kept.t5_num_buckets == 8  # the method's own field is read as saved
+
+
+def test_the_causal_lm_has_its_own_default_for_a_method_field():
+    from dietpe import DietCausalConfig
+
+    assert DietCausalConfig(position="tupe-r").tupe_reset is False
+    assert DietCausalConfig(position="t5").tupe_reset is False
+    with pytest.raises(ConfigError, match="tupe_reset=True only applies to position in 'tupe-a', 'tupe-r'"):
+        DietCausalConfig(position="t5", tupe_reset=True)

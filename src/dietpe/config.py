@@ -1,18 +1,21 @@
 """Typed model configuration, its validation, and the named presets.
 
 Every choice of where position and segment information enter attention is one named field here:
-`position`, `segment`, `sharing`, `position_rank`, `attention`. They are validated once, in
-`DietConfig.validate()`, with errors that list the allowed values.
+`position`, `segment`, `sharing`, `attention`. The position methods' own fields (`shaw_max_distance`,
+`t5_num_buckets`, `position_rank`, ...) come from the registry: each method declares them in its file
+(`dietpe.positions.fields`), and `DietConfig` takes them as keywords, applies their defaults, saves and loads
+them. Everything is validated once, in `DietConfig.validate()`, with errors that list the allowed values.
 """
 
 from __future__ import annotations
 
-from typing import Literal, get_args
+from typing import ClassVar, Literal, get_args
 
 from transformers import PretrainedConfig
 
 from dietpe.errors import ConfigError
-from dietpe.positions.registry import REGISTRY, names
+from dietpe.positions.fields import boolean, positive_float, positive_int
+from dietpe.positions.registry import FIELDS, REGISTRY, names, users
 from dietpe.presets import PRESETS  # noqa: F401  (re-exported: dietpe.config.PRESETS)
 
 Position = Literal[tuple(REGISTRY)]  # the registry's names (dietpe.positions.registry)
@@ -34,8 +37,6 @@ LEARNED_ABSOLUTE = names(learned_table=True)
 NEEDS_KEY_POSITIONS = names(key_positions=True)
 NEEDS_PROBABILITIES = names(probabilities=True)
 SHAREABLE_POSITIONS = names(shareable=True)
-
-
 
 #: default `logit_scale` (docs/parametrization.md)
 LOGIT_SCALE = 10.0
@@ -70,6 +71,8 @@ class DietConfig(PretrainedConfig):
     """
 
     model_type = "diet"
+    #: method fields whose default differs in this kind of model (e.g. the causal LM's tupe_reset=False)
+    field_defaults: ClassVar[dict[str, object]] = {}
 
     def __init__(
         self,
@@ -89,17 +92,9 @@ class DietConfig(PretrainedConfig):
         position: str = "absolute",
         segment: str | None = None,
         sharing: str = "none",
-        position_rank: int | None = None,
         attention: str = "full",
         linformer_k: int = 128,
-        shaw_max_distance: int = 16,
-        t5_num_buckets: int = 32,
-        t5_max_distance: int = 128,
-        diet_rel_max_distance: int | None = None,
-        tupe_reset: bool = True,
-        rotary_base: float = 10000.0,
         input_positions: bool = False,
-        position_scale: float = 1.0,
         logit_scale: float = LOGIT_SCALE,
         attn_backend: str = "auto",
         classifier_dropout: float | None = None,
@@ -124,17 +119,11 @@ class DietConfig(PretrainedConfig):
             segment = REGISTRY[position].segment if position in REGISTRY and per_head_ok else "input"
         self.segment = segment
         self.sharing = sharing
-        self.position_rank = position_rank
         self.attention = attention
         self.linformer_k = linformer_k
-        self.shaw_max_distance = shaw_max_distance
-        self.t5_num_buckets = t5_num_buckets
-        self.t5_max_distance = t5_max_distance
-        self.diet_rel_max_distance = diet_rel_max_distance
-        self.tupe_reset = tupe_reset
-        self.rotary_base = rotary_base
+        for name in FIELDS:  # the methods' own fields (dietpe.positions.registry.FIELDS)
+            setattr(self, name, kwargs.pop(name, self.field_default(name)))
         self.input_positions = input_positions
-        self.position_scale = position_scale
         self.logit_scale = logit_scale
         self.attn_backend = attn_backend
         self.classifier_dropout = classifier_dropout
@@ -152,6 +141,11 @@ class DietConfig(PretrainedConfig):
         """d_p of DIET-ABS: `position_rank`, or the head size (the paper's default)."""
         return self.position_rank if self.position_rank is not None else self.head_size
 
+    @classmethod
+    def field_default(cls, name: str):
+        """The default of the method field `name` in this kind of model."""
+        return cls.field_defaults.get(name, FIELDS[name].default)
+
     # -- validation ------------------------------------------------------------------------------
     def validate(self) -> None:
         """Raise ConfigError naming the field and the allowed values for anything invalid."""
@@ -161,53 +155,24 @@ class DietConfig(PretrainedConfig):
         _check("attention", self.attention, ATTENTIONS)
         _check("attn_backend", self.attn_backend, BACKENDS)
         for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                     "intermediate_size", "max_position_embeddings", "linformer_k",
-                     "shaw_max_distance", "t5_num_buckets", "t5_max_distance"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ConfigError(f"{name}={value!r} must be a positive integer")
+                     "intermediate_size", "max_position_embeddings", "linformer_k"):
+            positive_int(name, getattr(self, name))
         for name in ("hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout"):
             value = getattr(self, name)
             if value is None and name == "classifier_dropout":
                 continue
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
                 raise ConfigError(f"{name}={value!r} must be a probability in [0, 1)")
-        for name in ("layer_norm_eps", "initializer_range", "rotary_base"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
-                raise ConfigError(f"{name}={value!r} must be a positive finite number")
+        for name in ("layer_norm_eps", "initializer_range", "logit_scale"):
+            positive_float(name, getattr(self, name))
         if not isinstance(self.type_vocab_size, int) or isinstance(self.type_vocab_size, bool) or \
                 self.type_vocab_size < 0:
             raise ConfigError(f"type_vocab_size={self.type_vocab_size!r} must be a non-negative integer")
         if self.hidden_size % self.num_attention_heads:
             raise ConfigError(
                 f"hidden_size={self.hidden_size} is not divisible by num_attention_heads={self.num_attention_heads}")
-        if self.position == "rotary" and self.head_size % 2:
-            raise ConfigError(f"position='rotary' needs an even head size, got {self.head_size}")
-        if self.position_rank is not None:
-            if self.position != "diet-abs":
-                raise ConfigError(f"position_rank={self.position_rank} only applies to position='diet-abs', "
-                                  f"not {self.position!r}")
-            if not isinstance(self.position_rank, int) or self.position_rank < 1:
-                raise ConfigError(f"position_rank={self.position_rank!r} must be a positive integer")
-        if isinstance(self.position_scale, bool) or not isinstance(self.position_scale, (int, float)) or \
-                not (0 < self.position_scale < float("inf")):
-            raise ConfigError(f"position_scale={self.position_scale!r} must be a positive finite number")
-        if self.position_scale != 1 and self.position != "sinusoidal":
-            raise ConfigError(f"position_scale={self.position_scale} only applies to position='sinusoidal' (a scale "
-                              f"on its fixed input sinusoids), not {self.position!r}")
-        if self.diet_rel_max_distance is not None:
-            if self.position != "diet-rel":
-                raise ConfigError(f"diet_rel_max_distance={self.diet_rel_max_distance} only applies to "
-                                  f"position='diet-rel', not {self.position!r}")
-            if isinstance(self.diet_rel_max_distance, bool) or not isinstance(self.diet_rel_max_distance, int) \
-                    or self.diet_rel_max_distance < 1:
-                raise ConfigError(f"diet_rel_max_distance={self.diet_rel_max_distance!r} must be a positive integer")
-        if isinstance(self.logit_scale, bool) or not isinstance(self.logit_scale, (int, float)) or \
-                not (0 < self.logit_scale < float("inf")):
-            raise ConfigError(f"logit_scale={self.logit_scale!r} must be a positive finite number")
-        if self.input_positions not in (True, False):
-            raise ConfigError(f"input_positions={self.input_positions!r} must be true or false")
+        self.validate_method()
+        boolean("input_positions", self.input_positions)
         if self.input_positions and not REGISTRY[self.position].per_head:
             raise ConfigError(f"input_positions=True adds BERT's learned input position table to a per-head method; "
                               f"position={self.position!r} has no per-head term (use position='absolute' for BERT)")
@@ -235,17 +200,35 @@ class DietConfig(PretrainedConfig):
             raise ConfigError(
                 f"attn_backend={self.attn_backend!r} cannot serve position={self.position!r}: Shaw's value term "
                 f"needs the attention probabilities; use attn_backend='eager' or 'auto'")
-
         if self.attn_backend == "flex" and self.attention_probs_dropout_prob > 0:
             raise ConfigError(
                 f"attn_backend='flex' has no attention dropout, but attention_probs_dropout_prob="
                 f"{self.attention_probs_dropout_prob}; set it to 0 or use attn_backend='sdpa'")
+
+    def validate_method(self) -> None:
+        """The method fields: each value by its field's check, a non-default value only for a method that
+        reads it, then the method's own cross checks (e.g. rotary's even head size)."""
+        info = REGISTRY[self.position]
+        for name, field in FIELDS.items():
+            value = getattr(self, name)
+            field.validate(value)
+            if not info.uses(name) and value != self.field_default(name):
+                owners = users(name)
+                where = f"position={owners[0]!r}" if len(owners) == 1 else \
+                    f"position in {', '.join(map(repr, owners))}"
+                raise ConfigError(f"{name}={value!r} only applies to {where} ({field.doc}), not {self.position!r}")
+        info.method.check_config(self)
 
     @classmethod
     def from_dict(cls, config_dict: dict, **kwargs):
         # checkpoints written before `logit_scale` existed store their tables as used: scale 1
         if "logit_scale" not in config_dict and "logit_scale" not in kwargs:
             config_dict = {**config_dict, "logit_scale": 1.0}
+        # fields of methods other than the saved one change nothing in its model; older configs may hold
+        # any value there, so they load with the defaults
+        info = REGISTRY.get(config_dict.get("position"))
+        if info is not None:
+            config_dict = {k: v for k, v in config_dict.items() if k not in FIELDS or info.uses(k)}
         return super().from_dict(config_dict, **kwargs)
 
     # -- presets ---------------------------------------------------------------------------------

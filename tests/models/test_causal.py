@@ -11,6 +11,7 @@ from transformers.models.t5.modeling_t5 import T5Attention
 from dietpe import ConfigError, DietCausalConfig, DietForCausalLM, InputError
 from dietpe.models.causal import CAUSAL_POSITIONS
 from dietpe.models.seq2seq import DietForConditionalGeneration
+from tests.conftest import method_fields
 from tests.models.test_seq2seq import tiny_s2s
 
 V = 40
@@ -19,7 +20,7 @@ V = 40
 def tiny_lm(position: str, **overrides) -> DietCausalConfig:
     base = dict(vocab_size=V, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32,
                 max_position_embeddings=24, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
-                shaw_max_distance=3, t5_num_buckets=8, t5_max_distance=16, position=position, initializer_range=0.5)
+                **method_fields(position), position=position, initializer_range=0.5)
     return DietCausalConfig(**{**base, **overrides})
 
 

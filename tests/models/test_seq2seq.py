@@ -8,13 +8,14 @@ from transformers import AutoModelForSeq2SeqLM
 from dietpe import ConfigError, DietConfig, InputError
 from dietpe.config import POSITIONS
 from dietpe.models.seq2seq import DietForConditionalGeneration, DietSeq2SeqConfig, shift_right
+from tests.conftest import method_fields
 
 
 def tiny_s2s(position: str, **overrides) -> DietSeq2SeqConfig:
     # decoder deeper than the encoder: catches any layer count taken from the wrong side
     base = dict(vocab_size=40, hidden_size=16, num_hidden_layers=2, num_decoder_layers=3, num_attention_heads=2,
                 intermediate_size=32, max_position_embeddings=24, hidden_dropout_prob=0.0,
-                attention_probs_dropout_prob=0.0, shaw_max_distance=3, t5_num_buckets=8, t5_max_distance=16,
+                attention_probs_dropout_prob=0.0, **method_fields(position),
                 position=position, initializer_range=0.5)
     return DietSeq2SeqConfig(**{**base, **overrides})
 

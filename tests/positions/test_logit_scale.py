@@ -13,10 +13,11 @@ import torch
 
 from dietpe import DietForMaskedLM, DietModel
 from dietpe.config import LOGIT_SCALE
-from tests.conftest import batch, tiny
+from dietpe.positions.registry import REGISTRY
+from tests.conftest import batch, method_fields, tiny
 
-# (position, segment): every method with logit-unit parameters, per-head segments included
-CASES = [("diet-rel", "per-head"), ("diet-abs", "per-head"), ("t5", "input"), ("tupe-r", "input")]
+# (position, segment): every method with logit-unit parameters, with its papers' segments (per head for DIET)
+CASES = [(p, m.segment) for p, m in REGISTRY.items() if m.method.logit_parameters]
 
 
 def logit_tables(model) -> dict[str, tuple]:
@@ -78,7 +79,7 @@ def test_init_is_the_same_in_logit_units_at_every_scale(position, segment):
     for scale in (1.0, 10.0, 100.0):
         torch.manual_seed(0)
         model = DietModel(tiny(position=position, segment=segment, logit_scale=scale, max_position_embeddings=512,
-                               t5_num_buckets=256))
+                               **method_fields(position, t5_num_buckets=256)))
         effective = torch.cat([m.logit(n).detach().flatten() for m, n in logit_tables(model).values()])
         stored = torch.cat([getattr(m, n).detach().flatten() for m, n in logit_tables(model).values()])
         stds[scale] = float(effective.std())

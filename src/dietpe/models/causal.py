@@ -63,12 +63,13 @@ class DietCausalConfig(DietConfig):
     (`tupe_reset=False`, the default here). `use_cache`: `generate()` keeps keys and values."""
 
     model_type = "diet-causal"
-    causal = True  # read by the registry's builders (dietpe.positions.registry.causal): T5's causal buckets
+    causal = True  # read by the methods' builders (dietpe.positions.method.causal): T5's causal buckets
+    field_defaults = {"tupe_reset": False}  # position 0 is an ordinary token here, not [CLS]
 
-    def __init__(self, segment: str = "none", tupe_reset: bool = False, use_cache: bool = True,
+    def __init__(self, segment: str = "none", use_cache: bool = True,
                  bos_token_id: int | None = None, eos_token_id: int | None = None, **kwargs):
         self.use_cache = use_cache
-        super().__init__(segment=segment, tupe_reset=tupe_reset, bos_token_id=bos_token_id,
+        super().__init__(segment=segment, bos_token_id=bos_token_id,
                          eos_token_id=eos_token_id, **kwargs)
 
     def validate(self) -> None:

@@ -119,7 +119,7 @@ class DietSeq2SeqConfig(DietConfig):
         marked causal, for what depends on the direction of attention (T5's buckets)."""
         view = copy.deepcopy(self)
         view.num_hidden_layers = self.num_decoder_layers
-        view.causal = True  # causal self-attention: T5's unidirectional buckets (dietpe.positions.registry.causal)
+        view.causal = True  # causal self-attention: T5's unidirectional buckets (dietpe.positions.method.causal)
         return view
 
 

@@ -6,19 +6,47 @@ Entry point: input. Theorem 1 of DIET bounds the rank of every head's logits by 
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor, nn
 
+from dietpe.positions.fields import Field, positive_float
 from dietpe.positions.functional import sinusoids
-from dietpe.positions.method import PositionMethod, normal_parameter
+from dietpe.positions.method import PositionMethod, Traits, normal_parameter
+
+POSITION_SCALE = Field("position_scale", 1.0, positive_float, "a scale on the fixed input sinusoids")
+
+
+def sinusoid_reference(pos: int, d: int) -> Tensor:
+    """Vaswani §3.5 for one position, a loop over dimensions: (d,)."""
+    out = torch.zeros(d)
+    for i in range(0, d, 2):
+        out[i] = math.sin(pos / 10000 ** (i / d))
+        if i + 1 < d:
+            out[i + 1] = math.cos(pos / 10000 ** (i / d))
+    return out
 
 
 class NoPosition(PositionMethod):
     """`none`: the model is permutation-equivariant (a baseline for how much position matters)."""
 
+    name = "none"
+    traits = Traits(relative=True)
+
 
 class LearnedAbsolute(PositionMethod):
     """`absolute`: a learned (max_length, D) table added to the token embeddings."""
+
+    name = "absolute"
+    traits = Traits(entry=("input",), learned_table=True, paper_row="absolute", bert_table=True)
+
+    @classmethod
+    def from_config(cls, c):
+        return cls(c.max_position_embeddings, c.hidden_size)
+
+    def reference_embedding(self, config, pos: int) -> Tensor:
+        return self.weight[pos]
 
     def __init__(self, max_length: int, hidden_size: int):
         super().__init__()
@@ -36,6 +64,17 @@ class Sinusoidal(PositionMethod):
     """`sinusoidal`: fixed, parameter-free, defined for any length. `scale` (`position_scale`) multiplies the
     sinusoids: 1 is Vaswani's formula as written; in BERT's layout, where token embeddings start at std 0.02,
     unit sinusoids swamp the tokens, and a scale near initializer_range·√2 gives both the same RMS."""
+
+    name = "sinusoidal"
+    traits = Traits(entry=("input",), paper_row="sinusoidal")
+    fields = (POSITION_SCALE,)
+
+    @classmethod
+    def from_config(cls, c):
+        return cls(c.hidden_size, c.position_scale)
+
+    def reference_embedding(self, config, pos: int) -> Tensor:
+        return config.position_scale * sinusoid_reference(pos, config.hidden_size)
 
     def __init__(self, hidden_size: int, scale: float = 1.0):
         super().__init__()

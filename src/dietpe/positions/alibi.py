@@ -10,10 +10,22 @@ from torch import Tensor
 
 from dietpe.positions.base import Context, DistanceBias, LayerTerms
 from dietpe.positions.functional import alibi_bias, alibi_slopes
-from dietpe.positions.method import PositionMethod
+from dietpe.positions.method import PositionMethod, Traits
 
 
 class ALiBi(PositionMethod):
+    name = "alibi"
+    traits = Traits(entry=("logits",), key_positions=True, relative=True, paper_row="alibi")
+
+    @classmethod
+    def from_config(cls, c):
+        return cls(c.num_attention_heads)
+
+    def reference_logit(self, config, q, k, i, j, layer, head):
+        # Press et al.: m_h = 2^(-8/n · (h+1)) for a power-of-two head count n
+        slope = 2 ** (-8 / config.num_attention_heads * (head + 1))
+        return super().reference_logit(config, q, k, i, j, layer, head) - slope * abs(i - j)
+
     def __init__(self, num_heads: int):
         super().__init__()
         self.num_heads = num_heads

@@ -19,11 +19,35 @@ from __future__ import annotations
 
 from dietpe.positions.base import Context, LayerTerms, LowRankBias, TableBias
 from dietpe.positions.functional import relative_offsets, take_rows
-from dietpe.positions.method import PositionMethod, normal_parameter, shared_layer, sharing_shape
+from dietpe.positions.fields import Field, optional_positive_int
+from dietpe.positions.method import PositionMethod, Traits, normal_parameter, shared_layer, sharing_shape
+
+POSITION_RANK = Field("position_rank", None, optional_positive_int, "d_p, the rank of P_Q P_Kᵀ (None: the head size)")
+DIET_REL_MAX_DISTANCE = Field("diet_rel_max_distance", None, optional_positive_int,
+                              "offsets clipped to ± this (None: the paper's unclipped table)")
+
+
+def _table(config, layer: int, head: int) -> tuple[int, int]:
+    """(layer, head) of the table a head reads under `sharing` (DIET Tables 5, 8, 9)."""
+    return (0 if config.sharing == "layer" else layer), (0 if config.sharing == "head" else head)
 
 
 class DietAbs(PositionMethod):
+    name = "diet-abs"
+    traits = Traits(entry=("logits",), learned_table=True, shareable=True, segment="per-head",
+                    paper_row="diet-abs:sharing=layer")
+    fields = (POSITION_RANK,)
     logit_parameters = ("p_q", "p_k")
+
+    @classmethod
+    def from_config(cls, c):
+        return cls(c.num_hidden_layers, c.num_attention_heads, c.max_position_embeddings, c.rank, c.sharing,
+                   c.linformer_k if c.attention == "linformer" else None)
+
+    def reference_logit(self, config, q, k, i, j, layer, head):
+        lt, h = _table(config, layer, head)  # eq. 1: + (P_Q P_Kᵀ)_ij
+        bias = self.logit("p_q")[lt, h, i] @ self.logit("p_k")[lt, h, j]
+        return super().reference_logit(config, q, k, i, j, layer, head) + bias
 
     def __init__(self, num_layers: int, num_heads: int, max_length: int, rank: int, sharing: str,
                  projected_keys: int | None = None):
@@ -51,7 +75,23 @@ class DietAbs(PositionMethod):
 
 
 class DietRel(PositionMethod):
+    name = "diet-rel"
+    traits = Traits(entry=("logits",), key_positions=True, relative=True, shareable=True, segment="per-head",
+                    paper_row="diet-rel")
+    fields = (DIET_REL_MAX_DISTANCE,)
+    profile_name = "R[i-j]"
     logit_parameters = ("r",)
+
+    @classmethod
+    def from_config(cls, c):
+        return cls(c.num_hidden_layers, c.num_attention_heads, c.max_position_embeddings, c.sharing,
+                   c.diet_rel_max_distance)
+
+    def reference_logit(self, config, q, k, i, j, layer, head):
+        lt, h = _table(config, layer, head)  # eq. 3: + R_clip(i-j)
+        d = min(config.diet_rel_max_distance or 1 << 30, config.max_position_embeddings - 1)
+        bias = self.logit("r")[lt, h, max(-d, min(d, i - j)) + d]
+        return super().reference_logit(config, q, k, i, j, layer, head) + bias
 
     def __init__(self, num_layers: int, num_heads: int, max_length: int, sharing: str,
                  max_distance: int | None = None):

@@ -14,16 +14,30 @@ FlexAttention.
 
 from __future__ import annotations
 
+import math
+
 from transformers import initialization as hf_init
 
 from dietpe.positions.base import Context, DistanceBias, LayerTerms
 from dietpe.positions.functional import kerple_log_bias
-from dietpe.positions.method import PositionMethod, normal_parameter
+from dietpe.positions.method import PositionMethod, Traits, normal_parameter
 
 EPS = 0.01  # the authors' lower bound on r1, r2
 
 
 class Kerple(PositionMethod):
+    name = "kerple"
+    traits = Traits(entry=("logits",), key_positions=True, relative=True)
+
+    @classmethod
+    def from_config(cls, c):
+        return cls(c.num_attention_heads)
+
+    def reference_logit(self, config, q, k, i, j, layer, head):
+        # -r1 log(1 + r2 |i - j|), r clamped to >= 0.01 as in the authors' code
+        r1, r2 = max(float(self.r1[head]), 0.01), max(float(self.r2[head]), 0.01)
+        return super().reference_logit(config, q, k, i, j, layer, head) - r1 * math.log(1 + r2 * abs(i - j))
+
     def __init__(self, num_heads: int):
         super().__init__()
         self.r1 = normal_parameter(num_heads)  # r1_h, the kernel's scale

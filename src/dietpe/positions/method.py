@@ -9,17 +9,30 @@ while Adam (which moves a parameter by about its learning rate per step) moves t
 by √d_h the same way). Every equation reads the effective table (`logit`).
 Sharing (DIET Tables 5, 8, 9): `none` keeps a (layer, head) table each, `head` one per layer broadcast over
 heads, `layer` one per head used by every layer.
+
+A method class also states its facts, read through the registry (`dietpe.positions.registry`): its `name`,
+its `traits`, its config `fields` (`dietpe.positions.fields`) and cross checks (`check_config`), how it is
+built from a config (`from_config`), and its reference equation (`reference_logit`, with the optional
+`reference_embedding` and `reference_value` hooks): plain loops over one query-key pair, written straight
+from the paper and reading the parameters, against which tests/positions/test_references.py holds every
+registered method.
 """
 
 from __future__ import annotations
 
-from typing import Callable, TypeVar
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, ClassVar, TypeVar
 
 import torch
 from torch import Tensor, nn
 from transformers import initialization as hf_init
 
 from dietpe.positions.base import EMPTY, Context, LayerTerms, RowsTerm
+from dietpe.positions.fields import Field
+
+if TYPE_CHECKING:
+    from dietpe.config import DietConfig
 
 T = TypeVar("T")
 
@@ -28,8 +41,95 @@ T = TypeVar("T")
 KEEP_ELEMENTS = 1 << 24
 
 
+ENTRY_POINTS = ("input", "qk", "logits", "values")
+
+
+@dataclass(frozen=True)
+class Traits:
+    """What a method is, once; `DietConfig` validation, the backend choice, the pipeline's default segments,
+    the papers' list of methods, `dietpe bench` and the tests' matrices read it through the registry.
+
+    entry           the entry points it contributes to: input, qk, logits, values (dietpe.positions.base)
+    learned_table   a table indexed by absolute position: positions beyond max_position_embeddings are refused
+    key_positions   needs each key's position (relative or untied terms): impossible after Linformer's projection
+    probabilities   a value term reads the attention probabilities: only the eager backend serves it
+    query_terms     its logit term reads the query (Shaw's key term, XLNet): built per layer and batch
+    relative        its terms depend on positions only through pos_i - pos_j: a shift of all positions changes
+                    nothing (the tests hold every such method to it)
+    shareable       DIET's per-head tables, which `sharing` applies to (DIET Tables 5, 8, 9)
+    segment         the segment mode of its row in DIET's tables (DIET rows: per head, eq. 2; others: input)
+    paper_row       its spec in the papers' comparison (DIET Table 2 rows, plus rotary and ALiBi), or None
+    causal_ok       meaningful in causal self-attention (a decoder-only LM, `DietCausalConfig`); the causal
+                    LM refuses the others when its config is built
+    cls_reset       resets the terms of position 0 as [CLS]'s (TUPE's reset_θ): an encoder's device, refused
+                    in a causal LM unless switched off (tupe_reset=False)
+    bert_table      its `weight` is BERT's learned input position table (`from_bert` / `to_bert` map it as is)
+    """
+
+    entry: tuple[str, ...] = ()
+    learned_table: bool = False
+    key_positions: bool = False
+    probabilities: bool = False
+    query_terms: bool = False
+    relative: bool = False
+    shareable: bool = False
+    segment: str = "input"
+    paper_row: str | None = None
+    causal_ok: bool = True
+    cls_reset: bool = False
+    bert_table: bool = False
+
+    @property
+    def per_head(self) -> bool:
+        """Position enters attention itself (qk, logits or values), not the token embeddings."""
+        return any(e != "input" for e in self.entry)
+
+
+def causal(c: "DietConfig") -> bool:
+    """Whether the stack built from `c` attends causally: a `DietCausalConfig`, or the translation decoder's
+    view of its config (`DietSeq2SeqConfig.decoder_view`). T5's buckets (also inside TUPE-R) are then T5's
+    decoder's unidirectional ones."""
+    return bool(getattr(c, "causal", False))
+
+
 class PositionMethod(nn.Module):
-    """Base: contributes nothing. Subclasses override `embed` and/or `layer_terms`."""
+    """Base: contributes nothing. Subclasses override `embed` and/or `layer_terms`, and a registered method
+    states its facts in the class attributes and class methods below."""
+
+    #: the `position` name it is registered under (dietpe.positions.registry)
+    name: ClassVar[str] = ""
+    traits: ClassVar[Traits] = Traits()
+    #: the config fields it reads: its own, and those of other methods it shares (named by their owner)
+    fields: ClassVar[tuple[Field, ...]] = ()
+    #: what the analysis pictures call its per-offset profile and its `position_table` (dietpe.analysis)
+    profile_name: ClassVar[str] = "mean logit"
+    table_name: ClassVar[str] = "input position embeddings"
+
+    @classmethod
+    def from_config(cls, config: "DietConfig") -> "PositionMethod":
+        """The method for a config (its sizes, its fields; `causal(config)` for the direction of attention)."""
+        return cls()
+
+    @classmethod
+    def check_config(cls, config: "DietConfig") -> None:
+        """Checks across the method's fields and the model's sizes; raise ConfigError naming the values."""
+
+    # -- reference equation: one query-key pair, plain loops and math, read from the parameters ------------
+    def reference_logit(self, config: "DietConfig", q: Tensor, k: Tensor, i: int, j: int, layer: int,
+                        head: int) -> Tensor:
+        """The logit A_ij of head `head` in layer `layer` from the paper's equation: q (Dh,) the query of the
+        token at position i, k (Dh,) the key of the token at position j (i, j are positions, not indices),
+        before segments and masks. Default: the content term q·k/√d_h alone."""
+        return q @ k / math.sqrt(q.shape[-1])
+
+    def reference_embedding(self, config: "DietConfig", pos: int) -> Tensor | None:
+        """Input hook: what the method adds to the token embedding at position `pos` (D,), or None."""
+        return None
+
+    def reference_value(self, config: "DietConfig", i: int, j: int, layer: int, head: int) -> Tensor | None:
+        """Value hook: what the method adds to the value of the key at position j for the query at position i
+        in head `head` (Dh,), weighted by the attention probability p_ij (Shaw's a^V), or None."""
+        return None
 
     #: longest sequence the method's learned tables allow; None when any length works
     max_length: int | None = None

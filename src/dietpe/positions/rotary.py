@@ -4,11 +4,29 @@ by angles i·θ and j·θ, so q_i·k_j depends on i - j only. Entry point: qk; a
 
 from __future__ import annotations
 
+import math
+
 from torch import Tensor
 
+from dietpe.errors import ConfigError
 from dietpe.positions.base import Context, LayerTerms
+from dietpe.positions.fields import Field, positive_float
 from dietpe.positions.functional import apply_rotary, rotary_angles
-from dietpe.positions.method import PositionMethod
+from dietpe.positions.method import PositionMethod, Traits
+
+ROTARY_BASE = Field("rotary_base", 10000.0, positive_float, "θ_m = base^(-2m/d_h), RoFormer's 10000")
+
+
+def rotate_reference(x: Tensor, pos: int, base: float) -> Tensor:
+    """RoFormer eq. 34 for one (Dh,) vector, rotate-half layout, a loop over the pairs of dimensions."""
+    d = x.shape[-1]
+    out = x.clone()
+    for m in range(d // 2):
+        theta = pos * base ** (-2 * m / d)
+        a, b = x[m], x[m + d // 2]
+        out[m] = a * math.cos(theta) - b * math.sin(theta)
+        out[m + d // 2] = b * math.cos(theta) + a * math.sin(theta)
+    return out
 
 
 class Rotate:
@@ -22,6 +40,24 @@ class Rotate:
 
 
 class Rotary(PositionMethod):
+    name = "rotary"
+    traits = Traits(entry=("qk",), key_positions=True, relative=True, paper_row="rotary")
+    fields = (ROTARY_BASE,)
+
+    @classmethod
+    def from_config(cls, c):
+        return cls(c.head_size, c.rotary_base)
+
+    @classmethod
+    def check_config(cls, c) -> None:
+        if c.head_size % 2:
+            raise ConfigError(f"position='rotary' needs an even head size, got {c.head_size}")
+
+    def reference_logit(self, config, q, k, i, j, layer, head):
+        base = config.rotary_base
+        return super().reference_logit(config, rotate_reference(q, i, base), rotate_reference(k, j, base), i, j,
+                                       layer, head)
+
     def __init__(self, head_size: int, base: float):
         super().__init__()
         self.head_size, self.base = head_size, base

@@ -14,10 +14,33 @@ from torch import Tensor
 
 from dietpe.positions.base import Band, Context, LayerTerms, QueryRelativeBias, ValueTerm
 from dietpe.positions.functional import OneHot, clipped_offset_index, relative_offsets
-from dietpe.positions.method import PositionMethod, normal_parameter
+from dietpe.positions.fields import Field, positive_int
+from dietpe.positions.method import PositionMethod, Traits, normal_parameter
+
+SHAW_MAX_DISTANCE = Field("shaw_max_distance", 16, positive_int, "k: offsets clipped to ±k")
 
 
 class Shaw(PositionMethod):
+    name = "shaw"
+    traits = Traits(entry=("logits", "values"), key_positions=True, probabilities=True, query_terms=True,
+                    relative=True, paper_row="shaw")
+    fields = (SHAW_MAX_DISTANCE,)
+
+    @classmethod
+    def from_config(cls, c):
+        return cls(c.num_hidden_layers, c.head_size, c.shaw_max_distance)
+
+    def _clip(self, config, i: int, j: int) -> int:
+        """Row of a^K, a^V: clip(i - j, k) + k."""
+        k = config.shaw_max_distance
+        return max(-k, min(k, i - j)) + k
+
+    def reference_logit(self, config, q, k, i, j, layer, head):
+        return q @ (k + self.key[layer, self._clip(config, i, j)]) / math.sqrt(q.shape[-1])
+
+    def reference_value(self, config, i, j, layer, head):
+        return self.value[layer, self._clip(config, i, j)]
+
     def __init__(self, num_layers: int, head_size: int, max_distance: int):
         super().__init__()
         self.max_distance = max_distance

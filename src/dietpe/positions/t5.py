@@ -11,11 +11,24 @@ model.
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
 from dietpe.positions.base import Context, LayerTerms, TableBias
 from dietpe.positions.functional import relative_offsets, t5_bucket, t5_causal_bucket
-from dietpe.positions.method import PositionMethod, normal_parameter
+from dietpe.positions.fields import Field, positive_int
+from dietpe.positions.method import PositionMethod, Traits, causal, normal_parameter
+
+T5_NUM_BUCKETS = Field("t5_num_buckets", 32, positive_int, "T5's number of log buckets per direction pair")
+T5_MAX_DISTANCE = Field("t5_max_distance", 128, positive_int, "offsets beyond it share T5's last bucket")
+
+
+def t5_bucket_reference(memory_minus_query: int, config) -> int:
+    """HF's own T5 bucket function, an independent reference; unidirectional when the stack is causal."""
+    from transformers.models.t5.modeling_t5 import T5Attention  # loaded by the references alone
+
+    return int(T5Attention._relative_position_bucket(torch.tensor(memory_minus_query), not causal(config),
+                                                     config.t5_num_buckets, config.t5_max_distance))
 
 
 def t5_offset_bucket(num_buckets: int, max_distance: int, causal: bool = False):
@@ -42,7 +55,18 @@ def t5_diagonals(ctx: Context, num_buckets: int, max_distance: int, causal: bool
 
 
 class T5(PositionMethod):
+    name = "t5"
+    traits = Traits(entry=("logits",), key_positions=True, relative=True, paper_row="t5")
+    fields = (T5_NUM_BUCKETS, T5_MAX_DISTANCE)
     logit_parameters = ("bias",)
+
+    @classmethod
+    def from_config(cls, c):
+        return cls(c.num_attention_heads, c.t5_num_buckets, c.t5_max_distance, causal(c))
+
+    def reference_logit(self, config, q, k, i, j, layer, head):
+        bias = self.logit("bias")[head, t5_bucket_reference(j - i, config)]
+        return super().reference_logit(config, q, k, i, j, layer, head) + bias
 
     def __init__(self, num_heads: int, num_buckets: int, max_distance: int, causal: bool = False):
         super().__init__()

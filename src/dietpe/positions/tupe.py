@@ -24,13 +24,47 @@ import torch
 from torch import Tensor, nn
 
 from dietpe.positions.base import Context, LayerTerms, LowRankBias, TableBias
-from dietpe.positions.method import PositionMethod, normal_parameter
-from dietpe.positions.t5 import t5_diagonals, t5_index, t5_offset_bucket
+from dietpe.positions.fields import Field, boolean
+from dietpe.positions.method import PositionMethod, Traits, causal, normal_parameter
+from dietpe.positions.t5 import (
+    T5_MAX_DISTANCE,
+    T5_NUM_BUCKETS,
+    t5_bucket_reference,
+    t5_diagonals,
+    t5_index,
+    t5_offset_bucket,
+)
+
+TUPE_RESET = Field("tupe_reset", True, boolean, "reset_θ on position 0 ([CLS]); false: TUPE^tie-cls")
 
 
 class TUPE(PositionMethod):
     # TUPE-R's relative buckets and [CLS] buckets; its table p and projections U_Q, U_K are in embedding units
     logit_parameters = ("bias", "cls_bias")
+    #: TUPE-R: T5's relative buckets b_{j-i} besides the absolute correlation
+    buckets: bool = False
+    table_name = "TUPE's positional embeddings LN(p_i)"
+
+    @classmethod
+    def from_config(cls, c):
+        return cls(c.hidden_size, c.num_attention_heads, c.max_position_embeddings, c.layer_norm_eps,
+                   c.tupe_reset, cls.buckets, c.t5_num_buckets, c.t5_max_distance, causal(c))
+
+    def reference_logit(self, config, q, k, i, j, layer, head):
+        dh = q.shape[-1]
+        s2 = 1 / math.sqrt(2 * dh)
+        proj = lambda u, x: u(self.norm(x)).view(-1, dh)[head]  # noqa: E731  (p U) of one head
+        corr = lambda a, b: proj(self.u_q, a) @ proj(self.u_k, b) * s2  # noqa: E731
+        v = corr(self.p[i], self.p[j])
+        if self.relative:
+            v = v + self.logit("bias")[head, t5_bucket_reference(j - i, config)]
+        # the reset: θ, plus TUPE-R's learned [CLS] buckets (the authors' code)
+        cls_b = self.logit("cls_bias")[head] if self.relative and config.tupe_reset else (0, 0)
+        if config.tupe_reset and i == 0:
+            v = corr(self.p_theta[0], self.p_theta[0]) + cls_b[0]
+        elif config.tupe_reset and j == 0:
+            v = corr(self.p_theta[1], self.p_theta[1]) + cls_b[1]
+        return q @ k * s2 + v
 
     def __init__(self, hidden_size: int, num_heads: int, max_length: int, eps: float, reset: bool,
                  relative: bool, num_buckets: int, max_distance: int, causal: bool = False):
@@ -115,3 +149,17 @@ class TUPE(PositionMethod):
             return LayerTerms(logits=terms, score_scale=1.0 / math.sqrt(2))
 
         return ctx.cached("tupe_terms", build)  # shared by all layers: computed once per forward
+
+
+class TupeA(TUPE):
+    name = "tupe-a"
+    traits = Traits(entry=("logits",), learned_table=True, key_positions=True, paper_row="tupe-a", cls_reset=True)
+    fields = (TUPE_RESET,)
+    logit_parameters = ()  # no buckets: p, U_Q, U_K are in embedding units
+
+
+class TupeR(TUPE):
+    name = "tupe-r"
+    traits = Traits(entry=("logits",), learned_table=True, key_positions=True, paper_row="tupe-r", cls_reset=True)
+    fields = (TUPE_RESET, T5_NUM_BUCKETS, T5_MAX_DISTANCE)  # T5's buckets, declared in t5.py
+    buckets = True

@@ -17,7 +17,8 @@ from torch import Tensor
 
 from dietpe.positions.base import Context, LayerTerms, QueryRelativeBias
 from dietpe.positions.functional import relative_offsets, sinusoids
-from dietpe.positions.method import PositionMethod, normal_parameter
+from dietpe.positions.absolute import sinusoid_reference
+from dietpe.positions.method import PositionMethod, Traits, normal_parameter
 
 
 class AddToQuery:
@@ -31,6 +32,19 @@ class AddToQuery:
 
 
 class XLNet(PositionMethod):
+    name = "xlnet"
+    traits = Traits(entry=("qk", "logits"), key_positions=True, query_terms=True, relative=True, paper_row="xlnet")
+
+    @classmethod
+    def from_config(cls, c):
+        return cls(c.num_hidden_layers, c.hidden_size, c.num_attention_heads)
+
+    def reference_logit(self, config, q, k, i, j, layer, head):
+        dh = q.shape[-1]
+        r = (sinusoid_reference(i - j, config.hidden_size) @ self.w_r[layer]).view(-1, dh)[head]  # W_R R_{i-j}
+        u, v = self.u[layer, head], self.v[layer, head]
+        return ((q + u) @ k + (q + v) @ r) / math.sqrt(dh)
+
     def __init__(self, num_layers: int, hidden_size: int, num_heads: int):
         super().__init__()
         self.hidden_size, self.num_heads = hidden_size, num_heads
