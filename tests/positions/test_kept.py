@@ -7,10 +7,12 @@ import torch
 
 from dietpe import DietForMaskedLM
 from dietpe.positions import method as method_module
+from dietpe.positions.registry import REGISTRY
 from tests.conftest import batch, tiny
 
-KEPT = [("diet-abs", "none"), ("diet-abs", "layer"), ("diet-rel", "none"), ("t5", "none"), ("tupe-a", "none"),
-        ("tupe-r", "none"), ("alibi", "none"), ("kerple", "none")]
+# every method with a position-only logit term (no query in it), and DIET-ABS with one table for all layers
+KEPT = [(p, "none") for p, m in REGISTRY.items() if "logits" in m.entry and not m.query_terms] + [
+    ("diet-abs", "layer")]
 
 
 @pytest.fixture
@@ -37,7 +39,7 @@ def _fresh_copy(model):
 
 @pytest.mark.parametrize("position,sharing", KEPT)
 def test_kept_terms_are_built_once_and_rebuilt_after_any_change(builds, position, sharing):
-    wide = dict(position_rank=16) if position == "diet-abs" else {}  # rank 8 would be folded into q/k
+    wide = dict(position_rank=16) if REGISTRY[position].uses("position_rank") else {}  # rank 8: folded into q/k
     model = DietForMaskedLM(tiny(position=position, sharing=sharing, **wide)).eval()
     ids, mask, seg = batch(9)
     with torch.no_grad():

@@ -35,6 +35,7 @@ from dietpe.analysis.patterns import (
 from dietpe.analysis.rank import FLOAT32_EPS, default_rtol, numerical_rank
 from dietpe.data.corpus import read_file
 from dietpe.errors import DataError
+from dietpe.positions.registry import REGISTRY
 
 # ---------------------------------------------------------------------------------------------------
 # the sampled batch
@@ -144,7 +145,7 @@ def analyze(model: nn.Module, batch: dict[str, Tensor] | Tensor, pattern_length:
     b, length = batch["input_ids"].shape
     rtol = default_rtol(length, length) if rtol is None else rtol
     a = Analysis(position=config.position, segment=config.segment, head_size=config.head_size,
-                 position_rank=config.rank if config.position == "diet-abs" else None, length=length,
+                 position_rank=config.rank if REGISTRY[config.position].uses("position_rank") else None, length=length,
                  batch_size=b, rtol=rtol)
 
     # ranks (Fig. 2 and 8) on the batch
@@ -278,7 +279,7 @@ def write_report(a: Analysis, out_dir: str | Path, title: str, source: str = "")
                             f"positions")
         plots.plot_offset_profiles(a.offsets, a.profiles, out / "offset_profiles.png",
                                    f"{title}: position logit per offset (mean of each diagonal)",
-                                   "R[i-j]" if a.position == "diet-rel" else "mean logit")
+                                   REGISTRY[a.position].method.profile_name)
         md += ["## Position-only attention (DIET Fig. 4 and 7, TUPE Fig. 6)", "",
                "![position patterns](position_patterns.png)", "", "![offset profiles](offset_profiles.png)", "",
                "Toeplitz deviation per head (0 = depends on i - j only):", "",
@@ -303,7 +304,7 @@ def write_report(a: Analysis, out_dir: str | Path, title: str, source: str = "")
         md += ["", f"*Paper:* {PAPER['segments']}", ""]
 
     if a.embeddings is not None:
-        kind = "TUPE's positional embeddings LN(p_i)" if a.position.startswith("tupe") else "input position embeddings"
+        kind = REGISTRY[a.position].method.table_name
         plots.plot_cosine(cosine_similarity_matrix(a.embeddings), a.cosine_pairs, out / "cosine_similarity.png",
                           f"{title}: cosine similarity of {kind}")
         md += ["## Cosine similarity of position embeddings (DIET Fig. 5)", "",

@@ -294,7 +294,7 @@ def attach(model: PreTrainedModel, spec: str, backend: str | None = None, _init:
     if config.segment == "per-head" and not family.segments:
         raise ConfigError(f"attach: segment='per-head' needs token_type_ids, which {c.model_type} models do not "
                           f"take; use segment=none")
-    if config.position in ("absolute", "sinusoidal") and config.hidden_size != c.hidden_size:
+    if "input" in REGISTRY[config.position].entry and config.hidden_size != c.hidden_size:
         raise ConfigError(f"attach: {config.position!r} adds to the embeddings, but heads × head size "
                           f"{config.hidden_size} differs from hidden_size {c.hidden_size}")
     from dietpe.positions.encoding import PositionEncoding
@@ -307,9 +307,9 @@ def attach(model: PreTrainedModel, spec: str, backend: str | None = None, _init:
         init_encoding(encoding, config.initializer_range)
         table = family.input_table(base)
         weight = getattr(encoding.method, "weight", None)
-        if config.position == "absolute" and table is not None and weight is not None \
+        if REGISTRY[config.position].bert_table and table is not None and weight is not None \
                 and weight.shape == table.shape:
-            with torch.no_grad():  # the model's own table: attaching `absolute` to it changes nothing
+            with torch.no_grad():  # the model's own learned table: attaching `absolute` changes nothing
                 weight.copy_(table)
     device = next((p.device for p in base.parameters()), torch.device("cpu"))
     dtype = next((p.dtype for p in base.parameters() if p.is_floating_point()), torch.float32)

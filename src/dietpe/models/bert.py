@@ -36,6 +36,7 @@ from dietpe.models.modeling import (
     DietModel,
     DietPreTrainedModel,
 )
+from dietpe.positions.registry import REGISTRY, names
 
 log = logging.getLogger("dietpe.bert")
 
@@ -64,8 +65,9 @@ HEAD_NAMES = (
     ("classifier.{w}", "classifier.{w}"),
     ("qa_outputs.{w}", "qa_outputs.{w}"),
 )
-# BERT's input position table: what `keep_input_positions` keeps or drops
+# BERT's input position table: what `keep_input_positions` keeps or drops; the method whose table it is
 INPUT_POSITIONS = "positions.method.weight"
+(BERT_POSITION,) = names(bert_table=True)
 KEPT_INPUT_POSITIONS = "positions.input_positions.weight"  # where it goes beside another method
 
 # Hugging Face BERT architecture -> diet class, and back
@@ -172,6 +174,11 @@ def _state_dict(path_or_name: str) -> dict[str, torch.Tensor]:
                     f"transformers (`BertModel.from_pretrained(...).save_pretrained(dir)`) where you trust it")
 
 
+def bert_table(config: DietConfig) -> bool:
+    """Whether the config's method is BERT's learned input table itself (the registry's `bert_table`)."""
+    return REGISTRY[config.position].bert_table
+
+
 def bert_config_fields(bert_config) -> dict:
     """The DietConfig fields of a `BertConfig`; refuses BERT variants diet does not reproduce."""
     kind = getattr(bert_config, "position_embedding_type", "absolute")
@@ -225,8 +232,8 @@ def from_bert(path_or_name: "str | torch.nn.Module", cls: type[DietPreTrainedMod
             raise ConfigError(f"{path_or_name}: the config differs from the BERT checkpoint in "
                               + ", ".join(f"{k}={a} (BERT: {b})" for k, (a, b) in wrong.items()))
     if keep_input_positions is None:
-        keep_input_positions = config.position == "absolute" or bool(getattr(config, "input_positions", False))
-    if keep_input_positions and config.position != "absolute" and not config.input_positions:
+        keep_input_positions = bert_table(config) or bool(getattr(config, "input_positions", False))
+    if keep_input_positions and not bert_table(config) and not config.input_positions:
         config = DietConfig(**{**config.to_dict(), "input_positions": True})  # validated: per-head methods only
     model = cls(config)
     prefix = "" if isinstance(model, DietModel) else model.base_model_prefix + "."
@@ -238,7 +245,7 @@ def from_bert(path_or_name: "str | torch.nn.Module", cls: type[DietPreTrainedMod
         if target == prefix + INPUT_POSITIONS:
             if not keep_input_positions:
                 target = None
-            elif config.position != "absolute":  # the input table besides the method
+            elif not bert_table(config):  # the input table besides the method
                 target = prefix + KEPT_INPUT_POSITIONS
         if target is None or target not in targets:
             report.dropped.append(name)
@@ -266,8 +273,8 @@ def to_bert(model: DietPreTrainedModel, path: str | Path) -> Path:
     if type(model) not in BERT_CLASS:
         raise ConfigError(f"{type(model).__name__} has no BERT counterpart; export one of "
                           f"{', '.join(k.__name__ for k in BERT_CLASS)}")
-    if c.position != "absolute" or c.segment != "input" or c.attention != "full":
-        raise ConfigError(f"only position='absolute', segment='input', attention='full' is BERT; this model has "
+    if not bert_table(c) or c.segment != "input" or c.attention != "full":
+        raise ConfigError(f"only position={BERT_POSITION!r}, segment='input', attention='full' is BERT; this model has "
                           f"position={c.position!r}, segment={c.segment!r}, attention={c.attention!r}")
     fields = {k: getattr(c, k) for k in CONFIG_FIELDS if hasattr(c, k)}
     bert_config = BertConfig(**fields, architectures=[BERT_CLASS[type(model)]])
