@@ -56,10 +56,11 @@ class DietConfig(PretrainedConfig):
         `diet-abs` and `diet-rel`, `input` otherwise and with Linformer), as the method spec `diet-rel` means
         on the command line. A saved config names its segment, so it loads as saved.
     sharing: of DIET's per-head parameters: `none`, `head` (heads of a layer share), `layer` (layers share).
-    position_rank: d_p of DIET-ABS (default: the head size).
     input_positions: also add BERT's learned input position table (DIET Fig. 5's DIET-ABS + input table;
         what `dietpe pretrain --init BERT --init-keep-positions` keeps), for a per-head `position`.
-    diet_rel_max_distance: clip DIET-REL's offsets to ± this (None: the paper's unclipped table).
+    the methods' own fields (e.g. `t5_num_buckets`, `position_rank`): keywords declared by the methods that
+        read them, each with its default, check and doc (`dietpe.positions.registry.FIELDS`); a non-default
+        value is refused for a method that does not read it.
     logit_scale: the per-head logit-unit tables (DIET-REL's R, DIET-ABS's P_Q and P_K, T5's and TUPE-R's
         buckets, per-head segments) are stored divided by it and used multiplied back, so that one optimizer and
         one learning rate train them (docs/parametrization.md). A saved config without the field is read with

@@ -41,9 +41,6 @@ T = TypeVar("T")
 KEEP_ELEMENTS = 1 << 24
 
 
-ENTRY_POINTS = ("input", "qk", "logits", "values")
-
-
 @dataclass(frozen=True)
 class Traits:
     """What a method is, once; `DietConfig` validation, the backend choice, the pipeline's default segments,

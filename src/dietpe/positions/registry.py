@@ -29,7 +29,7 @@ from dietpe.positions.alibi import ALiBi
 from dietpe.positions.diet import DietAbs, DietRel
 from dietpe.positions.fields import Field
 from dietpe.positions.kerple import Kerple
-from dietpe.positions.method import ENTRY_POINTS, PositionMethod, Traits, causal  # noqa: F401 (re-exported)
+from dietpe.positions.method import PositionMethod, Traits
 from dietpe.positions.rotary import Rotary
 from dietpe.positions.shaw import Shaw
 from dietpe.positions.t5 import T5
