@@ -4,11 +4,22 @@ by angles i·θ and j·θ, so q_i·k_j depends on i - j only. Entry point: qk; a
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from torch import Tensor
 
-from dietpe.positions.base import Context, LayerTerms
+from dietpe.positions.context import CacheKey, Context
 from dietpe.positions.functional import apply_rotary, rotary_angles
 from dietpe.positions.method import PositionMethod
+from dietpe.positions.terms import LayerTerms
+
+
+@dataclass(frozen=True)
+class RotaryAngles(CacheKey):
+    """The `Rotate` qk term of the context's positions for head size `head_size` and base `base`."""
+
+    head_size: int
+    base: float
 
 
 class Rotate:
@@ -27,6 +38,6 @@ class Rotary(PositionMethod):
         self.head_size, self.base = head_size, base
 
     def layer_terms(self, ctx: Context, layer: int) -> LayerTerms:
-        rotate = ctx.cached("rotary", lambda: Rotate(rotary_angles(ctx.q_pos, self.head_size, self.base),
+        rotate = ctx.cached(RotaryAngles(self.head_size, self.base), lambda: Rotate(rotary_angles(ctx.q_pos, self.head_size, self.base),
                                                      rotary_angles(ctx.k_pos, self.head_size, self.base)))
         return LayerTerms(qk=[rotate])

@@ -23,9 +23,10 @@ import math
 import torch
 from torch import Tensor, nn
 
-from dietpe.positions.base import Context, LayerTerms, LowRankBias, TableBias
+from dietpe.positions.context import Built, Context
 from dietpe.positions.method import PositionMethod, normal_parameter
 from dietpe.positions.t5 import t5_diagonals, t5_index, t5_offset_bucket
+from dietpe.positions.terms import LayerTerms, LowRankBias, TableBias
 
 
 class TUPE(PositionMethod):
@@ -114,4 +115,4 @@ class TUPE(PositionMethod):
                     lambda: t5_index(ctx, n, dist, causal), keep, t5_diagonals(ctx, n, dist, causal))))
             return LayerTerms(logits=terms, score_scale=1.0 / math.sqrt(2))
 
-        return ctx.cached("tupe_terms", build)  # shared by all layers: computed once per forward
+        return ctx.cached(Built(self), build)  # shared by all layers: computed once per forward
