@@ -1,7 +1,7 @@
 """diet: where and how position enters a Transformer.
 
 DIET (Chen et al. 2021), TUPE (Ke et al. 2021), Shaw et al. (2018), Transformer-XL/XLNet, T5, rotary and ALiBi
-behind one attention equation, as Hugging Face models. See `dietpe.positions.base` for the four entry points.
+behind one attention equation, as Hugging Face models. See `dietpe.positions.terms` for the four entry points.
 """
 
 from dietpe.errors import ConfigError, DataError, DietError, InputError

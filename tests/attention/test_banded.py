@@ -7,7 +7,7 @@ import torch
 
 from dietpe import DietCausalConfig, DietForCausalLM, DietForMaskedLM
 from dietpe.attention import backends, banded
-from dietpe.positions.base import Band, LayerTerms, QueryRelativeBias, ValueTerm
+from dietpe.positions.terms import Band, LayerTerms, QueryRelativeBias, ValueTerm
 from dietpe.positions.functional import clipped_offset_index, relative_offsets
 from tests.conftest import batch, tiny
 

@@ -122,16 +122,16 @@ def test_parameter_increase_of_diet_abs_is_per_layer_per_head_tables():
 
 def test_position_terms_are_built_once_per_forward(monkeypatch):
     """Shared terms (T5: one table for every layer) are multiplied out once, not per layer or example."""
-    from dietpe.positions import base as base_mod
+    from dietpe.positions.terms import TableBias
 
     calls = []
-    original = base_mod.TableBias.dense
+    original = TableBias.dense
 
-    def counting(self, q=None):
+    def counting(self, q=None, rows=slice(None)):
         calls.append(self._dense is None)
-        return original(self, q)
+        return original(self, q, rows)
 
-    monkeypatch.setattr(base_mod.TableBias, "dense", counting)
+    monkeypatch.setattr(TableBias, "dense", counting)
     model = DietModel(tiny(position="t5", num_hidden_layers=4, attn_backend="eager")).eval()
     ids, mask, seg = batch(6, batch_size=3)
     model(ids, mask, seg)

@@ -7,7 +7,7 @@ import torch
 
 from dietpe import DietModel
 from dietpe.positions import method as method_module
-from dietpe.positions.base import Context
+from dietpe.positions.context import Context
 from dietpe.positions.tupe import TUPE
 from tests.conftest import batch, tiny
 

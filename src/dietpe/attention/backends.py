@@ -29,7 +29,7 @@ from dietpe.attention import banded as _banded
 from dietpe.attention.masks import CausalMask, dense_mask
 from dietpe.config import NEEDS_PROBABILITIES, DietConfig
 from dietpe.errors import ConfigError
-from dietpe.positions.base import LayerTerms, LogitTerm
+from dietpe.positions.terms import LayerTerms, LogitTerm
 
 
 class Backend(Protocol):
@@ -247,7 +247,7 @@ def _sdpa_blocks(q, k, v, terms: LayerTerms, mask, s, dropout_p, q_raw, bias_bat
         rows = slice(start, min(start + step, lq))
         bias = None
         for term in terms.logits:
-            block = term.dense_block(q_raw, rows).to(q.dtype)  # (1|B, H|1, rows, Lk)
+            block = term.dense(q_raw, rows).to(q.dtype)  # (1|B, H|1, rows, Lk)
             bias = block if bias is None else bias + block
         if mask is not None:
             m = mask[..., rows, :] if mask.shape[-2] > 1 else mask

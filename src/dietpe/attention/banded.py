@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from dietpe.positions.base import LayerTerms, QueryRelativeBias, ValueTerm
+from dietpe.positions.terms import LayerTerms, QueryRelativeBias, ValueTerm
 
 #: queries per block: each block makes two fused-kernel calls (its left and right keys) and one window of
 #: BLOCK + 2k keys computed explicitly; 64 measured fastest of 32, 48, 64 and 96 at bert-small 512
@@ -53,8 +53,8 @@ def plan(q: Tensor, k: Tensor, terms: LayerTerms, dropout_p: float) -> tuple | N
     if len(terms.values) != 1 or terms.values[0].band is None or terms.qk:
         return None
     value = terms.values[0]
-    keys = [t for t in terms.logits if isinstance(t, QueryRelativeBias) and t.band is not None]
-    others = [t for t in terms.logits if not (isinstance(t, QueryRelativeBias) and t.band is not None)]
+    keys = [t for t in terms.logits if t.band is not None]
+    others = [t for t in terms.logits if t.band is None]
     if len(keys) != 1 or keys[0].band != value.band or any(t.factors() is None for t in others):
         return None
     if torch.is_grad_enabled() and (q.requires_grad or value.a.requires_grad or keys[0].r.requires_grad):

@@ -14,7 +14,7 @@ from torch import Tensor, nn
 
 from dietpe.attention.backends import BACKENDS, eager, resolve_backend
 from dietpe.config import DietConfig
-from dietpe.positions.base import EMPTY, LayerTerms
+from dietpe.positions.terms import EMPTY, LayerTerms
 
 
 class MultiHeadAttention(nn.Module):

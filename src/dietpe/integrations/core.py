@@ -26,8 +26,9 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask
 
 from dietpe.attention.backends import BACKENDS
 from dietpe.errors import ConfigError, InputError
-from dietpe.positions.base import EMPTY, Context, LayerTerms
+from dietpe.positions.context import Context
 from dietpe.positions.registry import REGISTRY
+from dietpe.positions.terms import EMPTY, LayerTerms
 
 #: the name registered with Hugging Face's attention and mask interfaces
 NAME = "dietpe"

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from dietpe.attention.backends import BACKENDS
 from dietpe.errors import ConfigError, InputError
-from dietpe.positions.base import Context
+from dietpe.positions.context import Context
 from dietpe.positions.registry import REGISTRY
 
 

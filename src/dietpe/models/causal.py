@@ -23,7 +23,7 @@ with `starts=(past, 0)` for the default positions: one row of each bias, one rot
 one input position id. `position_ids`, when given, cover the cached and the new tokens, like
 `attention_mask` (as `decoder_position_ids` of the translation model); `generate()` derives them from the
 attention mask when a prompt is left-padded. Causality follows sequence order, not position values.
-Shapes as in `dietpe.positions.base`.
+Shapes as in `dietpe.positions.terms`.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ Incremental decoding (`generate(use_cache=True)`): the cache (transformers' `Enc
 decoder's self-attention keys and values and the cross-attention keys and values, projected once from the
 encoder states. A step of t builds position terms for its one query only, `Context(q_pos=[t],
 k_pos=0..t)`: one row of the bias, one rotary angle for the query, one input position id; the rows of earlier
-queries were built at their own steps and are never rebuilt. Shapes as in `dietpe.positions.base`.
+queries were built at their own steps and are never rebuilt. Shapes as in `dietpe.positions.terms`.
 """
 
 from __future__ import annotations
@@ -46,8 +46,9 @@ from dietpe.errors import ConfigError, InputError, may_read
 from dietpe.models.modeling import (
     DietModel, DietPreTrainedModel, cache_argument, check_kwargs, padding_mask, with_cache,
 )
-from dietpe.positions.base import EMPTY, Context
+from dietpe.positions.context import Context
 from dietpe.positions.encoding import PositionEncoding
+from dietpe.positions.terms import EMPTY
 
 SEQ2SEQ_PRESETS: dict[str, dict] = {
     # Vaswani et al.'s base model, the paper's translation setting (6 + 6 layers, 512 wide, 8 heads).

@@ -8,9 +8,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from dietpe.positions.base import Context, DistanceBias, LayerTerms
+from dietpe.positions.context import Built, Context
 from dietpe.positions.functional import alibi_bias, alibi_slopes
 from dietpe.positions.method import PositionMethod, Traits
+from dietpe.positions.terms import DistanceBias, LayerTerms
 
 
 class ALiBi(PositionMethod):
@@ -46,4 +47,4 @@ class ALiBi(PositionMethod):
             term = DistanceBias(alibi_bias, (slopes,), ctx.q_pos, ctx.k_pos, ctx.diagonal_offsets())
             return self.keep(ctx, "alibi", (slopes,), term)
 
-        return LayerTerms(logits=[ctx.cached("alibi_term", build)])
+        return LayerTerms(logits=[ctx.cached(Built(self), build)])

@@ -17,10 +17,11 @@ Entry point: logit bias (DIET-ABS is low rank and may be folded into queries and
 
 from __future__ import annotations
 
-from dietpe.positions.base import Context, LayerTerms, LowRankBias, TableBias
-from dietpe.positions.functional import relative_offsets, take_rows
+from dietpe.positions.context import Built, Context, clipped_diagonals, clipped_index
 from dietpe.positions.fields import Field, optional_positive_int
+from dietpe.positions.functional import take_rows
 from dietpe.positions.method import PositionMethod, Traits, normal_parameter, shared_layer, sharing_shape
+from dietpe.positions.terms import LayerTerms, LowRankBias, TableBias
 
 POSITION_RANK = Field("position_rank", None, optional_positive_int, "d_p, the rank of P_Q P_Kᵀ (None: the head size)")
 DIET_REL_MAX_DISTANCE = Field("diet_rel_max_distance", None, optional_positive_int,
@@ -71,7 +72,7 @@ class DietAbs(PositionMethod):
                                 lambda: fq @ fk.transpose(-1, -2))
             return LowRankBias(fq, fk, product)
 
-        return LayerTerms(logits=[ctx.cached(f"diet_abs_{table}", build)])
+        return LayerTerms(logits=[ctx.cached(Built(self, table), build)])
 
 
 class DietRel(PositionMethod):
@@ -104,15 +105,15 @@ class DietRel(PositionMethod):
     def layer_terms(self, ctx: Context, layer: int) -> LayerTerms:
         table = shared_layer(self.sharing, layer)
         def index():  # (1|B, Lq, Lk), shared by layers; built only if some term needs more than its diagonals
-            return ctx.cached("diet_rel_index", lambda: self.bucket(relative_offsets(ctx.q_pos, ctx.k_pos)))
+            return clipped_index(ctx, self.span)
 
-        diagonals = ctx.cached("diet_rel_diagonals", lambda: self.bucket(ctx.diagonal_offsets()))
+        diagonals = clipped_diagonals(ctx, self.span)
         def build():  # one term per table, its dense form kept between inference forwards
             r = self.layer_table(ctx, "r", table)
             return self.keep(ctx, f"diet_rel_{table}", (r,), TableBias(
                 r, ctx.q_pos, ctx.k_pos, self.bucket, index, diagonals=diagonals))
 
-        return LayerTerms(logits=[ctx.cached(f"diet_rel_{table}", build)])
+        return LayerTerms(logits=[ctx.cached(Built(self, table), build)])
 
     def bucket(self, offsets):
         """Offset i - j -> column of R: every offset its own, the edges reused beyond the table."""

@@ -14,7 +14,8 @@ from torch import Tensor, nn
 
 from dietpe.errors import InputError, may_read
 from dietpe.positions.absolute import LearnedAbsolute
-from dietpe.positions.base import Context, LayerTerms
+from dietpe.positions.context import Context
+from dietpe.positions.terms import LayerTerms
 from dietpe.positions.registry import REGISTRY
 from dietpe.positions.segments import InputSegments, PerHeadSegments
 

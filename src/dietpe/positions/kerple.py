@@ -18,9 +18,10 @@ import math
 
 from transformers import initialization as hf_init
 
-from dietpe.positions.base import Context, DistanceBias, LayerTerms
+from dietpe.positions.context import Built, Context
 from dietpe.positions.functional import kerple_log_bias
 from dietpe.positions.method import PositionMethod, Traits, normal_parameter
+from dietpe.positions.terms import DistanceBias, LayerTerms
 
 EPS = 0.01  # the authors' lower bound on r1, r2
 
@@ -54,4 +55,4 @@ class Kerple(PositionMethod):
             term = DistanceBias(kerple_log_bias, (r1, r2), ctx.q_pos, ctx.k_pos, ctx.diagonal_offsets())
             return self.keep(ctx, "kerple", (self.r1, self.r2), term)
 
-        return LayerTerms(logits=[ctx.cached("kerple_term", build)])
+        return LayerTerms(logits=[ctx.cached(Built(self), build)])

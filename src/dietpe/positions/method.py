@@ -1,7 +1,7 @@
 """The base class of a position (or segment) method and the layout of parameters shared by heads or layers.
 
 A method owns its parameters and, once per forward, turns a `Context` into contributions to the four entry
-points of `dietpe.positions.base`: `embed` for the input, `layer_terms` for qk, logit and value terms.
+points of `dietpe.positions.terms`: `embed` for the input, `layer_terms` for qk, logit and value terms.
 Logit-unit parameters (`logit_parameters`: per-head scalar tables added to the logits, DIET-ABS's factors) are
 stored divided by `logit_scale` and used multiplied back, θ_eff = logit_scale · θ: the same init in logit units,
 while Adam (which moves a parameter by about its learning rate per step) moves the effective table
@@ -28,8 +28,9 @@ import torch
 from torch import Tensor, nn
 from transformers import initialization as hf_init
 
-from dietpe.positions.base import EMPTY, Context, LayerTerms, RowsTerm
+from dietpe.positions.context import Context, LayerSlices
 from dietpe.positions.fields import Field
+from dietpe.positions.terms import ALL, EMPTY, LayerTerms, LogitTerm
 
 if TYPE_CHECKING:
     from dietpe.config import DietConfig
@@ -46,7 +47,7 @@ class Traits:
     """What a method is, once; `DietConfig` validation, the backend choice, the pipeline's default segments,
     the papers' list of methods, `dietpe bench` and the tests' matrices read it through the registry.
 
-    entry           the entry points it contributes to: input, qk, logits, values (dietpe.positions.base)
+    entry           the entry points it contributes to: input, qk, logits, values (dietpe.positions.terms)
     learned_table   a table indexed by absolute position: positions beyond max_position_embeddings are refused
     key_positions   needs each key's position (relative or untied terms): impossible after Linformer's projection
     probabilities   a value term reads the attention probabilities: only the eager backend serves it
@@ -183,18 +184,18 @@ class PositionMethod(nn.Module):
             self.__dict__.pop("_kept", None)
         return super().train(mode)
 
-    def keep(self, ctx: Context, name: str, tensors: tuple[Tensor, ...], term: RowsTerm) -> RowsTerm:
-        """`term`, a function of `tensors` and the positions, with its dense form kept between inference
-        forwards (see `kept`)."""
+    def keep(self, ctx: Context, name: str, tensors: tuple[Tensor, ...], term: LogitTerm) -> LogitTerm:
+        """`term`, position-only, a function of `tensors` and the positions, with its dense form kept between
+        inference forwards (see `kept`)."""
         lq, lk = term.size
-        term.product = self.kept(ctx, name, tensors, term.heads * lq * lk, lambda: term._rows(slice(None)))
+        term.kept = self.kept(ctx, name, tensors, term.heads * lq * lk, lambda: term.build(None, ALL))
         return term
 
     def layer_table(self, ctx: Context, name: str, layer: int) -> Tensor:
         """Layer `layer`'s slice of the per-layer parameter `name` (n_layers, ...). The slices are taken by one
         `unbind` per forward, so the backward writes each layer's gradient straight into one stacked gradient
         instead of a zero-filled copy of the whole parameter per layer, added up."""
-        return ctx.cached(f"{type(self).__name__}.{name} by layer", lambda: self.logit(name).unbind(0))[layer]
+        return ctx.cached(LayerSlices(self, name), lambda: self.logit(name).unbind(0))[layer]
 
     def layer_terms(self, ctx: Context, layer: int) -> LayerTerms:
         """qk, logit and value contributions to attention layer `layer`."""

@@ -5,14 +5,16 @@ by angles i·θ and j·θ, so q_i·k_j depends on i - j only. Entry point: qk; a
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from torch import Tensor
 
 from dietpe.errors import ConfigError
-from dietpe.positions.base import Context, LayerTerms
+from dietpe.positions.context import CacheKey, Context
 from dietpe.positions.fields import Field, positive_float
 from dietpe.positions.functional import apply_rotary, rotary_angles
 from dietpe.positions.method import PositionMethod, Traits
+from dietpe.positions.terms import LayerTerms
 
 ROTARY_BASE = Field("rotary_base", 10000.0, positive_float, "θ_m = base^(-2m/d_h), RoFormer's 10000")
 
@@ -27,6 +29,14 @@ def rotate_reference(x: Tensor, pos: int, base: float) -> Tensor:
         out[m] = a * math.cos(theta) - b * math.sin(theta)
         out[m + d // 2] = b * math.cos(theta) + a * math.sin(theta)
     return out
+
+
+@dataclass(frozen=True)
+class RotaryAngles(CacheKey):
+    """The `Rotate` qk term of the context's positions for head size `head_size` and base `base`."""
+
+    head_size: int
+    base: float
 
 
 class Rotate:
@@ -63,6 +73,6 @@ class Rotary(PositionMethod):
         self.head_size, self.base = head_size, base
 
     def layer_terms(self, ctx: Context, layer: int) -> LayerTerms:
-        rotate = ctx.cached("rotary", lambda: Rotate(rotary_angles(ctx.q_pos, self.head_size, self.base),
+        rotate = ctx.cached(RotaryAngles(self.head_size, self.base), lambda: Rotate(rotary_angles(ctx.q_pos, self.head_size, self.base),
                                                      rotary_angles(ctx.k_pos, self.head_size, self.base)))
         return LayerTerms(qk=[rotate])

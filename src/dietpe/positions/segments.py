@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from dietpe.positions.base import Context, LayerTerms, SegmentBias
+from dietpe.positions.context import Built, Context
 from dietpe.positions.method import PositionMethod, normal_parameter, shared_layer, sharing_shape
+from dietpe.positions.terms import LayerTerms, SegmentBias
 
 
 class InputSegments(nn.Module):
@@ -45,5 +46,5 @@ class PerHeadSegments(PositionMethod):
             return LayerTerms()
         table = shared_layer(self.sharing, layer)
 
-        return LayerTerms(logits=[ctx.cached(f"segments_{table}", lambda: SegmentBias(
+        return LayerTerms(logits=[ctx.cached(Built(self, table), lambda: SegmentBias(
             self.layer_table(ctx, "table", table), ctx.q_segments, ctx.k_segments))])

@@ -9,15 +9,34 @@ Entry points: logit bias (a query-dependent key term) and values.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
+import torch
 from torch import Tensor
 
-from dietpe.positions.base import Band, Context, LayerTerms, QueryRelativeBias, ValueTerm
-from dietpe.positions.functional import OneHot, clipped_offset_index, relative_offsets
+from dietpe.positions.context import CacheKey, ClippedIndex, Context, clipped_index
 from dietpe.positions.fields import Field, positive_int
+from dietpe.positions.functional import OneHot, clipped_offset_index
 from dietpe.positions.method import PositionMethod, Traits, normal_parameter
+from dietpe.positions.terms import Band, LayerTerms, QueryRelativeBias, ValueTerm
 
 SHAW_MAX_DISTANCE = Field("shaw_max_distance", 16, positive_int, "k: offsets clipped to ±k")
+
+
+@dataclass(frozen=True)
+class OneHotOf(CacheKey):
+    """The `OneHot` of the index under `index` into `size` buckets, in `dtype` (or None)."""
+
+    index: CacheKey
+    size: int
+    dtype: torch.dtype
+
+
+@dataclass(frozen=True)
+class BandOf(CacheKey):
+    """The `Band` of offsets clipped to ±max_distance for the context's positions, or None."""
+
+    max_distance: int
 
 
 class Shaw(PositionMethod):
@@ -68,12 +87,12 @@ class Shaw(PositionMethod):
 
         # built when first read, once per forward: the banded inference path reads neither
         def index() -> Tensor:  # (1|B, Lq, Lk)
-            return ctx.cached("shaw_index", lambda: bucket(relative_offsets(ctx.q_pos, ctx.k_pos)))
+            return clipped_index(ctx, self.max_distance)
 
         def onehot() -> OneHot | None:
-            return ctx.cached("shaw_onehot", lambda: OneHot.of(index(), m, dtype))
+            return ctx.cached(OneHotOf(ClippedIndex(self.max_distance), m, dtype), lambda: OneHot.of(index(), m, dtype))
 
-        band = ctx.cached("shaw_band", lambda: self.band(ctx))
+        band = ctx.cached(BandOf(self.max_distance), lambda: self.band(ctx))
         key = QueryRelativeBias(self.key[layer][:, None, :], ctx.q_pos, ctx.k_pos, bucket, self.scale,
                                 index=index, band=band, onehot=onehot)  # r: (M, 1, Dh)
         return LayerTerms(logits=[key], values=[ValueTerm(self.value[layer], index, band, onehot)])

@@ -11,13 +11,17 @@ model.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
+
 from torch import Tensor
 
-from dietpe.positions.base import Context, LayerTerms, TableBias
+from dietpe.positions.context import Built, CacheKey, Context
 from dietpe.positions.functional import relative_offsets, t5_bucket, t5_causal_bucket
 from dietpe.positions.fields import Field, positive_int
 from dietpe.positions.method import PositionMethod, Traits, causal, normal_parameter
+from dietpe.positions.terms import LayerTerms, TableBias
 
 T5_NUM_BUCKETS = Field("t5_num_buckets", 32, positive_int, "T5's number of log buckets per direction pair")
 T5_MAX_DISTANCE = Field("t5_max_distance", 128, positive_int, "offsets beyond it share T5's last bucket")
@@ -38,9 +42,27 @@ def t5_offset_bucket(num_buckets: int, max_distance: int, causal: bool = False):
     return lambda offsets: bucket(-offsets, num_buckets, max_distance)
 
 
+@dataclass(frozen=True)
+class T5Index(CacheKey):
+    """(1|B, Lq, Lk) T5 bucket of each query-key pair (shared by T5 and TUPE-R)."""
+
+    num_buckets: int
+    max_distance: int
+    causal: bool
+
+
+@dataclass(frozen=True)
+class T5Diagonals(CacheKey):
+    """(Lq + Lk - 1,) T5 bucket of each offset i - j along the diagonals, or None."""
+
+    num_buckets: int
+    max_distance: int
+    causal: bool
+
+
 def t5_index(ctx: Context, num_buckets: int, max_distance: int, causal: bool = False) -> Tensor:
     """(1|B, Lq, Lk) bucket of each query-key pair."""
-    return ctx.cached(f"t5_index_{num_buckets}_{max_distance}_{causal}", lambda: t5_offset_bucket(
+    return ctx.cached(T5Index(num_buckets, max_distance, causal), lambda: t5_offset_bucket(
         num_buckets, max_distance, causal)(relative_offsets(ctx.q_pos, ctx.k_pos)))
 
 
@@ -51,7 +73,7 @@ def t5_diagonals(ctx: Context, num_buckets: int, max_distance: int, causal: bool
         offsets = ctx.diagonal_offsets()
         return None if offsets is None else t5_offset_bucket(num_buckets, max_distance, causal)(offsets)
 
-    return ctx.cached(f"t5_diagonals_{num_buckets}_{max_distance}_{causal}", build)
+    return ctx.cached(T5Diagonals(num_buckets, max_distance, causal), build)
 
 
 class T5(PositionMethod):
@@ -76,7 +98,7 @@ class T5(PositionMethod):
     def layer_terms(self, ctx: Context, layer: int) -> LayerTerms:
         # one TableBias object for all layers, so its dense form is built once per forward
         n, dist, causal = self.num_buckets, self.max_distance, self.causal
-        term = ctx.cached("t5_term", lambda: self.keep(ctx, "t5", (self.bias,), TableBias(
+        term = ctx.cached(Built(self), lambda: self.keep(ctx, "t5", (self.bias,), TableBias(
             self.logit("bias"), ctx.q_pos, ctx.k_pos, t5_offset_bucket(n, dist, causal),
             lambda: t5_index(ctx, n, dist, causal), diagonals=t5_diagonals(ctx, n, dist, causal))))
         return LayerTerms(logits=[term])

@@ -23,7 +23,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from dietpe.positions.base import Context, LayerTerms, LowRankBias, TableBias
+from dietpe.positions.context import Built, Context
 from dietpe.positions.fields import Field, boolean
 from dietpe.positions.method import PositionMethod, Traits, causal, normal_parameter
 from dietpe.positions.t5 import (
@@ -34,6 +34,7 @@ from dietpe.positions.t5 import (
     t5_index,
     t5_offset_bucket,
 )
+from dietpe.positions.terms import LayerTerms, LowRankBias, TableBias
 
 TUPE_RESET = Field("tupe_reset", True, boolean, "reset_θ on position 0 ([CLS]); false: TUPE^tie-cls")
 
@@ -148,7 +149,7 @@ class TUPE(PositionMethod):
                     lambda: t5_index(ctx, n, dist, causal), keep, t5_diagonals(ctx, n, dist, causal))))
             return LayerTerms(logits=terms, score_scale=1.0 / math.sqrt(2))
 
-        return ctx.cached("tupe_terms", build)  # shared by all layers: computed once per forward
+        return ctx.cached(Built(self), build)  # shared by all layers: computed once per forward
 
 
 class TupeA(TUPE):

@@ -11,14 +11,28 @@ Entry points: qk (u is added to the query of the content term) and logit bias (t
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from dietpe.positions.base import Context, LayerTerms, QueryRelativeBias
-from dietpe.positions.functional import relative_offsets, sinusoids
 from dietpe.positions.absolute import sinusoid_reference
+from dietpe.positions.context import CacheKey, Context
+from dietpe.positions.functional import relative_offsets, sinusoids
 from dietpe.positions.method import PositionMethod, Traits, normal_parameter
+from dietpe.positions.terms import LayerTerms, QueryRelativeBias
+
+
+@dataclass(frozen=True)
+class DistinctOffsets(CacheKey):
+    """(the M distinct offsets pos_i - pos_j (M,), the (1|B, Lq, Lk) index of each pair among them)."""
+
+
+@dataclass(frozen=True)
+class OffsetSinusoids(CacheKey):
+    """(M, width) sinusoids of the `DistinctOffsets`."""
+
+    width: int
 
 
 class AddToQuery:
@@ -68,8 +82,8 @@ class XLNet(PositionMethod):
                 values = torch.arange(int(rel.min()), int(rel.max()) + 1, device=rel.device)
             return values, rel - values[0]  # the M distinct offsets (M,), index (1|B, Lq, Lk)
 
-        values, index = ctx.cached("xlnet_offsets", offsets)
-        table = ctx.cached("xlnet_sinusoids", lambda: sinusoids(values, self.hidden_size))  # (M, D)
+        values, index = ctx.cached(DistinctOffsets(), offsets)
+        table = ctx.cached(OffsetSinusoids(self.hidden_size), lambda: sinusoids(values, self.hidden_size))  # (M, D)
         w_r = self.w_r[layer]
         r = (table.to(w_r.dtype) @ w_r).view(len(values), self.num_heads, -1)  # (M, H, Dh), once per layer
         lo = values[0]

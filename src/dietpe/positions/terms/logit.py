@@ -1,0 +1,99 @@
+"""The logit-term contract: what every term added to the attention logits provides, and what it may offer.
+
+Shapes (notation of `dietpe.positions.terms`): q (B, H, Lq, Dh) is the projected query before any qk term;
+a term's dense form is (1|B, H|1, Lq, Lk), 1 where it is shared by the batch or the heads.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import TYPE_CHECKING, Callable
+
+from torch import Tensor
+
+if TYPE_CHECKING:
+    from dietpe.positions.terms.relative import Band
+
+#: every query row: `LogitTerm.dense(q, rows)`'s default
+ALL = slice(None)
+
+# A term's value at one query-key pair, from indices: (b, h, q_idx, kv_idx) -> bias, as FlexAttention's
+# score_mod reads it (each argument a 0-dim integer tensor there; any broadcastable integer tensors here).
+ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
+
+
+def position_at(pos: Tensor, b: Tensor, idx: Tensor) -> Tensor:
+    """The position of token `idx` of example `b`: pos (L,) is shared by the batch, pos (B, L) per example."""
+    return pos[idx] if pos.dim() == 1 else pos[b, idx]
+
+
+def head_at(values: Tensor, h: Tensor):
+    """Row h of a per-head table (H, ...), or its one row when the heads share it (1, ...)."""
+    return 0 if values.shape[0] == 1 else h
+
+
+class LogitTerm(abc.ABC):
+    """A term added to the scaled attention logits.
+
+    Every term provides:
+        size: (Lq, Lk)
+        batch, heads: the leading sizes 1|B and H|1 of its dense form; None for a query-dependent term,
+            whose dense form has the query's B and H
+        kind: "position" or "segment" (the analysis's breakdown of the logits)
+        query_dependent: whether the term reads q (Shaw's key term, XLNet); False: position-only
+        reuse: whether the dense form, once built, is kept for the other layers of the forward that share
+            the term; off under activation checkpointing, where a recomputed layer must rebuild what it used
+        kept: None, or a function returning the whole dense form from the method's inference cache
+            (`PositionMethod.keep`)
+        build(q, rows) -> (1|B, H|1, len(rows), Lk): the term for the queries in `rows`, built for those rows
+            only where the term can (the one member a subclass must write); q may be None when not
+            query_dependent
+        dense(q, rows=ALL) -> (1|B, H|1, len(rows), Lk): what backends call. The whole term is built once
+            per forward while `reuse` is on (from `kept` when given); a block of rows is sliced from it once
+            built, else built for those rows alone, so long inputs never hold a whole (H, Lq, Lk) term
+
+    Optional capabilities, each answering "not available" by default, which a backend asks for:
+        factors() -> (fq (1|B, H|1, Lq, r), fk (1|B, H|1, Lk, r)) | None: dense == fq @ fkᵀ, so sdpa and
+            flex may fold the term into extra query and key channels
+        score_mod(q) -> ScoreMod | None: the term pair by pair from (b, h, q_idx, kv_idx), for FlexAttention
+        band: Band | None: Shaw's key term over consecutive positions, dense == by_offset(q) read at the
+            clipped offset, which `dietpe.attention.banded` serves with the fused kernel
+    """
+
+    #: "position" or "segment"
+    kind = "position"
+    query_dependent = False
+    band: Band | None = None
+
+    def __init__(self, size: tuple[int, int], batch: int | None = 1, heads: int | None = 1):
+        self.size, self.batch, self.heads = size, batch, heads
+        self.reuse = True
+        self.kept: Callable[[], Tensor] | None = None
+        self._dense: Tensor | None = None
+
+    @abc.abstractmethod
+    def build(self, q: Tensor | None, rows: slice) -> Tensor:
+        """(1|B, H|1, len(rows), Lk): the term for the queries in `rows` (q is the full query)."""
+
+    def dense(self, q: Tensor | None = None, rows: slice = ALL) -> Tensor:
+        """(1|B, H|1, len(rows), Lk): the term, built once per forward for the layers that share it."""
+        if rows != ALL:
+            return self._dense[..., rows, :] if self._dense is not None else self.build(q, rows)
+        if self.query_dependent or not self.reuse:
+            return self.build(q, ALL)
+        if self._dense is None:
+            self._dense = self.kept() if self.kept else self.build(q, ALL)
+        return self._dense
+
+    def factors(self) -> tuple[Tensor, Tensor] | None:
+        """(fq, fk) with dense == fq @ fkᵀ, or None: not low rank."""
+        return None
+
+    def score_mod(self, q: Tensor | None) -> ScoreMod | None:
+        """The term as a function of (b, h, q_idx, kv_idx), or None: a low-rank term is then folded into
+        queries and keys by the backend (see `factors`)."""
+        return None
+
+    def by_offset(self, q: Tensor) -> Tensor:
+        """(B, H, Lq, M): the term of each query at each of the M clipped offsets; only where `band` is set."""
+        raise NotImplementedError(f"{type(self).__name__} has no band")

@@ -1,0 +1,46 @@
+"""Low-rank logit terms fq · fkᵀ, which sdpa and flex fold into extra query and key channels instead of
+building (B, H, Lq, Lk): DIET-ABS's P_Q P_Kᵀ (DIET eq. 1), TUPE's positional correlation (TUPE eq. 10), DIET's
+per-head segment table (DIET eq. 2, one-hot keys)."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+from dietpe.positions.terms.logit import ALL, LogitTerm, ScoreMod, head_at
+
+
+class LowRankBias(LogitTerm):
+    """fq · fkᵀ with fq (1|B, H|1, Lq, r), fk (1|B, H|1, Lk, r); `kept` as in `LogitTerm`."""
+
+    def __init__(self, fq: Tensor, fk: Tensor, kept: Callable[[], Tensor] | None = None):
+        super().__init__((fq.shape[-2], fk.shape[-2]), max(fq.shape[0], fk.shape[0]), max(fq.shape[1], fk.shape[1]))
+        self.fq, self.fk = fq, fk
+        self.kept = kept
+
+    def build(self, q: Tensor | None, rows: slice) -> Tensor:
+        fq = self.fq if rows == ALL else self.fq[..., rows, :]
+        return fq @ self.fk.transpose(-1, -2)
+
+    def factors(self) -> tuple[Tensor, Tensor]:
+        return self.fq, self.fk
+
+
+class SegmentBias(LowRankBias):
+    """DIET eq. 2: Ŝ[h, S(i), S(j)], a k×k table per head read at the two tokens' segments. As a product
+    Ŝ[S(i), :] · onehot(S(j))ᵀ it is low rank (folded by sdpa); FlexAttention reads the table directly.
+    table: (H|1, k, k); q_segments (B, Lq), k_segments (B, Lk)."""
+
+    kind = "segment"
+
+    def __init__(self, table: Tensor, q_segments: Tensor, k_segments: Tensor):
+        fq = table[:, q_segments].transpose(0, 1)  # (B, H|1, Lq, k): row S(i) of Ŝ
+        fk = torch.nn.functional.one_hot(k_segments, table.shape[-1]).to(table.dtype).unsqueeze(1)  # (B, 1, Lk, k)
+        super().__init__(fq, fk)
+        self.table, self.q_segments, self.k_segments = table, q_segments, k_segments
+
+    def score_mod(self, q: Tensor | None = None) -> ScoreMod:
+        table, qs, ks = self.table, self.q_segments, self.k_segments
+        return lambda b, h, qi, ki: table[head_at(table, h), qs[b, qi], ks[b, ki]]
