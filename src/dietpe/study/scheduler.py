@@ -43,6 +43,7 @@ class Schedule:
     out: Path
     pretrain: PretrainSettings
     finetune: FinetuneSettings
+    configs: dict           # method name -> its model config, built once before any work (PretrainJob.config)
     threads: int | None
     device_batch_size: int
     train_language: str
@@ -101,7 +102,7 @@ def run_unit(i: int, method: Method, seed: int, tasks: dict, prepared, schedule:
         schedule.corpus, method, out / "pretrain" / method.slug / f"seed{seed}", schedule.pretrain, seed=seed,
         device_batch_size=schedule.device_batch_size, quiet=quiet, description=f"[{i}/{n}] pretrain {tag}",
         device=schedule.device, precision=schedule.precision, deterministic=schedule.deterministic,
-        packing=schedule.packing), prepared)
+        packing=schedule.packing, config=schedule.configs.get(method.name)), prepared)
     index = analyze_method(res["model_dir"], prepared, out / "analysis" / method.slug / f"seed{seed}", tag,
                            device=schedule.device)
     summary = json.loads((index.parent / "summary.json").read_text(encoding="utf-8"))

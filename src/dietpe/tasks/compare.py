@@ -67,9 +67,10 @@ def check_data_options(args) -> bool:
     return builtin
 
 
-def study_settings(args, builtin: bool) -> tuple[list[Method], list[int], PretrainSettings, FinetuneSettings]:
+def study_settings(args, builtin: bool) -> tuple[list[Method], list[int], PretrainSettings, FinetuneSettings, dict]:
     """The methods, pre-training seeds and settings: --budget's defaults (`scheduler.budget_defaults`) unless
-    the command line says otherwise; every method checked at these settings before any work."""
+    the command line says otherwise; every method's model config built (and so checked) once before any work,
+    by method name."""
     budget = args.budget
     defaults = scheduler.budget_defaults(budget, builtin)
     args.recipe = args.recipe or defaults["recipe"]
@@ -83,12 +84,14 @@ def study_settings(args, builtin: bool) -> tuple[list[Method], list[int], Pretra
     n_seeds = args.pretrain_seeds or defaults["pretrain_seeds"]
     pretrain_seeds = [args.seed + k for k in range(n_seeds)]
     s_pre, s_ft = PretrainSettings.from_args(args), FinetuneSettings.from_args(args)
+    configs = {}
     for m in methods:
         # the pre-trained models' tables end at the pre-training length
         check_length(m.position, s_ft.max_length, s_pre.max_length, "fine-tuning length ",
                      "lower --ft-max-length or raise --max-length", ConfigError)
-        pt.check_before_work(m, s_pre, args.device_batch_size, args.device, not args.ignore_memory_check)
-    return methods, pretrain_seeds, s_pre, s_ft
+        configs[m.name] = pt.check_before_work(m, s_pre, args.device_batch_size, args.device,
+                                               not args.ignore_memory_check)
+    return methods, pretrain_seeds, s_pre, s_ft, configs
 
 
 def study_data(args, out: Path, builtin: bool, s_ft: FinetuneSettings) -> tuple[str, dict[str, TaskData]]:
@@ -124,7 +127,7 @@ def _main(args) -> int:
     trainer_device_args(args.device, args.precision, args.deterministic)  # refuse a missing CUDA first
     out = Path(args.output_dir)
     builtin = check_data_options(args)
-    methods, pretrain_seeds, s_pre, s_ft = study_settings(args, builtin)
+    methods, pretrain_seeds, s_pre, s_ft, configs = study_settings(args, builtin)
     # What the shared data depends on, recorded before anything is written (each pre-training and fine-tuning
     # folder inside records its own settings): a rerun with another corpus or vocabulary is refused.
     check_run_settings(out, dict(
@@ -152,7 +155,7 @@ def _main(args) -> int:
     log(f"{len(methods)} methods x {len(pretrain_seeds)} pre-training seeds x ({len(tasks)} tasks x "
         f"{len(s_ft.lrs)} lr x {s_ft.seeds} seeds), {jobs} at a time")
     schedule = scheduler.Schedule(
-        corpus=corpus, out=out, pretrain=s_pre, finetune=s_ft, threads=args.threads,
+        corpus=corpus, out=out, pretrain=s_pre, finetune=s_ft, configs=configs, threads=args.threads,
         device_batch_size=args.device_batch_size, train_language=args.train_language, quiet=jobs > 1,
         total=len(units), device=args.device, precision=args.precision, deterministic=args.deterministic,
         packing=args.packing)

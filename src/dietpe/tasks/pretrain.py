@@ -10,6 +10,7 @@ on a validation set masked once with a fixed seed, so every method is scored on 
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import math
 import shutil
@@ -21,6 +22,7 @@ from pathlib import Path
 import torch
 
 from dietpe import validate as V
+from dietpe.config import DietConfig
 from dietpe.data import shards
 from dietpe.data.corpus import iter_chunks, resolve_source
 from dietpe.data.mlm import MlmCollator
@@ -189,7 +191,11 @@ def build_model(job: PretrainJob, tok, log):
 
     method = job.method
     if not job.init:
-        config = build_config(method, job.settings.size, len(tok), job.settings.max_length, tok.pad_token_id)
+        if job.config is None:
+            config = build_config(method, job.settings.size, len(tok), job.settings.max_length, tok.pad_token_id)
+        else:  # validated before the work began: only the tokenizer's sizes are new
+            config = copy.deepcopy(job.config)
+            config.vocab_size, config.pad_token_id = len(tok), tok.pad_token_id
         return config, DietForMaskedLM(config)
     # BERT's sizes and content weights; the method's position parameters fresh (dietpe.models.bert)
     from dietpe.models.bert import from_bert, init_config
@@ -284,14 +290,15 @@ def run_pretrain(job: PretrainJob, prepared=None) -> dict:
 
 
 def check_before_work(method: Method, s: PretrainSettings, device_batch_size: int, device: str | None = None,
-                      memory_check: bool = True) -> None:
+                      memory_check: bool = True) -> DietConfig:
     """What can be refused without reading data: the model's shape at this size, the batch layout, and a
-    model and batch far beyond the memory available."""
+    model and batch far beyond the memory available. Returns the model's config (`PretrainJob.config`)."""
     config = build_config(method, s.size, s.vocab_size, s.max_length, 0)
     per_device, _ = batch_layout(s.batch_size, device_batch_size)
     if memory_check:
         check_memory(config, per_device, s.max_length, device,
                      f"{method.name} at size {s.size} (vocabulary {s.vocab_size})")
+    return config
 
 
 def refuse_unused_options(args) -> None:
@@ -310,7 +317,7 @@ def main(args) -> int:
     if args.init:
         method = init_method(method)
     s = settings(args)
-    check_before_work(method, s, args.device_batch_size, args.device, not args.ignore_memory_check)
+    config = check_before_work(method, s, args.device_batch_size, args.device, not args.ignore_memory_check)
     trainer_device_args(args.device, args.precision)  # refuse --device cuda without CUDA before any work
     out = V.check_output_dir(args.output_dir, "-o")
     if args.cache_dir:
@@ -329,5 +336,5 @@ def main(args) -> int:
             seed=args.seed, device_batch_size=args.device_batch_size, max_documents=args.max_documents,
             max_validation=args.max_validation, overwrite=args.overwrite, init=args.init, device=args.device,
             precision=args.precision, deterministic=args.deterministic, cache_dir=args.cache_dir,
-            packing=args.packing, tokenizer_sample=args.tokenizer_sample))
+            packing=args.packing, tokenizer_sample=args.tokenizer_sample, config=None if args.init else config))
     return 0

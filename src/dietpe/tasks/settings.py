@@ -16,6 +16,7 @@ from dietpe.errors import ConfigError
 from dietpe.tasks.recipes import FINETUNE_RECIPES, PRETRAIN_RECIPES
 
 if TYPE_CHECKING:
+    from dietpe.config import DietConfig
     from dietpe.methods import Method
 
 
@@ -162,6 +163,9 @@ class PretrainJob:
     cache_dir: str | None = None         # prepared shards (dietpe.data.shards)
     packing: str = "full-sentences"
     tokenizer_sample: int | None = None
+    # the model's config, built (and so validated) once before any work; the tokenizer sets its vocabulary and
+    # pad id. None: built when the run starts
+    config: DietConfig | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "output_dir", Path(self.output_dir))
