@@ -30,8 +30,8 @@ def data(tmp_path_factory):
 @pytest.fixture(scope="module")
 def pretrained(data, tmp_path_factory):
     out = tmp_path_factory.mktemp("pt")
-    res = pt.run_pretrain(pt.PretrainJob(str(data["corpus"]), methods.parse_method("diet-rel"), out, pt.PretrainSettings(**TINY), quiet=True,
-                          report_to="none", device=TEST_DEVICE))
+    res = pt.run_pretrain(pt.PretrainJob(str(data["corpus"]), methods.parse_method("diet-rel"), out,
+                                         pt.PretrainSettings(**TINY), quiet=True, report_to="none", device=TEST_DEVICE))
     return out, res
 
 
@@ -43,8 +43,8 @@ def test_pretrain_reports_validation_loss_and_saves_a_safetensors_model(pretrain
     assert res["curves"]["train_loss"] and res["curves"]["eval_loss"]
     marked = [step for step, _, complete in ckpt.checkpoints(out) if complete]
     assert marked == [4, 6]  # save_total_limit=2 keeps the newest two, both marked complete
-    again = pt.run_pretrain(pt.PretrainJob(str(data["corpus"]), methods.parse_method("diet-rel"), out, pt.PretrainSettings(**TINY), quiet=True,
-                            report_to="none"))
+    again = pt.run_pretrain(pt.PretrainJob(str(data["corpus"]), methods.parse_method("diet-rel"), out,
+                                           pt.PretrainSettings(**TINY), quiet=True, report_to="none"))
     assert again == json.loads((out / pt.RESULTS).read_text())  # finished: reused, not retrained
 
 
@@ -63,14 +63,16 @@ def test_a_kill_after_a_checkpoint_resumes_there_and_a_half_written_one_is_never
     monkeypatch.setattr(pt, "CompleteCheckpoints", KillAfterStep4)
     method = methods.parse_method("absolute")
     with pytest.raises(_Killed):
-        pt.run_pretrain(pt.PretrainJob(str(data["corpus"]), method, tmp_path, pt.PretrainSettings(**TINY), report_to="none"))
+        pt.run_pretrain(pt.PretrainJob(str(data["corpus"]), method, tmp_path, pt.PretrainSettings(**TINY),
+                                       report_to="none"))
     assert [(s, c) for s, _, c in ckpt.checkpoints(tmp_path)] == [(2, True), (4, True)]
     # a kill in the middle of writing checkpoint-6: a folder with partial files and no marker
     half = tmp_path / "checkpoint-6"
     half.mkdir()
     (half / "model.safetensors").write_bytes(b"\0" * 10)
     monkeypatch.setattr(pt, "CompleteCheckpoints", ckpt.CompleteCheckpoints)
-    res = pt.run_pretrain(pt.PretrainJob(str(data["corpus"]), method, tmp_path, pt.PretrainSettings(**TINY), report_to="none"))
+    res = pt.run_pretrain(pt.PretrainJob(str(data["corpus"]), method, tmp_path, pt.PretrainSettings(**TINY),
+                                         report_to="none"))
     err = capsys.readouterr().err
     assert "removing incomplete checkpoint" in err and "resuming from" in err and "checkpoint-4" in err
     assert res["steps"] == 6
@@ -132,8 +134,8 @@ def test_regression_task_trains_with_pearson_spearman(pretrained, tmp_path):
     (d / "train.tsv").write_text(head + rows)
     (d / "dev.tsv").write_text(head + rows)
     s = dict(FT, lrs=(1e-3,), seeds=1)
-    summary = ft.run_finetune(res["model_dir"], load_task(str(d)), tmp_path / "out", ft.FinetuneSettings(**s), quiet=True,
-                              report_to="none")
+    summary = ft.run_finetune(res["model_dir"], load_task(str(d)), tmp_path / "out", ft.FinetuneSettings(**s),
+                              quiet=True, report_to="none")
     assert set(summary["averaged"]) == {"pearson", "spearman"}
 
 
@@ -148,8 +150,8 @@ def test_qa_finetune_reports_squad_f1_and_em(pretrained, tmp_path):
     for name in ("train-v1.1.json", "xquad.en.json", "xquad.de.json"):
         (d / name).write_text(doc)
     s = dict(FT, lrs=(1e-3,), seeds=1)
-    summary = ft.run_finetune(res["model_dir"], load_task(str(d)), tmp_path / "out", ft.FinetuneSettings(**s), quiet=True,
-                              report_to="none")
+    summary = ft.run_finetune(res["model_dir"], load_task(str(d)), tmp_path / "out", ft.FinetuneSettings(**s),
+                              quiet=True, report_to="none")
     assert set(summary["per_set"]) == {"en", "de"} and summary["select_on"] == "en"
     assert set(summary["averaged"]) == {"f1", "exact_match"}
 
@@ -159,7 +161,8 @@ def test_a_length_beyond_a_learned_table_is_refused_before_training(data, tmp_pa
                           pt.PretrainSettings(**dict(TINY, steps=1, save_steps=1)), quiet=True, report_to="none"))
     task = load_task(str(data["order"]))
     with pytest.raises(ConfigError, match="max_length=64 exceeds max_position_embeddings=24"):
-        ft.run_finetune(res["model_dir"], task, tmp_path / "ft", ft.FinetuneSettings(**dict(FT, max_length=64)), quiet=True)
+        ft.run_finetune(res["model_dir"], task, tmp_path / "ft", ft.FinetuneSettings(**dict(FT, max_length=64)),
+                        quiet=True)
     assert not (tmp_path / "ft").exists()
 
 
@@ -231,8 +234,8 @@ def test_compare_writes_the_report_with_claims_and_reruns_to_the_same_numbers(tm
 def test_gradient_accumulation_keeps_the_loss_a_mean(data, tmp_path):
     """Batch 8 as 2 x 4: the logged loss is still a per-token mean (about ln V at the start), not 2x it."""
     s = dict(TINY, steps=2, save_steps=2)
-    res = pt.run_pretrain(pt.PretrainJob(str(data["corpus"]), methods.parse_method("t5"), tmp_path, pt.PretrainSettings(**s), device_batch_size=4,
-                          quiet=True, report_to="none"))
+    res = pt.run_pretrain(pt.PretrainJob(str(data["corpus"]), methods.parse_method("t5"), tmp_path,
+                                         pt.PretrainSettings(**s), device_batch_size=4, quiet=True, report_to="none"))
     first = res["curves"]["train_loss"][0][1]
     vocab = len(__import__("dietpe.data.tokenizer", fromlist=["x"]).load_tokenizer(res["model_dir"]))
     assert abs(first - torch.tensor(float(vocab)).log().item()) < 1.0

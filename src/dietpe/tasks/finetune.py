@@ -85,7 +85,7 @@ class Scorer:
 
     def __init__(self, data: TaskData, tokenizer, s: FinetuneSettings, select_on: str | None):
         self.spec, self.data, self.tokenizer, self.s = data.spec, data, tokenizer, s
-        self.sets: FinetuneSettings[str, tuple[ListDataset, object]] = {}
+        self.sets: dict[str, tuple[ListDataset, object]] = {}
         for name, examples in data.evals.items():
             examples = examples[:s.max_eval] if s.max_eval else examples
             if self.spec.kind == "qa":
@@ -178,7 +178,7 @@ def quiet_load(cls, model_dir: Path, **kwargs):
 
 def run_one(model_dir: Path, data: TaskData, train_set: ListDataset, scorer: Scorer, tokenizer, lr: float,
             seed: int, s: FinetuneSettings, out: Path, quiet: bool, description: str, report_to: str = "tensorboard",
-            device_args: FinetuneSettings | None = None, save_model: bool = False) -> dict:
+            device_args: dict | None = None, save_model: bool = False) -> dict:
     """One fine-tuning run; returns its history and best evaluation. `save_model`: keep the model at the end
     of the run in `out/model` (safetensors, loadable with `from_pretrained`, with its tokenizer)."""
     from transformers import DataCollatorWithPadding, TrainingArguments, set_seed
@@ -250,8 +250,8 @@ def summarise(runs: list[dict], spec, select_on: str | None) -> dict:
 
 
 def run_finetune(model_dir: str | Path, data: TaskData, output_dir: str | Path, s: FinetuneSettings, *,
-                 train_language: str = "en", quiet: bool = False, label: str = "",
-                 report_to: str = "tensorboard", device_args: FinetuneSettings | None = None, save_model: bool = False) -> dict:
+                 train_language: str = "en", quiet: bool = False, label: str = "", report_to: str = "tensorboard",
+                 device_args: dict | None = None, save_model: bool = False) -> dict:
     """The lr x seed grid on one task; returns (and writes) its summary. `device_args`: `trainer_device_args`.
     `save_model`: keep each run's fine-tuned model in `LR-SEED/model` (what `dietpe finetune` does unless
     --no-save-model)."""
