@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from dietpe.commands import DOC_STRIDE
 from dietpe.errors import ConfigError
 from dietpe.tasks.recipes import FINETUNE_RECIPES, PRETRAIN_RECIPES
 
@@ -112,8 +113,6 @@ class FinetuneSettings:
     @classmethod
     def from_args(cls, args) -> FinetuneSettings:
         """The recipe (--ft-recipe) with the command line's overrides applied."""
-        from dietpe.commands import DOC_STRIDE
-
         r = FINETUNE_RECIPES[args.ft_recipe]
         return cls(lrs=r.learning_rates if args.lrs is None else parse_lrs(args.lrs),
                    seeds=_given(args.seeds, r.seeds), epochs=_given(args.epochs, r.epochs),
