@@ -210,7 +210,8 @@ def test_the_memory_estimate_grows_with_batch_and_length_and_the_check_can_be_sk
     assert R.training_memory(config, 4, 128)[1] > 2 * act  # attention grows with the square of the length
     monkeypatch.setattr(R, "available_memory", lambda device: 1024.0 ** 3)
     monkeypatch.setattr(pt, "check_memory", R.check_memory)
-    s = dict(size="bert-base", vocab_size=30000, max_length=512, batch_size=256)
+    s = pt.PretrainSettings(size="bert-base", vocab_size=30000, max_length=512, steps=1, batch_size=256, lr=1e-3,
+                            warmup=0.0, save_steps=1)
     with pytest.raises(ConfigError, match=r"needs about \d+\.\d GiB .* this machine has 1\.0 GiB available"):
         pt.check_before_work(parse_method("absolute"), s, 256)
     pt.check_before_work(parse_method("absolute"), s, 256, memory_check=False)  # --ignore-memory-check

@@ -93,7 +93,7 @@ COMMANDS = {
     "bench": ("dietpe.bench.cli", "time and memory of every position method against `none`"),
     "analyze": ("dietpe.analysis.cli", "rank and attention pictures of a checkpoint (DIET Fig. 2, 4-8; TUPE Fig. 6)"),
     "lm": ("dietpe.tasks.lm", "causal LMs per position method, then length generalisation"),
-    "lengths": ("dietpe.tasks.lm", "perplexity at 1, 2, 4, 8 times the training length"),
+    "lengths": ("dietpe.tasks.lengths", "perplexity at 1, 2, 4, 8 times the training length"),
 }
 
 

@@ -379,7 +379,7 @@ def register_lm(subparsers) -> None:
     q.add_argument("-o", "--output-dir", default="lengths", help="where the table and JSON go")
     q.add_argument("--threads", type=V.positive_int, default=1, help="CPU threads")
     add_device_options(q, training=False)
-    q.set_defaults(func=_later("dietpe.tasks.lm", "main_lengths"))
+    q.set_defaults(func=_later("dietpe.tasks.lengths", "main"))
 
 
 # -- bench -----------------------------------------------------------------------------------------------

@@ -268,8 +268,9 @@ def test_pretrain_runs_in_bfloat16_and_records_it(tmp_path):
     data = synthetic.write_builtin(tmp_path / "data", seed=0, documents=40, train=8, dev=8)
     s = dict(size="toy", vocab_size=200, max_length=24, steps=3, batch_size=8, lr=2e-3, warmup=0.1, save_steps=3,
              weight_decay=0.01, adam_epsilon=1e-6, max_grad_norm=1.0)
-    res = pt.run_pretrain(str(data["corpus"]), methods.parse_method("diet-rel:segment=per-head"), tmp_path / "run",
-                          s, quiet=True, report_to="none", device="cpu", precision="bf16")
+    res = pt.run_pretrain(pt.PretrainJob(str(data["corpus"]), methods.parse_method("diet-rel:segment=per-head"),
+                                         tmp_path / "run", pt.PretrainSettings(**s), quiet=True, report_to="none",
+                                         device="cpu", precision="bf16"))
     assert res["steps"] == 3 and 0 < res["val_loss"] < 20
     settings = json.loads((tmp_path / "run" / "run_settings.json").read_text())
     assert settings["precision"] == "bf16"

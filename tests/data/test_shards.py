@@ -252,8 +252,8 @@ def test_second_method_trains_from_the_same_shards(tmp_path, capsys):
     s = dict(size="toy", vocab_size=80, max_length=20, steps=2, batch_size=4, lr=1e-3, warmup=0.0, save_steps=2,
              weight_decay=0.01, adam_epsilon=1e-6, max_grad_norm=1.0)
     for method in ("absolute", "diet-rel"):
-        res = pt.run_pretrain(str(src), methods.parse_method(method), tmp_path / method, s, report_to="none",
-                              cache_dir=tmp_path / "cache")
+        res = pt.run_pretrain(pt.PretrainJob(str(src), methods.parse_method(method), tmp_path / method,
+                                             pt.PretrainSettings(**s), report_to="none", cache_dir=tmp_path / "cache"))
         assert res["steps"] == 2
     err = capsys.readouterr().err
     assert err.count("preparing the corpus") == 1 and err.count("training a WordPiece") == 1
@@ -266,8 +266,9 @@ def test_pretraining_runs_with_documents_packing(tmp_path):
     src = write_corpus(tmp_path / "c", documents=60)
     s = dict(size="toy", vocab_size=80, max_length=24, steps=2, batch_size=4, lr=1e-3, warmup=0.0, save_steps=2,
              weight_decay=0.01, adam_epsilon=1e-6, max_grad_norm=1.0)
-    res = pt.run_pretrain(str(src), methods.parse_method("diet-rel"), tmp_path / "run", s, report_to="none",
-                          quiet=True, cache_dir=tmp_path / "cache", packing="documents")
+    res = pt.run_pretrain(pt.PretrainJob(str(src), methods.parse_method("diet-rel"), tmp_path / "run",
+                                         pt.PretrainSettings(**s), report_to="none", quiet=True,
+                                         cache_dir=tmp_path / "cache", packing="documents"))
     assert res["steps"] == 2 and np.isfinite(res["val_loss"])
     prepared = next((tmp_path / "cache" / "shards").iterdir())
     assert json.loads((prepared / "manifest.json").read_text())["key"]["packing"] == "documents"

@@ -32,7 +32,8 @@ def data(tmp_path_factory):
 
 
 def pretrain(data, out, s=TINY, method="diet-rel", **kw):
-    return pt.run_pretrain(str(data["corpus"]), methods.parse_method(method), out, s, quiet=True, report_to="none", **kw)
+    return pt.run_pretrain(pt.PretrainJob(str(data["corpus"]), methods.parse_method(method), out,
+                                          pt.PretrainSettings(**s), quiet=True, report_to="none", **kw))
 
 
 @pytest.fixture(scope="module")
@@ -174,9 +175,10 @@ def test_finetune_twice_and_after_a_kill_ends_bit_identical(data, finished, tmp_
         watch(name, kill_at)
         if kill_at:
             with pytest.raises(_Killed):
-                ft.run_finetune(model_dir, task, tmp_path / name, FT, quiet=True, report_to="none")
+                ft.run_finetune(model_dir, task, tmp_path / name, ft.FinetuneSettings(**FT), quiet=True,
+                                report_to="none")
             watch(name)  # rerun: resumes from checkpoint-8, mid-epoch (6 steps an epoch)
-        ft.run_finetune(model_dir, task, tmp_path / name, FT, quiet=True, report_to="none")
+        ft.run_finetune(model_dir, task, tmp_path / name, ft.FinetuneSettings(**FT), quiet=True, report_to="none")
         run = tmp_path / name / "lr0.001-seed0"
         results[name] = json.loads((run / ft.RESULT).read_text())
         results[name].pop("seconds")
@@ -187,7 +189,8 @@ def test_finetune_twice_and_after_a_kill_ends_bit_identical(data, finished, tmp_
         assert final[name].keys() == final["a"].keys()
         assert all(torch.equal(final[name][k], final["a"][k]) for k in final["a"]), name
     with pytest.raises(ConfigError, match=r"settings\.epochs: 3 -> 2"):
-        ft.run_finetune(model_dir, task, tmp_path / "a", dict(FT, epochs=2), quiet=True, report_to="none")
+        ft.run_finetune(model_dir, task, tmp_path / "a", ft.FinetuneSettings(**dict(FT, epochs=2)), quiet=True,
+                        report_to="none")
 
 
 # -- translate train -----------------------------------------------------------------------------------------

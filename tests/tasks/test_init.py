@@ -58,8 +58,9 @@ def run(bert, out: Path, spec: str, init: bool) -> float:
     method = methods.parse_method(spec)
     if init:
         method = pt.init_method(method)
-    res = pt.run_pretrain(bert["corpus"], method, out, RUN, tokenizer=str(bert["path"]), quiet=True,
-                          report_to="none", max_validation=64, init=str(bert["path"]) if init else None)
+    res = pt.run_pretrain(pt.PretrainJob(bert["corpus"], method, out, pt.PretrainSettings(**RUN),
+                                         tokenizer=str(bert["path"]), quiet=True, report_to="none", max_validation=64,
+                                         init=str(bert["path"]) if init else None))
     return res["val_loss"]
 
 

@@ -30,8 +30,8 @@ def data(tmp_path_factory):
 @pytest.fixture(scope="module")
 def pretrained(data, tmp_path_factory):
     out = tmp_path_factory.mktemp("pt")
-    res = pt.run_pretrain(str(data["corpus"]), methods.parse_method("diet-rel"), out, TINY, quiet=True,
-                          report_to="none", device=TEST_DEVICE)
+    res = pt.run_pretrain(pt.PretrainJob(str(data["corpus"]), methods.parse_method("diet-rel"), out,
+                                         pt.PretrainSettings(**TINY), quiet=True, report_to="none", device=TEST_DEVICE))
     return out, res
 
 
@@ -43,8 +43,8 @@ def test_pretrain_reports_validation_loss_and_saves_a_safetensors_model(pretrain
     assert res["curves"]["train_loss"] and res["curves"]["eval_loss"]
     marked = [step for step, _, complete in ckpt.checkpoints(out) if complete]
     assert marked == [4, 6]  # save_total_limit=2 keeps the newest two, both marked complete
-    again = pt.run_pretrain(str(data["corpus"]), methods.parse_method("diet-rel"), out, TINY, quiet=True,
-                            report_to="none")
+    again = pt.run_pretrain(pt.PretrainJob(str(data["corpus"]), methods.parse_method("diet-rel"), out,
+                                           pt.PretrainSettings(**TINY), quiet=True, report_to="none"))
     assert again == json.loads((out / pt.RESULTS).read_text())  # finished: reused, not retrained
 
 
@@ -63,14 +63,16 @@ def test_a_kill_after_a_checkpoint_resumes_there_and_a_half_written_one_is_never
     monkeypatch.setattr(pt, "CompleteCheckpoints", KillAfterStep4)
     method = methods.parse_method("absolute")
     with pytest.raises(_Killed):
-        pt.run_pretrain(str(data["corpus"]), method, tmp_path, TINY, report_to="none")
+        pt.run_pretrain(pt.PretrainJob(str(data["corpus"]), method, tmp_path, pt.PretrainSettings(**TINY),
+                                       report_to="none"))
     assert [(s, c) for s, _, c in ckpt.checkpoints(tmp_path)] == [(2, True), (4, True)]
     # a kill in the middle of writing checkpoint-6: a folder with partial files and no marker
     half = tmp_path / "checkpoint-6"
     half.mkdir()
     (half / "model.safetensors").write_bytes(b"\0" * 10)
     monkeypatch.setattr(pt, "CompleteCheckpoints", ckpt.CompleteCheckpoints)
-    res = pt.run_pretrain(str(data["corpus"]), method, tmp_path, TINY, report_to="none")
+    res = pt.run_pretrain(pt.PretrainJob(str(data["corpus"]), method, tmp_path, pt.PretrainSettings(**TINY),
+                                         report_to="none"))
     err = capsys.readouterr().err
     assert "removing incomplete checkpoint" in err and "resuming from" in err and "checkpoint-4" in err
     assert res["steps"] == 6
@@ -82,7 +84,7 @@ def test_a_kill_after_a_checkpoint_resumes_there_and_a_half_written_one_is_never
 def test_finetune_grid_takes_each_runs_best_and_the_median_over_seeds(pretrained, data, tmp_path):
     out, res = pretrained
     task = load_task(str(data["pair-order"]))
-    summary = ft.run_finetune(res["model_dir"], task, tmp_path, FT, quiet=True, report_to="none")
+    summary = ft.run_finetune(res["model_dir"], task, tmp_path, ft.FinetuneSettings(**FT), quiet=True, report_to="none")
     assert len(summary["runs"]) == 4 and summary["task"] == "pair-order"
     for lr, entry in summary["per_lr"].items():
         bests = sorted(r["best"]["score"] for r in summary["runs"] if str(r["lr"]) == lr)
@@ -91,7 +93,7 @@ def test_finetune_grid_takes_each_runs_best_and_the_median_over_seeds(pretrained
     assert 0 <= summary["averaged"]["accuracy"] <= 100
     first = tmp_path / "lr0.001-seed0" / ft.RESULT
     stamp = first.stat().st_mtime_ns
-    ft.run_finetune(res["model_dir"], task, tmp_path, FT, quiet=True, report_to="none")
+    ft.run_finetune(res["model_dir"], task, tmp_path, ft.FinetuneSettings(**FT), quiet=True, report_to="none")
     assert first.stat().st_mtime_ns == stamp  # finished runs are not redone
 
 
@@ -132,8 +134,8 @@ def test_regression_task_trains_with_pearson_spearman(pretrained, tmp_path):
     (d / "train.tsv").write_text(head + rows)
     (d / "dev.tsv").write_text(head + rows)
     s = dict(FT, lrs=(1e-3,), seeds=1)
-    summary = ft.run_finetune(res["model_dir"], load_task(str(d)), tmp_path / "out", s, quiet=True,
-                              report_to="none")
+    summary = ft.run_finetune(res["model_dir"], load_task(str(d)), tmp_path / "out", ft.FinetuneSettings(**s),
+                              quiet=True, report_to="none")
     assert set(summary["averaged"]) == {"pearson", "spearman"}
 
 
@@ -148,18 +150,19 @@ def test_qa_finetune_reports_squad_f1_and_em(pretrained, tmp_path):
     for name in ("train-v1.1.json", "xquad.en.json", "xquad.de.json"):
         (d / name).write_text(doc)
     s = dict(FT, lrs=(1e-3,), seeds=1)
-    summary = ft.run_finetune(res["model_dir"], load_task(str(d)), tmp_path / "out", s, quiet=True,
-                              report_to="none")
+    summary = ft.run_finetune(res["model_dir"], load_task(str(d)), tmp_path / "out", ft.FinetuneSettings(**s),
+                              quiet=True, report_to="none")
     assert set(summary["per_set"]) == {"en", "de"} and summary["select_on"] == "en"
     assert set(summary["averaged"]) == {"f1", "exact_match"}
 
 
 def test_a_length_beyond_a_learned_table_is_refused_before_training(data, tmp_path):
-    res = pt.run_pretrain(str(data["corpus"]), methods.parse_method("absolute"), tmp_path / "abs",
-                          dict(TINY, steps=1, save_steps=1), quiet=True, report_to="none")
+    res = pt.run_pretrain(pt.PretrainJob(str(data["corpus"]), methods.parse_method("absolute"), tmp_path / "abs",
+                          pt.PretrainSettings(**dict(TINY, steps=1, save_steps=1)), quiet=True, report_to="none"))
     task = load_task(str(data["order"]))
     with pytest.raises(ConfigError, match="max_length=64 exceeds max_position_embeddings=24"):
-        ft.run_finetune(res["model_dir"], task, tmp_path / "ft", dict(FT, max_length=64), quiet=True)
+        ft.run_finetune(res["model_dir"], task, tmp_path / "ft", ft.FinetuneSettings(**dict(FT, max_length=64)),
+                        quiet=True)
     assert not (tmp_path / "ft").exists()
 
 
@@ -231,15 +234,15 @@ def test_compare_writes_the_report_with_claims_and_reruns_to_the_same_numbers(tm
 def test_gradient_accumulation_keeps_the_loss_a_mean(data, tmp_path):
     """Batch 8 as 2 x 4: the logged loss is still a per-token mean (about ln V at the start), not 2x it."""
     s = dict(TINY, steps=2, save_steps=2)
-    res = pt.run_pretrain(str(data["corpus"]), methods.parse_method("t5"), tmp_path, s, device_batch_size=4,
-                          quiet=True, report_to="none")
+    res = pt.run_pretrain(pt.PretrainJob(str(data["corpus"]), methods.parse_method("t5"), tmp_path,
+                                         pt.PretrainSettings(**s), device_batch_size=4, quiet=True, report_to="none"))
     first = res["curves"]["train_loss"][0][1]
     vocab = len(__import__("dietpe.data.tokenizer", fromlist=["x"]).load_tokenizer(res["model_dir"]))
     assert abs(first - torch.tensor(float(vocab)).log().item()) < 1.0
 
 
 def test_budget_scales_rows_fine_tuning_protocol_and_seeds():
-    from dietpe.tasks.compare import budget_defaults
+    from dietpe.study.scheduler import budget_defaults
     from dietpe.tasks.recipes import FINETUNE_RECIPES
 
     one, two, three = (budget_defaults(n, builtin=True) for n in (1, 2, 3))

@@ -23,7 +23,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from dietpe.data.tasks import TaskSpec
+from dietpe.data.taskspec import TaskSpec
 
 ANIMALS = "cat dog fox owl bear wolf deer hare mole crow frog goat".split()
 FRUITS = "apple pear plum fig lime kiwi grape peach melon mango lemon cherry".split()

@@ -16,35 +16,15 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
 
 from dietpe.data.corpus import load_hf_dataset, is_hf_name
+from dietpe.data.synthetic import TASKS as BUILTIN
+from dietpe.data.taskspec import TaskSpec
 from dietpe.data.text import read_text
 from dietpe.errors import DataError
 
-Kind = Literal["classification", "regression", "qa"]
 NLI_LABELS = ("contradiction", "entailment", "neutral")
 LABEL_ALIASES = {"contradictory": "contradiction"}  # XTREME's XNLI copies spell it both ways
-
-
-@dataclass(frozen=True)
-class TaskSpec:
-    """How a task's files are laid out and scored. Columns are header names, or indices without a header."""
-
-    name: str
-    kind: Kind
-    metrics: tuple[str, ...]
-    labels: tuple[str, ...] = ()  # class names as written in the files; index = class id
-    text_a: str | int = "sentence"
-    text_b: str | int | None = None
-    label: str | int = "label"
-    header: bool = True
-    eval_files: tuple[str, ...] = ("dev.tsv",)
-    value_range: tuple[float, float] | None = None  # regression targets must lie here
-
-    @property
-    def num_labels(self) -> int:
-        return 1 if self.kind == "regression" else len(self.labels)
 
 
 GLUE: dict[str, TaskSpec] = {
@@ -246,7 +226,6 @@ def task_spec(name: str) -> TaskSpec:
         return XNLI
     if key in ("squad", "xquad", "mlqa", "tydiqa", "qa"):
         return SQUAD
-    from dietpe.data.synthetic import TASKS as BUILTIN
     if key in BUILTIN:
         return BUILTIN[key]
     known = [s.name for s in GLUE.values()] + ["XNLI", "SQuAD/XQuAD/MLQA/TyDiQA (qa)"] + list(BUILTIN)
@@ -259,7 +238,6 @@ def guess_task(path: Path) -> str:
     name = path.name.lower()
     if ALIASES.get(name, name) in GLUE or name == "xnli":
         return name
-    from dietpe.data.synthetic import TASKS as BUILTIN
     if name in BUILTIN:
         return name
     if any(qa_language(p.name) for p in path.glob("*.json")) or list(path.glob("*.json")):

@@ -14,7 +14,6 @@ task, hyper-parameters) are recorded in the output folder; a rerun with other se
 
 from __future__ import annotations
 
-import math
 import shutil
 import statistics
 import sys
@@ -24,12 +23,11 @@ from pathlib import Path
 import numpy as np
 
 from dietpe import validate as V
-from dietpe.commands import DOC_STRIDE
 from dietpe.data import metrics as M
 from dietpe.data.qa import best_answers, encode_eval, encode_train
 from dietpe.data.tasks import TaskData, load_task
 from dietpe.data.tokenizer import load_tokenizer
-from dietpe.errors import ConfigError, DataError
+from dietpe.errors import DataError
 from dietpe.tasks.checkpoints import (
     CompleteCheckpoints,
     check_run_settings,
@@ -41,7 +39,7 @@ from dietpe.tasks.checkpoints import (
     train_resumable,
     write_json_atomic,
 )
-from dietpe.tasks.recipes import FINETUNE_RECIPES, check_model_length
+from dietpe.tasks.recipes import check_model_length
 from dietpe.tasks.runtime import (
     ListDataset,
     ProgressBar,
@@ -53,6 +51,7 @@ from dietpe.tasks.runtime import (
     world_size,
 )
 from dietpe.tasks.seeding import SeededTrainer
+from dietpe.tasks.settings import FinetuneSettings
 
 RESULT = "result.json"
 SUMMARY = "summary.json"
@@ -65,37 +64,9 @@ def refuse_unused_options(args, tasks: list[TaskData]) -> None:
         V.refuse_unused(args, {"doc_stride": "--doc-stride"}, f"to {names}: it sets QA's context windows")
 
 
-def settings(args) -> dict:
-    r = FINETUNE_RECIPES[args.ft_recipe]
-
-    def given(value, default):  # 0 is a value to check, never "unset": only None takes the recipe's
-        return default if value is None else value
-
-    lrs = r.learning_rates
-    if args.lrs is not None:
-        try:
-            lrs = tuple(float(x) for x in args.lrs.split(","))
-        except ValueError:
-            raise ConfigError(f"--lrs {args.lrs!r} is not a comma-separated list of numbers (e.g. 1e-4,3e-4)") \
-                from None
-        bad = [lr for lr in lrs if not (lr > 0 and math.isfinite(lr))]
-        if bad:
-            raise ConfigError(f"--lrs {args.lrs!r}: {bad[0]:g} is not a positive learning rate (must be > 0)")
-    s = dict(lrs=lrs, seeds=given(args.seeds, r.seeds), epochs=given(args.epochs, r.epochs),
-             batch_size=given(args.ft_batch_size, r.batch_size), max_length=given(args.ft_max_length, r.max_length),
-             warmup=r.warmup, weight_decay=r.weight_decay, max_grad_norm=r.max_grad_norm,
-             eval_steps=args.eval_steps, max_eval=args.max_eval,
-             doc_stride=DOC_STRIDE if args.doc_stride is None else args.doc_stride)
-    options = dict(seeds="--seeds", batch_size="--ft-batch-size", max_length="--ft-max-length",
-                   eval_steps="--eval-steps", max_eval="--max-eval")
-    for key, option in options.items():
-        if s[key] is not None and s[key] < 1:
-            raise ConfigError(f"{option}={s[key]} must be a positive integer (>= 1)")
-    if not (s["epochs"] > 0 and math.isfinite(s["epochs"])):
-        raise ConfigError(f"--epochs={s['epochs']} must be positive")
-    if s["doc_stride"] < 0:
-        raise ConfigError(f"--doc-stride={s['doc_stride']} must be >= 0")
-    return s
+def settings(args) -> FinetuneSettings:
+    """The fine-tuning recipe with the command line's overrides applied."""
+    return FinetuneSettings.from_args(args)
 
 
 # -- encoding ------------------------------------------------------------------------------------------------
@@ -112,16 +83,16 @@ def encode_pairs(examples, tokenizer, max_length: int, regression: bool) -> list
 class Scorer:
     """Encodes a task's evaluation sets and turns model predictions into the task's metrics."""
 
-    def __init__(self, data: TaskData, tokenizer, s: dict, select_on: str | None):
+    def __init__(self, data: TaskData, tokenizer, s: FinetuneSettings, select_on: str | None):
         self.spec, self.data, self.tokenizer, self.s = data.spec, data, tokenizer, s
         self.sets: dict[str, tuple[ListDataset, object]] = {}
         for name, examples in data.evals.items():
-            examples = examples[:s["max_eval"]] if s["max_eval"] else examples
+            examples = examples[:s.max_eval] if s.max_eval else examples
             if self.spec.kind == "qa":
-                feats, meta = encode_eval(examples, tokenizer, s["max_length"], s["doc_stride"])
+                feats, meta = encode_eval(examples, tokenizer, s.max_length, s.doc_stride)
                 self.sets[name] = (ListDataset(feats), (examples, meta))
             else:
-                feats = encode_pairs(examples, tokenizer, s["max_length"], self.spec.kind == "regression")
+                feats = encode_pairs(examples, tokenizer, s.max_length, self.spec.kind == "regression")
                 self.sets[name] = (ListDataset(feats), np.array([f["labels"] for f in feats]))
         self.primary = self.spec.metrics[0]
         self.select_on = select_on if select_on in self.sets else None
@@ -206,22 +177,22 @@ def quiet_load(cls, model_dir: Path, **kwargs):
 
 
 def run_one(model_dir: Path, data: TaskData, train_set: ListDataset, scorer: Scorer, tokenizer, lr: float,
-            seed: int, s: dict, out: Path, quiet: bool, description: str, report_to: str = "tensorboard",
+            seed: int, s: FinetuneSettings, out: Path, quiet: bool, description: str, report_to: str = "tensorboard",
             device_args: dict | None = None, save_model: bool = False) -> dict:
     """One fine-tuning run; returns its history and best evaluation. `save_model`: keep the model at the end
     of the run in `out/model` (safetensors, loadable with `from_pretrained`, with its tokenizer)."""
     from transformers import DataCollatorWithPadding, TrainingArguments, set_seed
 
     spec = data.spec
-    per_device, accumulation = batch_layout(s["batch_size"], s["batch_size"])
-    steps_per_epoch = max(1, len(train_set) // s["batch_size"])
+    per_device, accumulation = batch_layout(s.batch_size, s.batch_size)
+    steps_per_epoch = max(1, len(train_set) // s.batch_size)
     args = TrainingArguments(
-        output_dir=str(out), num_train_epochs=s["epochs"], learning_rate=lr, warmup_steps=s["warmup"],
-        lr_scheduler_type="linear", weight_decay=s["weight_decay"], max_grad_norm=s["max_grad_norm"],
+        output_dir=str(out), num_train_epochs=s.epochs, learning_rate=lr, warmup_steps=s.warmup,
+        lr_scheduler_type="linear", weight_decay=s.weight_decay, max_grad_norm=s.max_grad_norm,
         per_device_train_batch_size=per_device, per_device_eval_batch_size=128,
         gradient_accumulation_steps=accumulation,
-        eval_strategy="steps" if s["eval_steps"] else "epoch", eval_steps=s["eval_steps"],
-        save_strategy="steps" if s["eval_steps"] else "epoch", save_steps=s["eval_steps"], save_total_limit=2,
+        eval_strategy="steps" if s.eval_steps else "epoch", eval_steps=s.eval_steps,
+        save_strategy="steps" if s.eval_steps else "epoch", save_steps=s.eval_steps, save_total_limit=2,
         restore_callback_states_from_checkpoint=True,
         logging_steps=max(1, steps_per_epoch // 5), seed=seed, data_seed=seed,
         report_to=[report_to] if report_to != "none" else [], **(device_args or trainer_device_args(None)),
@@ -278,9 +249,9 @@ def summarise(runs: list[dict], spec, select_on: str | None) -> dict:
                 per_set=best["metrics"], per_lr={str(k): v for k, v in per_lr.items()})
 
 
-def run_finetune(model_dir: str | Path, data: TaskData, output_dir: str | Path, s: dict, *,
-                 train_language: str = "en", quiet: bool = False, label: str = "",
-                 report_to: str = "tensorboard", device_args: dict | None = None, save_model: bool = False) -> dict:
+def run_finetune(model_dir: str | Path, data: TaskData, output_dir: str | Path, s: FinetuneSettings, *,
+                 train_language: str = "en", quiet: bool = False, label: str = "", report_to: str = "tensorboard",
+                 device_args: dict | None = None, save_model: bool = False) -> dict:
     """The lr x seed grid on one task; returns (and writes) its summary. `device_args`: `trainer_device_args`.
     `save_model`: keep each run's fine-tuned model in `LR-SEED/model` (what `dietpe finetune` does unless
     --no-save-model)."""
@@ -292,7 +263,7 @@ def run_finetune(model_dir: str | Path, data: TaskData, output_dir: str | Path, 
                         f"<output>/model")
     from dietpe import DietConfig
     config = DietConfig.from_pretrained(model_dir)
-    check_model_length(config, s["max_length"], str(model_dir))
+    check_model_length(config, s.max_length, str(model_dir))
     tokenizer = load_tokenizer(model_dir)
     spec = data.spec
     run = dict(task="finetune", model=local_path(str(model_dir)),
@@ -300,22 +271,22 @@ def run_finetune(model_dir: str | Path, data: TaskData, output_dir: str | Path, 
                tokenizer_sha256=file_fingerprint(model_dir / "tokenizer.json"), data=local_path(data.source),
                task_name=spec.name, train_examples=len(data.train),
                eval_sets={name: len(examples) for name, examples in data.evals.items()},
-               train_language=train_language, settings=s, processes=world_size())
+               train_language=train_language, settings=s.record(), processes=world_size())
     check_run_settings(output_dir, run, "another -o (or delete the folder)", products=(SUMMARY, "lr*-seed*"))
     if spec.kind == "qa":
-        train_set = ListDataset(encode_train(data.train, tokenizer, s["max_length"], s["doc_stride"]))
+        train_set = ListDataset(encode_train(data.train, tokenizer, s.max_length, s.doc_stride))
     else:
-        train_set = ListDataset(encode_pairs(data.train, tokenizer, s["max_length"], spec.kind == "regression"))
-    if len(train_set) < s["batch_size"]:
+        train_set = ListDataset(encode_pairs(data.train, tokenizer, s.max_length, spec.kind == "regression"))
+    if len(train_set) < s.batch_size:
         raise DataError(f"{data.source}: {len(train_set)} training examples, fewer than one batch of "
-                        f"{s['batch_size']}")
+                        f"{s.batch_size}")
     scorer = Scorer(data, tokenizer, s, train_language)
     log(f"{spec.name}: {len(data.train):,} training examples; evaluating on "
         + ", ".join(f"{n} ({len(d):,})" for n, (d, _) in scorer.sets.items())
-        + f"; {len(s['lrs'])} learning rate(s) x {s['seeds']} seed(s)")
+        + f"; {len(s.lrs)} learning rate(s) x {s.seeds} seed(s)")
     runs = []
-    for lr in s["lrs"]:
-        for seed in range(s["seeds"]):
+    for lr in s.lrs:
+        for seed in range(s.seeds):
             out = output_dir / f"lr{lr:g}-seed{seed}"
             if (out / RESULT).is_file():
                 runs.append(read_json(out / RESULT))
@@ -332,7 +303,7 @@ def run_finetune(model_dir: str | Path, data: TaskData, output_dir: str | Path, 
     if is_main_process():
         write_json_atomic(output_dir / SUMMARY, summary)
     metric_text = " / ".join(f"{k} {summary['averaged'][k]:.2f}" for k in spec.metrics)
-    log(f"{spec.name}: {metric_text} (median of {s['seeds']} seed(s) at lr {summary['best_lr']:g})")
+    log(f"{spec.name}: {metric_text} (median of {s.seeds} seed(s) at lr {summary['best_lr']:g})")
     return summary
 
 

@@ -10,6 +10,7 @@ on a validation set masked once with a fixed seed, so every method is scored on 
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import math
 import shutil
@@ -21,7 +22,7 @@ from pathlib import Path
 import torch
 
 from dietpe import validate as V
-from dietpe.config import LEARNED_ABSOLUTE
+from dietpe.config import DietConfig
 from dietpe.data import shards
 from dietpe.data.corpus import iter_chunks, resolve_source
 from dietpe.data.mlm import MlmCollator
@@ -39,7 +40,7 @@ from dietpe.tasks.checkpoints import (
     train_resumable,
     write_json_atomic,
 )
-from dietpe.tasks.recipes import PRETRAIN_RECIPES, build_config
+from dietpe.tasks.recipes import build_config
 from dietpe.tasks.runtime import (
     ListDataset,
     ProgressBar,
@@ -54,14 +55,10 @@ from dietpe.tasks.runtime import (
 )
 from dietpe.tasks.optim import LogitLrTrainer
 from dietpe.tasks.seeding import EpochExamples
+from dietpe.tasks.settings import PretrainJob, PretrainSettings
 
 RESULTS = "pretrain_results.json"
 VALIDATION_SEED = 1234  # the masking of the validation set, shared by all methods
-
-
-def recipe_name(args) -> str:
-    """--recipe, else `init` when --init continues a checkpoint (docs/causal.md), else `cpu`."""
-    return args.recipe or ("init" if getattr(args, "init", None) else "cpu")
 
 
 def init_method(method: Method) -> Method:
@@ -74,9 +71,10 @@ def init_method(method: Method) -> Method:
 
 def init_positions_note(method: Method) -> str:
     """What keeping or dropping BERT's positions means, for the log."""
-    if method.position == "absolute":
+    info = REGISTRY[method.position]
+    if info.learned_table and not info.per_head:  # a learned input table, as BERT's
         return "BERT's input position table is the method itself: kept"
-    if not REGISTRY[method.position].per_head:
+    if not info.per_head:
         return (f"BERT's input position table dropped for {method.position!r} (an input method of its own): the "
                 f"checkpoint's layers were trained with BERT's positions and must adapt to the new ones")
     if dict(method.extra).get("input_positions"):
@@ -88,32 +86,9 @@ def init_positions_note(method: Method) -> str:
             f"(masked accuracy falls at first; docs/causal.md)")
 
 
-def settings(args) -> dict:
+def settings(args) -> PretrainSettings:
     """The recipe with the command line's overrides applied."""
-    r = PRETRAIN_RECIPES[recipe_name(args)]
-
-    def given(value, default):  # 0 is a value to check, never "unset": only None takes the recipe's
-        return default if value is None else value
-
-    steps = given(args.steps, r.max_steps)
-    s = dict(size=given(args.size, r.size), vocab_size=given(args.vocab_size, r.vocab_size),
-             max_length=given(args.max_length, r.max_length), steps=steps,
-             batch_size=given(args.batch_size, r.batch_size), lr=given(args.lr, r.learning_rate),
-             warmup=given(args.warmup, r.warmup), save_steps=given(args.save_steps, min(r.save_steps, steps)),
-             weight_decay=r.weight_decay, adam_epsilon=r.adam_epsilon, max_grad_norm=r.max_grad_norm)
-    scale = given(getattr(args, "logit_lr_scale", None), r.logit_lr_scale)
-    if scale != 1:  # recorded only when used, so runs made before the option existed still resume
-        if not (scale > 0 and math.isfinite(scale)):
-            raise ConfigError(f"--logit-lr-scale={scale} must be positive and finite")
-        s["logit_lr_scale"] = scale
-    for key in ("vocab_size", "max_length", "steps", "batch_size", "save_steps"):
-        if s[key] < 1:
-            raise ConfigError(f"--{key.replace('_', '-')}={s[key]} must be a positive integer")
-    if not 0 <= s["warmup"] < 1:
-        raise ConfigError(f"--warmup={s['warmup']} must be a fraction in [0, 1)")
-    if not (s["lr"] > 0 and math.isfinite(s["lr"])):
-        raise ConfigError(f"--lr={s['lr']} must be positive and finite")
-    return s
+    return PretrainSettings.from_args(args)
 
 
 def prepare_data(corpus: str, validation: str | None, tokenizer_path: str | None, vocab_size: int,
@@ -170,136 +145,160 @@ def mlm_loss(model, dataset: ListDataset, collator: MlmCollator, batch_size: int
     return total / count
 
 
-def run_pretrain(corpus: str, method: Method, output_dir: str | Path, s: dict, *, validation: str | None = None,
-                 tokenizer: str | None = None, seed: int = 0, device_batch_size: int = 64,
-                 max_documents: int | None = None, max_validation: int | None = None, overwrite: bool = False,
-                 quiet: bool = False, report_to: str = "tensorboard", description: str | None = None, prepared=None,
-                 init: str | None = None, device: str | None = None, precision: str = "fp32",
-                 deterministic: bool = False, cache_dir: str | None = None,
-                 packing: str = "full-sentences", tokenizer_sample: int | None = None) -> dict:
+def run_record(job: PretrainJob, per_device: int, accumulation: int, prepared) -> dict:
+    """What the run depends on, recorded in its folder before anything else (`check_run_settings`)."""
+    tokenizer = job.tokenizer
+    tokenizer_file = Path(tokenizer) / "tokenizer.json" if tokenizer and Path(tokenizer).is_dir() else tokenizer
+    run = dict(task="pretrain", method=job.method.name, config=job.method.config_fields(),
+               settings=job.settings.record(), seed=job.seed, corpus=local_path(job.corpus),
+               validation=local_path(job.validation), tokenizer=local_path(tokenizer),
+               tokenizer_sha256=file_fingerprint(tokenizer_file) if tokenizer else None,
+               max_documents=job.max_documents, max_validation=job.max_validation, device_batch_size=per_device,
+               accumulation=accumulation, processes=world_size())
+    if job.init:  # recorded only when given, so runs made before --init existed still resume
+        run["init"] = local_path(job.init)
+    if job.precision != "fp32":  # likewise
+        run["precision"] = job.precision
+    if job.packing != "full-sentences":  # likewise
+        run["packing"] = job.packing
+    if job.tokenizer_sample:
+        run["tokenizer_sample"] = job.tokenizer_sample
+    if prepared is not None:  # compare's shared data: the vocabulary itself identifies it
+        run["vocabulary_sha256"] = hashlib.sha256(prepared[0].backend_tokenizer.to_str().encode()).hexdigest()[:16]
+    return run
+
+
+def training_arguments(job: PretrainJob, per_device: int, accumulation: int):
+    from transformers import TrainingArguments
+
+    s = job.settings
+    return TrainingArguments(
+        output_dir=str(job.output_dir), max_steps=s.steps, learning_rate=s.lr, warmup_steps=s.warmup,
+        lr_scheduler_type="linear", weight_decay=s.weight_decay, adam_epsilon=s.adam_epsilon,
+        max_grad_norm=s.max_grad_norm, per_device_train_batch_size=per_device,
+        per_device_eval_batch_size=64, gradient_accumulation_steps=accumulation,
+        logging_steps=max(1, min(50, s.steps // 20)), eval_strategy="steps", eval_steps=s.save_steps,
+        save_strategy="steps", save_steps=s.save_steps, save_total_limit=2, seed=job.seed, data_seed=job.seed,
+        report_to=[job.report_to] if job.report_to != "none" else [],
+        **trainer_device_args(job.device, job.precision, job.deterministic),
+        dataloader_drop_last=False, disable_tqdm=job.quiet, remove_unused_columns=False,
+        ddp_find_unused_parameters=False, log_level="warning", save_only_model=False)
+
+
+def build_model(job: PretrainJob, tok, log):
+    """The model to train: a fresh one at the settings' size, or `--init`'s BERT with fresh position terms."""
+    from dietpe import DietForMaskedLM
+
+    method = job.method
+    if not job.init:
+        if job.config is None:
+            config = build_config(method, job.settings.size, len(tok), job.settings.max_length, tok.pad_token_id)
+        else:  # validated before the work began: only the tokenizer's sizes are new
+            config = copy.deepcopy(job.config)
+            config.vocab_size, config.pad_token_id = len(tok), tok.pad_token_id
+        return config, DietForMaskedLM(config)
+    # BERT's sizes and content weights; the method's position parameters fresh (dietpe.models.bert)
+    from dietpe.models.bert import from_bert, init_config
+
+    config = init_config(job.init, job.settings.max_length, **method.config_fields())
+    if len(tok) > config.vocab_size:
+        raise ConfigError(f"the tokenizer has {len(tok):,} tokens, the BERT checkpoint {job.init} "
+                          f"{config.vocab_size:,}; use the checkpoint's tokenizer (--tokenizer)")
+    model, report = from_bert(job.init, DietForMaskedLM, config=config)
+    log(f"--init {report.summary()}")
+    log(f"--init: {init_positions_note(method)}")
+    return config, model
+
+
+def save_model(job: PretrainJob, trainer, tok, config, val_loss: float, seconds: float, log) -> dict:
+    """The final model (safetensors, with its tokenizer) and the results, each written whole or not at all."""
+    method, output_dir = job.method, job.output_dir
+    final = output_dir / "model"
+    tmp = output_dir / "model.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    trainer.model.save_pretrained(tmp, safe_serialization=True)
+    # a learned input table's length bounds the tokenizer's; other methods leave it unbounded
+    save_tokenizer(tok, tmp, config.max_position_embeddings if REGISTRY[method.position].learned_table else None)
+    shutil.rmtree(final, ignore_errors=True)
+    tmp.rename(final)
+    results = dict(method=method.name, position=method.position, segment=method.segment,
+                   sharing=method.sharing, val_loss=val_loss, perplexity=math.exp(min(val_loss, 50)),
+                   steps=trainer.state.global_step, seconds=seconds, processes=trainer.args.world_size,
+                   parameters=sum(p.numel() for p in trainer.model.parameters()),
+                   settings=job.settings.record(), corpus=job.corpus, model_dir=str(final),
+                   curves=log_history_curves(trainer.state.log_history))
+    write_json_atomic(output_dir / RESULTS, results)
+    log(f"{method.name}: validation MLM loss {val_loss:.4f}, perplexity {results['perplexity']:.2f} "
+        f"({trainer.state.global_step} steps, {seconds:.0f}s); model in {final}")
+    return results
+
+
+def run_pretrain(job: PretrainJob, prepared=None) -> dict:
     """Pre-train one model; resumes from a complete checkpoint and returns the results (also in RESULTS).
 
     `prepared`: (tokenizer, train blocks, validation blocks) already made, shared by compared methods.
     The run is a pure function of its settings and seed (see `dietpe.tasks.seeding`); they are recorded in the
     output folder before anything else, and a rerun with other settings is refused."""
-    from transformers import TrainingArguments, set_seed
+    from transformers import set_seed
 
-    from dietpe import DietForMaskedLM
-
-    output_dir = Path(output_dir)
-    log = (lambda *a: None) if quiet or not is_main_process() else (lambda m: print(f"[pretrain] {m}",
-                                                                                      file=sys.stderr))
-    if overwrite and output_dir.exists() and is_main_process():
+    s, method, output_dir = job.settings, job.method, job.output_dir
+    log = (lambda *a: None) if job.quiet or not is_main_process() else (
+        lambda m: print(f"[pretrain] {m}", file=sys.stderr))
+    if job.overwrite and output_dir.exists() and is_main_process():
         shutil.rmtree(output_dir)
-    per_device, accumulation = batch_layout(s["batch_size"], device_batch_size)
-    tokenizer_file = Path(tokenizer) / "tokenizer.json" if tokenizer and Path(tokenizer).is_dir() else tokenizer
-    run = dict(task="pretrain", method=method.name, config=method.config_fields(), settings=s, seed=seed,
-               corpus=local_path(corpus), validation=local_path(validation), tokenizer=local_path(tokenizer),
-               tokenizer_sha256=file_fingerprint(tokenizer_file) if tokenizer else None,
-               max_documents=max_documents, max_validation=max_validation, device_batch_size=per_device,
-               accumulation=accumulation, processes=world_size())
-    if init:  # recorded only when given, so runs made before --init existed still resume
-        run["init"] = local_path(init)
-    if precision != "fp32":  # likewise
-        run["precision"] = precision
-    if packing != "full-sentences":  # likewise
-        run["packing"] = packing
-    if tokenizer_sample:
-        run["tokenizer_sample"] = tokenizer_sample
-    if prepared is not None:  # compare's shared data: the vocabulary itself identifies it
-        run["vocabulary_sha256"] = hashlib.sha256(prepared[0].backend_tokenizer.to_str().encode()).hexdigest()[:16]
-    check_run_settings(output_dir, run, "--overwrite", products=("model", "tokenizer", RESULTS))
+    per_device, accumulation = batch_layout(s.batch_size, job.device_batch_size)
+    check_run_settings(output_dir, run_record(job, per_device, accumulation, prepared), "--overwrite",
+                       products=("model", "tokenizer", RESULTS))
     done = output_dir / RESULTS
     if done.is_file() and (output_dir / "model" / "config.json").is_file():
         log(f"{output_dir}: finished earlier, reusing it (--overwrite to redo)")
         return read_json(done)
     output_dir.mkdir(parents=True, exist_ok=True)
-
-    args = TrainingArguments(
-        output_dir=str(output_dir), max_steps=s["steps"], learning_rate=s["lr"], warmup_steps=s["warmup"],
-        lr_scheduler_type="linear", weight_decay=s["weight_decay"], adam_epsilon=s["adam_epsilon"],
-        max_grad_norm=s["max_grad_norm"], per_device_train_batch_size=per_device,
-        per_device_eval_batch_size=64, gradient_accumulation_steps=accumulation,
-        logging_steps=max(1, min(50, s["steps"] // 20)), eval_strategy="steps", eval_steps=s["save_steps"],
-        save_strategy="steps", save_steps=s["save_steps"], save_total_limit=2, seed=seed, data_seed=seed,
-        report_to=[report_to] if report_to != "none" else [], **trainer_device_args(device, precision, deterministic),
-        dataloader_drop_last=False, disable_tqdm=quiet, remove_unused_columns=False,
-        ddp_find_unused_parameters=False, log_level="warning", save_only_model=False)
-
-    if prepared is not None:
-        tok, train_blocks, val_blocks = prepared
-    else:
+    args = training_arguments(job, per_device, accumulation)
+    if prepared is None:
         with args.main_process_first(desc="data preparation", local=False):
-            tok, train_blocks, val_blocks = prepare_data(corpus, validation, tokenizer, s["vocab_size"],
-                                                         s["max_length"], output_dir, max_documents, log,
-                                                         max_validation, cache_dir=cache_dir, packing=packing,
-                                                         tokenizer_sample=tokenizer_sample)
+            prepared = prepare_data(job.corpus, job.validation, job.tokenizer, s.vocab_size, s.max_length,
+                                    output_dir, job.max_documents, log, job.max_validation,
+                                    cache_dir=job.cache_dir, packing=job.packing,
+                                    tokenizer_sample=job.tokenizer_sample)
+    tok, train_blocks, val_blocks = prepared
     collator = MlmCollator(tok)
     val_set = ListDataset(collator.premask(val_blocks.examples(), VALIDATION_SEED))
     # read from the memory-mapped shards; masks: f(seed, epoch, index)
-    train_set = EpochExamples(train_blocks.examples(), seed)
+    train_set = EpochExamples(train_blocks.examples(), job.seed)
 
-    set_seed(seed)  # identical initialisation of the parameters all methods share
-    if init:  # BERT's sizes and content weights; the method's position parameters fresh (dietpe.models.bert)
-        from dietpe.models.bert import from_bert, init_config
-
-        config = init_config(init, s["max_length"], **method.config_fields())
-        if len(tok) > config.vocab_size:
-            raise ConfigError(f"the tokenizer has {len(tok):,} tokens, the BERT checkpoint {init} "
-                              f"{config.vocab_size:,}; use the checkpoint's tokenizer (--tokenizer)")
-        model, report = from_bert(init, DietForMaskedLM, config=config)
-        log(f"--init {report.summary()}")
-        log(f"--init: {init_positions_note(method)}")
-    else:
-        config = build_config(method, s["size"], len(tok), s["max_length"], tok.pad_token_id)
-        model = DietForMaskedLM(config)
-    log(f"{method.name}: {sum(p.numel() for p in model.parameters()):,} parameters, {s['steps']:,} steps of "
-        f"batch {s['batch_size']} ({per_device} x {accumulation} accumulation x {args.world_size} process(es))")
-
+    set_seed(job.seed)  # identical initialisation of the parameters all methods share
+    config, model = build_model(job, tok, log)
+    log(f"{method.name}: {sum(p.numel() for p in model.parameters()):,} parameters, {s.steps:,} steps of "
+        f"batch {s.batch_size} ({per_device} x {accumulation} accumulation x {args.world_size} process(es))")
     trainer = LogitLrTrainer(model=model, args=args, train_dataset=train_set, eval_dataset=val_set,
                              data_collator=collator, callbacks=[CompleteCheckpoints()],
-                             logit_lr_scale=s.get("logit_lr_scale", 1.0))
-    replace_progress(trainer, ProgressBar(description or f"pretrain {method.name}"))
-    resume = None if overwrite else resumable_checkpoint(output_dir, remove_incomplete=is_main_process())
+                             logit_lr_scale=s.logit_lr_scale)
+    replace_progress(trainer, ProgressBar(job.description or f"pretrain {method.name}"))
+    resume = None if job.overwrite else resumable_checkpoint(output_dir, remove_incomplete=is_main_process())
     trainer.accelerator.wait_for_everyone()
     if resume:
         log(f"resuming from {resume}")
     start = time.time()
     train_resumable(trainer, resume)
     seconds = time.time() - start
-
     results = None
     if trainer.is_world_process_zero():
-        val_loss = mlm_loss(trainer.model, val_set, collator)
-        final = output_dir / "model"
-        tmp = output_dir / "model.tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        trainer.model.save_pretrained(tmp, safe_serialization=True)
-        save_tokenizer(tok, tmp, config.max_position_embeddings if method.position in LEARNED_ABSOLUTE else None)
-        shutil.rmtree(final, ignore_errors=True)
-        tmp.rename(final)
-        results = dict(method=method.name, position=method.position, segment=method.segment,
-                       sharing=method.sharing, val_loss=val_loss, perplexity=math.exp(min(val_loss, 50)),
-                       steps=trainer.state.global_step, seconds=seconds, processes=args.world_size,
-                       parameters=sum(p.numel() for p in trainer.model.parameters()),
-                       settings=s, corpus=corpus, model_dir=str(final),
-                       curves=log_history_curves(trainer.state.log_history))
-        write_json_atomic(done, results)
-        log(f"{method.name}: validation MLM loss {val_loss:.4f}, perplexity {results['perplexity']:.2f} "
-            f"({trainer.state.global_step} steps, {seconds:.0f}s); model in {final}")
+        results = save_model(job, trainer, tok, config, mlm_loss(trainer.model, val_set, collator), seconds, log)
     trainer.accelerator.wait_for_everyone()
     return results if results is not None else read_json(done)
 
 
-def check_before_work(method: Method, s: dict, device_batch_size: int, device: str | None = None,
-                      memory_check: bool = True) -> None:
+def check_before_work(method: Method, s: PretrainSettings, device_batch_size: int, device: str | None = None,
+                      memory_check: bool = True) -> DietConfig:
     """What can be refused without reading data: the model's shape at this size, the batch layout, and a
-    model and batch far beyond the memory available."""
-    config = build_config(method, s["size"], s["vocab_size"], s["max_length"], 0)
-    per_device, _ = batch_layout(s["batch_size"], device_batch_size)
+    model and batch far beyond the memory available. Returns the model's config (`PretrainJob.config`)."""
+    config = build_config(method, s.size, s.vocab_size, s.max_length, 0)
+    per_device, _ = batch_layout(s.batch_size, device_batch_size)
     if memory_check:
-        check_memory(config, per_device, s["max_length"], device,
-                     f"{method.name} at size {s['size']} (vocabulary {s['vocab_size']})")
+        check_memory(config, per_device, s.max_length, device,
+                     f"{method.name} at size {s.size} (vocabulary {s.vocab_size})")
+    return config
 
 
 def refuse_unused_options(args) -> None:
@@ -318,7 +317,7 @@ def main(args) -> int:
     if args.init:
         method = init_method(method)
     s = settings(args)
-    check_before_work(method, s, args.device_batch_size, args.device, not args.ignore_memory_check)
+    config = check_before_work(method, s, args.device_batch_size, args.device, not args.ignore_memory_check)
     trainer_device_args(args.device, args.precision)  # refuse --device cuda without CUDA before any work
     out = V.check_output_dir(args.output_dir, "-o")
     if args.cache_dir:
@@ -332,9 +331,10 @@ def main(args) -> int:
                 for _ in iter_chunks(kind, where):
                     pass
     with V.created_only_on_success(out):
-        run_pretrain(args.corpus, method, out, s, validation=args.validation, tokenizer=args.tokenizer or args.init,
-                     seed=args.seed, device_batch_size=args.device_batch_size, max_documents=args.max_documents,
-                     max_validation=args.max_validation, overwrite=args.overwrite, init=args.init,
-                     device=args.device, precision=args.precision, deterministic=args.deterministic,
-                     cache_dir=args.cache_dir, packing=args.packing, tokenizer_sample=args.tokenizer_sample)
+        run_pretrain(PretrainJob(
+            args.corpus, method, out, s, validation=args.validation, tokenizer=args.tokenizer or args.init,
+            seed=args.seed, device_batch_size=args.device_batch_size, max_documents=args.max_documents,
+            max_validation=args.max_validation, overwrite=args.overwrite, init=args.init, device=args.device,
+            precision=args.precision, deterministic=args.deterministic, cache_dir=args.cache_dir,
+            packing=args.packing, tokenizer_sample=args.tokenizer_sample, config=None if args.init else config))
     return 0

@@ -30,7 +30,6 @@ from torch import nn
 from transformers import TrainerCallback, TrainingArguments
 
 from dietpe import validate as V
-from dietpe.config import LEARNED_ABSOLUTE
 from dietpe.data.parallel import (
     encode_pairs,
     encode_sources,
@@ -44,6 +43,7 @@ from dietpe.errors import ConfigError, DataError
 from dietpe.methods import Method, parse_method
 from dietpe.models.seq2seq import DietForConditionalGeneration, DietSeq2SeqConfig, shift_right
 from dietpe.positions.encoding import check_length
+from dietpe.positions.registry import REGISTRY
 from dietpe.tasks.checkpoints import (
     CompleteCheckpoints,
     check_run_settings,
@@ -158,8 +158,9 @@ def _train_files(args) -> tuple[Path, Path, Path, Path]:
     return tuple(Path(f) for f in files)
 
 
-def build_config(args, vocab_size: int, tokenizer) -> DietSeq2SeqConfig:
-    method = parse_translation_method(args.method)
+def build_config(args, method: Method, vocab_size: int, tokenizer) -> DietSeq2SeqConfig:
+    """The model's config: the preset's sizes, the method's fields (parsed once, by `train_main`), the
+    tokenizer's ids."""
     overrides = method.config_fields()
     if args.dropout is not None:
         overrides.setdefault("hidden_dropout_prob", args.dropout)
@@ -173,28 +174,12 @@ def build_config(args, vocab_size: int, tokenizer) -> DietSeq2SeqConfig:
         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, **overrides)
 
 
-def run_train(args) -> int:
-    set_threads(args.threads)
-    device_args = trainer_device_args(args.device, args.precision, args.deterministic)
-    out = Path(args.output_dir)
-    train_src, train_tgt, valid_src, valid_tgt = _train_files(args)
-    if getattr(args, "overwrite", False) and out.exists():
-        shutil.rmtree(out)
-    files = dict(train_source=train_src, train_target=train_tgt, valid_source=valid_src, valid_target=valid_tgt)
-    run = dict(task="translate train", **{k: str(Path(f).resolve()) for k, f in files.items()},
-               **{f"{k}_sha256": file_fingerprint(f) for k, f in files.items()},
-               method=parse_translation_method(args.method).name, **{k: getattr(args, k) for k in RESULT_ARGS})
-    # recorded before the tokenizer is trained, so a tokenizer left by a failed run is reused only by the same run
-    check_run_settings(out, run, "--overwrite", products=("final", "tokenizer", "run.json", "data_report.json"))
-    if (out / "final" / "config.json").is_file():
-        print(f"dietpe translate: {out}/final exists: training finished already", file=sys.stderr)
-        return 0
-    out.mkdir(parents=True, exist_ok=True)
-
-    # data: never truncated; bad pairs are skipped and counted, or refused with --bad-lines error
+def read_training_data(args, out: Path, files: dict[str, Path]):
+    """The tokenizer (trained once, reused on resume) and the encoded pairs. Data is never truncated: bad pairs
+    are skipped and counted (`data_report.json`), or refused with --bad-lines error."""
     t0 = time.time()
-    src, tgt = read_parallel(train_src, train_tgt)
-    vsrc, vtgt = read_parallel(valid_src, valid_tgt)
+    src, tgt = read_parallel(files["train_source"], files["train_target"])
+    vsrc, vtgt = read_parallel(files["valid_source"], files["valid_target"])
     if args.max_train_pairs:
         src, tgt = src[:args.max_train_pairs], tgt[:args.max_train_pairs]
     if args.max_valid_pairs:
@@ -206,27 +191,22 @@ def run_train(args) -> int:
         tokenizer = train_joint_bpe((line for line in src + tgt if line), args.vocab_size)
         save_dir_atomic(tok_dir, tokenizer.save_pretrained)
     train, train_report = encode_pairs(tokenizer, src, tgt, args.max_length, args.max_length, args.bad_lines,
-                                       (str(train_src), str(train_tgt)))
+                                       (str(files["train_source"]), str(files["train_target"])))
     valid, valid_report = encode_pairs(tokenizer, vsrc, vtgt, args.max_length, args.max_length, args.bad_lines,
-                                       (str(valid_src), str(valid_tgt)))
+                                       (str(files["valid_source"]), str(files["valid_target"])))
     for name, report in (("train", train_report), ("valid", valid_report)):
         print(f"dietpe translate: {report.summary(name)}", file=sys.stderr)
     if not train or not valid:
         raise DataError(f"no usable pairs left in {'training' if not train else 'validation'} data")
     write_json_atomic(out / "data_report.json", dict(train=train_report.to_dict(), valid=valid_report.to_dict(),
                                                      vocab_size=len(tokenizer), seconds=round(time.time() - t0, 1)))
+    return tokenizer, train, valid
 
-    config = build_config(args, len(tokenizer), tokenizer)
-    torch.manual_seed(args.seed)
-    model = DietForConditionalGeneration(config)
-    steps_per_epoch = math.ceil(len(train) / (args.batch_size * args.grad_accum))
-    max_steps = args.max_steps or steps_per_epoch * args.epochs
-    n_params = sum(p.numel() for p in model.parameters())
-    print(f"dietpe translate: {args.preset} method={args.method}, {n_params / 1e6:.1f}M parameters, "
-          f"{len(train)} pairs, {max_steps} steps ({max_steps / steps_per_epoch:.2f} epochs)", file=sys.stderr)
 
-    # transformers 5 writes safetensors only: no pickle checkpoints to opt out of
-    targs = TrainingArguments(
+def training_arguments(args, out: Path, max_steps: int, device_args: dict) -> TrainingArguments:
+    """Vaswani et al.'s optimizer and schedule; transformers 5 writes safetensors only: no pickle checkpoints
+    to opt out of."""
+    return TrainingArguments(
         output_dir=str(out), max_steps=max_steps, per_device_train_batch_size=args.batch_size,
         per_device_eval_batch_size=args.batch_size, gradient_accumulation_steps=args.grad_accum,
         learning_rate=args.learning_rate, lr_scheduler_type="inverse_sqrt", warmup_steps=args.warmup_steps,
@@ -235,8 +215,58 @@ def run_train(args) -> int:
         save_total_limit=args.save_total_limit, logging_steps=args.logging_steps, seed=args.seed,
         train_sampling_strategy="group_by_length", remove_unused_columns=False, prediction_loss_only=True,
         report_to="none", dataloader_num_workers=0, **device_args)
+
+
+def write_final(out: Path, args, trainer, tokenizer, config, result, eval_loss: float, started: float) -> None:
+    """The finished model in `final/` (safetensors, tokenizer, a summary), whole or absent."""
+    def write(tmp: Path) -> None:
+        trainer.save_model(str(tmp))
+        (tmp / "training_args.bin").unlink(missing_ok=True)  # a pickle; the run's arguments are in run_settings.json
+        # a learned table's length bounds the tokenizer's; other methods leave it unbounded
+        save_tokenizer(tokenizer, tmp,
+                       config.max_position_embeddings if REGISTRY[config.position].learned_table else None)
+        write_json_atomic(tmp / "train_summary.json", dict(
+            position=config.position, method=args.method, preset=args.preset, steps=trainer.state.global_step,
+            train_loss=result.training_loss if result is not None else None, eval_loss=eval_loss,
+            seconds_this_session=round(time.time() - started, 1),
+            parameters=sum(p.numel() for p in trainer.model.parameters()),
+            curves=[{k: row[k] for k in ("step", "loss", "eval_loss") if k in row}
+                    for row in trainer.state.log_history]))
+
+    save_dir_atomic(out / "final", write)
+    print(f"dietpe translate: model written to {out / 'final'}", file=sys.stderr)
+
+
+def run_train(args, method: Method) -> int:
+    """Train (or resume) one translation model; `method`: the parsed --method."""
+    set_threads(args.threads)
+    device_args = trainer_device_args(args.device, args.precision, args.deterministic)
+    out = Path(args.output_dir)
+    files = dict(zip(("train_source", "train_target", "valid_source", "valid_target"), _train_files(args)))
+    if getattr(args, "overwrite", False) and out.exists():
+        shutil.rmtree(out)
+    run = dict(task="translate train", **{k: str(Path(f).resolve()) for k, f in files.items()},
+               **{f"{k}_sha256": file_fingerprint(f) for k, f in files.items()},
+               method=method.name, **{k: getattr(args, k) for k in RESULT_ARGS})
+    # recorded before the tokenizer is trained, so a tokenizer left by a failed run is reused only by the same run
+    check_run_settings(out, run, "--overwrite", products=("final", "tokenizer", "run.json", "data_report.json"))
+    if (out / "final" / "config.json").is_file():
+        print(f"dietpe translate: {out}/final exists: training finished already", file=sys.stderr)
+        return 0
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer, train, valid = read_training_data(args, out, files)
+
+    config = build_config(args, method, len(tokenizer), tokenizer)
+    torch.manual_seed(args.seed)
+    model = DietForConditionalGeneration(config)
+    steps_per_epoch = math.ceil(len(train) / (args.batch_size * args.grad_accum))
+    max_steps = args.max_steps or steps_per_epoch * args.epochs
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"dietpe translate: {args.preset} method={args.method}, {n_params / 1e6:.1f}M parameters, "
+          f"{len(train)} pairs, {max_steps} steps ({max_steps / steps_per_epoch:.2f} epochs)", file=sys.stderr)
     trainer = TranslationTrainer(
-        model=model, args=targs, train_dataset=ListDataset(train), eval_dataset=ListDataset(valid),
+        model=model, args=training_arguments(args, out, max_steps, device_args), train_dataset=ListDataset(train),
+        eval_dataset=ListDataset(valid),
         data_collator=TranslationCollator(config.pad_token_id, config.decoder_start_token_id),
         processing_class=tokenizer, callbacks=[CompleteCheckpoints(), PrintEvaluations()],
         label_smoothing=args.label_smoothing)
@@ -250,20 +280,7 @@ def run_train(args) -> int:
     done = [row for row in last if "eval_loss" in row and row.get("step") == trainer.state.global_step]
     metrics = done[-1] if done else trainer.evaluate()  # the last step was validated already, or now
     print(f"dietpe translate: validation loss {metrics['eval_loss']:.4f}", file=sys.stderr)
-
-    def write_final(tmp: Path) -> None:
-        trainer.save_model(str(tmp))
-        (tmp / "training_args.bin").unlink(missing_ok=True)  # a pickle; the run's arguments are in run_settings.json
-        save_tokenizer(tokenizer, tmp, config.max_position_embeddings if config.position in LEARNED_ABSOLUTE else None)
-        write_json_atomic(tmp / "train_summary.json", dict(
-            position=config.position, method=args.method, preset=args.preset, steps=trainer.state.global_step,
-            train_loss=result.training_loss if result is not None else None, eval_loss=metrics["eval_loss"],
-            seconds_this_session=round(time.time() - started, 1), parameters=n_params,
-            curves=[{k: row[k] for k in ("step", "loss", "eval_loss") if k in row}
-                    for row in trainer.state.log_history]))
-
-    save_dir_atomic(out / "final", write_final)
-    print(f"dietpe translate: model written to {out / 'final'}", file=sys.stderr)
+    write_final(out, args, trainer, tokenizer, config, result, metrics["eval_loss"], started)
     return 0
 
 
@@ -367,12 +384,13 @@ def train_main(args) -> int:
 
     out = V.check_output_dir(args.output_dir, "--output-dir")
     trainer_device_args(args.device, args.precision)  # a missing CUDA, fp16 on the CPU: refused first
-    build_config(args, args.vocab_size, SimpleNamespace(pad_token_id=0, bos_token_id=1, eos_token_id=2))
+    method = parse_translation_method(args.method)  # the spec validated once, then passed on
+    build_config(args, method, args.vocab_size, SimpleNamespace(pad_token_id=0, bos_token_id=1, eos_token_id=2))
     train_src, train_tgt, valid_src, valid_tgt = _train_files(args)
     read_parallel(train_src, train_tgt)  # UTF-8, line counts: before --overwrite removes an earlier run
     read_parallel(valid_src, valid_tgt)
     with V.created_only_on_success(out):
-        return run_train(args)
+        return run_train(args, method)
 
 
 def eval_outputs(args, model_dir: Path) -> tuple[Path, Path]:

@@ -1,7 +1,7 @@
 """Claims as data: verdicts from per-seed rows, missing rows, bounds and diminishing returns."""
 
 from dietpe.analysis import stats
-from dietpe.tasks import claims as CL
+from dietpe.study import claims as CL
 
 
 def row(values, measure="score", head_size=8, position_rank=0):
@@ -107,7 +107,8 @@ def test_chance_is_the_best_constant_predictor_on_the_evaluation_labels():
 
 def test_the_report_marks_cells_at_chance_and_gives_each_tasks_chance():
     from dietpe.data.tasks import Example, TaskData, task_spec
-    from dietpe.tasks.compare import chance_score, markdown_table
+    from dietpe.study.report import markdown_table
+    from dietpe.study.results import chance_score
 
     data = TaskData(task_spec("mnli"), evals={
         "dev_matched": [Example("a", "b", label, "f:1") for label in (0, 0, 0, 1)],

@@ -1,0 +1,69 @@
+"""`dietpe lengths`: perplexity of trained models at multiples of their training length, for saved runs: any
+`dietpe lm` run (causal) or `dietpe pretrain` run (masked LM) of the same tokenizer.
+
+    dietpe lengths RUN [RUN ...] --data valid.txt -o lengths
+
+The evaluation and its table are `dietpe.tasks.perplexity`'s, the same as `dietpe lm`'s.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from dietpe.errors import ConfigError, DataError
+from dietpe.tasks.lm import RESULT
+from dietpe.tasks.perplexity import length_perplexities, log, position_config, read_stream, write_report
+from dietpe.tasks.runtime import resolve_device
+
+
+def _run_info(path: Path, train_length: int | None) -> tuple[Path, str, int]:
+    """(model folder, method name, training length) of a `dietpe lm` or `dietpe pretrain` run folder."""
+    model_dir = path / "model" if (path / "model" / "config.json").is_file() else path
+    if not (model_dir / "config.json").is_file():
+        raise DataError(f"{path}: no model (config.json) found")
+    for name, read in ((RESULT, lambda r: (r["method"], r["train_length"])),
+                       ("pretrain_results.json", lambda r: (r["method"], r["settings"]["max_length"]))):
+        for folder in (path, model_dir.parent):
+            if (folder / name).is_file():
+                method, length = read(json.loads((folder / name).read_text()))
+                return model_dir, method, train_length or length
+    if train_length is None:
+        raise ConfigError(f"{path}: the run does not record its training length; give --train-length")
+    config = json.loads((model_dir / "config.json").read_text())
+    return model_dir, config.get("position", path.name), train_length
+
+
+def main(args) -> int:
+    from transformers import AutoConfig
+
+    from dietpe.data.tokenizer import load_tokenizer
+    from dietpe.models.causal import DietForCausalLM
+    from dietpe.models.modeling import DietForMaskedLM
+
+    torch.set_num_threads(args.threads)
+    device = resolve_device(args.device)
+    rows, lengths = [], set()
+    for run in args.runs:
+        model_dir, method, length = _run_info(Path(run), args.train_length)
+        config = AutoConfig.from_pretrained(model_dir)
+        if getattr(config, "dietpe", None):  # a Hugging Face model with a method attached (`--arch llama`)
+            from transformers import AutoModelForCausalLM
+
+            model = AutoModelForCausalLM.from_pretrained(model_dir).eval().to(device)  # re-attached on load
+            causal = bool(position_config(model).causal)
+        else:
+            causal = bool(getattr(config, "causal", False))
+            model = (DietForCausalLM if causal else DietForMaskedLM).from_pretrained(model_dir).eval().to(device)
+        tokenizer = load_tokenizer(model_dir)
+        # --data names held-out text: a file is that text itself; a folder gives its validation split
+        stream = read_stream(args.data, tokenizer, "train" if Path(args.data).is_file() else "validation")
+        ppl = length_perplexities(model, tokenizer, stream, length, args.lengths, args.eval_tokens)
+        rows.append(dict(method=method, kind="causal" if causal else "masked", train_length=length, ppl=ppl))
+        lengths.add(length)
+        log(f"{run}: " + ", ".join(f"{m}L {'n/a' if v is None else f'{v:.2f}'}" for m, v in ppl.items()))
+    title = f"trained at L = {', '.join(map(str, sorted(lengths)))}"
+    print(write_report(rows, args.lengths, Path(args.output_dir), title))
+    return 0
