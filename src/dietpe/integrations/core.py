@@ -211,10 +211,6 @@ def _families_line() -> str:
     return ", ".join(sorted(FAMILIES))
 
 
-def _load_families() -> None:
-    from dietpe.integrations import bert, gpt2, llama  # noqa: F401 (each registers its family)
-
-
 def init_encoding(encoding: nn.Module, std: float) -> None:
     """Initialise a `PositionEncoding` as diet's models do: each method its own way, linear maps and norms as
     Hugging Face's `_init_weights`."""
@@ -233,7 +229,6 @@ def init_encoding(encoding: nn.Module, std: float) -> None:
 
 
 def family_of(model: PreTrainedModel) -> Family:
-    _load_families()
     model_type = getattr(model.config, "model_type", None)
     if model_type not in FAMILIES:
         raise ConfigError(f"attach: model_type {model_type!r} is not supported; supported: {_families_line()}")
@@ -342,6 +337,5 @@ def _post_init(self: PreTrainedModel) -> None:
         attach(self, record["method"], record.get("backend"), _init=True)
 
 
-_load_families()
 if PreTrainedModel.post_init is _original_post_init:
     PreTrainedModel.post_init = _post_init
