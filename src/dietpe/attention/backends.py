@@ -10,8 +10,8 @@ Low-rank logit terms (fq·fkᵀ) are folded into extra query/key channels for th
 [q', fq / s]·[k', fk]ᵀ · s = q'·k'ᵀ · s + fq·fkᵀ, so no (B, H, Lq, Lk) bias is built for them.
 Off the CPU the folded width is padded with zero channels to a multiple of 8, which the fused GPU kernels
 need (else SDPA silently takes its math kernel and builds the scores).
-Shapes: q (B, H, Lq, Dh), k and v (B, H, Lk, Dh), out (B, H, Lq, Dh), mask (B|1, 1|H, Lq|1, Lk) additive (0 or finfo.min, as
-`dietpe.attention.masks` builds it), a `CausalMask` (causality alone: sdpa passes `is_causal=True` when no
+Shapes: q (B, H, Lq, Dh), k and v (B, H, Lk, Dh), out (B, H, Lq, Dh), mask (B|1, 1|H, Lq|1, Lk) additive
+(0 or finfo.min, as `dietpe.attention.masks` builds it), a `CausalMask` (causality alone: sdpa passes `is_causal=True` when no
 bias is left to add, every other path builds it out), or None.
 """
 
@@ -126,8 +126,7 @@ def fold_low_rank(q: Tensor, k: Tensor, terms: list[LogitTerm], s: float, multip
 FOLD_MAX_RANK = 8
 # At inference on CPU, low-rank terms with at most this many keys (per-head segments at 128 tokens) are added to
 # the bias instead: folding copies q, k, v into the widened head size and the output back, which costs more
-# than writing a (B, H, Lq, Lk) bias below about 256 keys and less above it (the fused kernel, 8 heads of 64,
-# 1 thread: 3.4 against 3.9 ms at 128 × 8, 6.5 against 6.8 at 256 × 4, 13.2 against 11.8 at 512 × 2)
+# than writing a (B, H, Lq, Lk) bias below about 256 keys and less above it (docs/bench.md, "Fold or multiply out")
 ADD_LOW_RANK_KEYS = 256
 # A dense bias of more than LONG_ELEMENTS elements (256 MiB in float32: never at 512 tokens, always at 8,192)
 # is built one block of at most BLOCK_ELEMENTS at a time, each block of queries attended on its own, so long

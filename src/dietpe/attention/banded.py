@@ -32,7 +32,7 @@ from dietpe.attention.masks import CausalMask, dense_mask
 from dietpe.positions.base import LayerTerms, QueryRelativeBias, ValueTerm
 
 #: queries per block: each block makes two fused-kernel calls (its left and right keys) and one window of
-#: BLOCK + 2k keys computed explicitly; 64 measured fastest of 32, 48, 64 and 96 at bert-small 512
+#: BLOCK + 2k keys computed explicitly (the block size measured fastest: docs/bench.md)
 BLOCK = 64
 #: below this many keys the windows would cover most keys: every pair explicit (`dense`) is faster there
 MIN_KEYS = 256
