@@ -11,8 +11,8 @@ Low-rank logit terms (fq·fkᵀ) are folded into extra query/key channels for th
 Off the CPU the folded width is padded with zero channels to a multiple of 8, which the fused GPU kernels
 need (else SDPA silently takes its math kernel and builds the scores).
 Shapes: q (B, H, Lq, Dh), k and v (B, H, Lk, Dh), out (B, H, Lq, Dh), mask (B|1, 1|H, Lq|1, Lk) additive
-(0 or finfo.min, as `dietpe.attention.masks` builds it), a `CausalMask` (causality alone: sdpa passes `is_causal=True` when no
-bias is left to add, every other path builds it out), or None.
+(0 or finfo.min, as `dietpe.attention.masks` builds it), a `CausalMask` (causality alone: sdpa passes
+`is_causal=True` when no bias is left to add, every other path builds it out), or None.
 """
 
 from __future__ import annotations
