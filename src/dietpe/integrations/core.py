@@ -51,7 +51,6 @@ class Family:
     segments: bool = False
     #: the input term is added to inputs_embeds by the pre-hook (no learned table to route it through)
     embed_in_hook: bool = False
-    notes: str = ""
 
 
 FAMILIES: dict[str, Family] = {}
