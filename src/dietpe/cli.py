@@ -16,7 +16,6 @@ import contextlib
 import errno
 import os
 import sys
-from pathlib import Path
 
 from dietpe.errors import DietError
 
@@ -67,11 +66,6 @@ class DietArgumentParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def hidden_alias(parser, *names: str, dest: str, **kwargs) -> None:
-    """Old spellings of an option (`--learning-rate` for `--lr`): accepted, not listed in --help."""
-    parser.add_argument(*names, dest=dest, default=argparse.SUPPRESS, help=argparse.SUPPRESS, **kwargs)
-
-
 def write_error(e: BaseException) -> OSError | None:
     """The OSError (full disk, read-only, forbidden) behind `e`, also when a library wrapped it."""
     seen = 0
@@ -97,16 +91,11 @@ COMMANDS = {
 }
 
 
-def module_file(module: str) -> Path:
-    """Where a `dietpe.` module's source lies, found without importing its package (whose __init__ may be
-    heavy)."""
-    return Path(__file__).parent.joinpath(*module.split(".")[1:]).with_suffix(".py")
-
-
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The full parser; with `only`, that command's parser and a one-line entry for each other command.
     No command's module is imported (`dietpe.commands` holds the parsers; the job is imported when it runs)."""
     from dietpe import __version__
+    from dietpe.commands import REGISTER, module_file
 
     parser = DietArgumentParser(prog="dietpe", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"dietpe {__version__}")
@@ -114,12 +103,9 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     # a job whose module is not part of this build is left out
     present = {name for name, (module, _) in COMMANDS.items() if module_file(module).is_file()}
     wanted = [name for name in COMMANDS if (only is None or name == only) and name in present]
-    if wanted:
-        from dietpe.commands import REGISTER
-
-        for name in wanted:
-            if name not in sub.choices:
-                REGISTER[name](sub)
+    for name in wanted:
+        if name not in sub.choices:
+            REGISTER[name](sub)
     for name, (module, help_text) in COMMANDS.items():
         if name not in sub.choices and name in present:
             sub.add_parser(name, help=help_text, add_help=False)

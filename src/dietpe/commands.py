@@ -9,9 +9,9 @@ from __future__ import annotations
 import argparse
 import ast
 import importlib
+from pathlib import Path
 
 from dietpe import validate as V
-from dietpe.cli import hidden_alias
 from dietpe.presets import PRESETS
 from dietpe.tasks.recipes import FINETUNE_RECIPES, PRETRAIN_RECIPES, SIZES
 
@@ -22,10 +22,14 @@ SEQ2SEQ_SIZES = ("transformer-base", "transformer-small", "transformer-tiny")
 LM_SIZES = ("toy", *PRESETS)
 
 
+def module_file(module: str) -> Path:
+    """Where a `dietpe.` module's source lies, found without importing its package (whose __init__ may be
+    heavy)."""
+    return Path(__file__).parent.joinpath(*module.split(".")[1:]).with_suffix(".py")
+
+
 def _doc(module: str) -> str:
     """A module's docstring, read from its source without importing it."""
-    from dietpe.cli import module_file
-
     with open(module_file(module), encoding="utf-8") as f:
         return ast.get_docstring(ast.parse(f.read())) or ""
 
@@ -36,6 +40,11 @@ def _later(module: str, name: str):
         return getattr(importlib.import_module(module), name)(args)
     run.__qualname__ = f"{module}.{name}"
     return run
+
+
+def hidden_alias(parser, *names: str, dest: str, **kwargs) -> None:
+    """Old spellings of an option (`--learning-rate` for `--lr`): accepted, not listed in --help."""
+    parser.add_argument(*names, dest=dest, default=argparse.SUPPRESS, help=argparse.SUPPRESS, **kwargs)
 
 
 # -- runtime ---------------------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from typing import ClassVar, Literal, get_args
 
 from transformers import PretrainedConfig
 
+from dietpe.attention.registry import backend_names, resolve_backend
 from dietpe.errors import ConfigError
 from dietpe.positions.fields import boolean, positive_float, positive_int
 from dietpe.positions.registry import FIELDS, REGISTRY, names, users
@@ -22,13 +23,11 @@ Position = Literal[tuple(REGISTRY)]  # the registry's names (dietpe.positions.re
 Segment = Literal["none", "input", "per-head"]
 Sharing = Literal["none", "head", "layer"]
 AttentionKind = Literal["full", "linformer"]
-Backend = Literal["auto", "eager", "sdpa", "flex"]
 
 POSITIONS: tuple[str, ...] = get_args(Position)
 SEGMENTS: tuple[str, ...] = get_args(Segment)
 SHARINGS: tuple[str, ...] = get_args(Sharing)
 ATTENTIONS: tuple[str, ...] = get_args(AttentionKind)
-BACKENDS: tuple[str, ...] = get_args(Backend)
 
 # Traits of the methods, from the registry: learned tables (inputs longer are refused), methods that need
 # key positions (not with Linformer), value terms that need the probabilities (eager only), and what
@@ -67,8 +66,8 @@ class DietConfig(PretrainedConfig):
         1, the stored-as-used form every earlier checkpoint has.
     attention: `full` softmax attention or `linformer` (keys/values projected along the length to
         `linformer_k`; with `diet-abs` this is DIET-ABS-LIN, eq. 4).
-    attn_backend: `auto` (SDPA unless the method needs the probabilities), `eager` (the reference),
-        `sdpa`, or `flex` (FlexAttention).
+    attn_backend: `auto` (SDPA unless the method needs the probabilities), or a backend registered in
+        `dietpe.attention.registry`: `eager` (the reference), `sdpa`, `flex` (FlexAttention), `banded` (Shaw).
     """
 
     model_type = "diet"
@@ -154,7 +153,7 @@ class DietConfig(PretrainedConfig):
         _check("segment", self.segment, SEGMENTS)
         _check("sharing", self.sharing, SHARINGS)
         _check("attention", self.attention, ATTENTIONS)
-        _check("attn_backend", self.attn_backend, BACKENDS)
+        _check("attn_backend", self.attn_backend, backend_names())  # "auto" and every registered backend
         for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                      "intermediate_size", "max_position_embeddings", "linformer_k"):
             positive_int(name, getattr(self, name))
@@ -197,14 +196,8 @@ class DietConfig(PretrainedConfig):
             if self.linformer_k > self.max_position_embeddings:
                 raise ConfigError(f"linformer_k={self.linformer_k} exceeds max_position_embeddings="
                                   f"{self.max_position_embeddings}")
-        if self.position in NEEDS_PROBABILITIES and self.attn_backend in ("sdpa", "flex"):
-            raise ConfigError(
-                f"attn_backend={self.attn_backend!r} cannot serve position={self.position!r}: Shaw's value term "
-                f"needs the attention probabilities; use attn_backend='eager' or 'auto'")
-        if self.attn_backend == "flex" and self.attention_probs_dropout_prob > 0:
-            raise ConfigError(
-                f"attn_backend='flex' has no attention dropout, but attention_probs_dropout_prob="
-                f"{self.attention_probs_dropout_prob}; set it to 0 or use attn_backend='sdpa'")
+        resolve_backend(self.attn_backend, value_terms=self.position in NEEDS_PROBABILITIES,
+                        dropout=self.attention_probs_dropout_prob, subject=f"position={self.position!r}")
 
     def validate_method(self) -> None:
         """The method fields: each value by its field's check, a non-default value only for a method that

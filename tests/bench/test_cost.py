@@ -96,6 +96,19 @@ def test_cli_writes_markdown_and_json(tmp_path, capsys):
     assert "diet-rel+seg" in out_md.read_text() and "diet-rel+seg" in capsys.readouterr().out
 
 
+def test_cli_long_inputs_table_with_memory(tmp_path, capsys):
+    out_json = tmp_path / "b.json"
+    code = main(["bench", "--shapes", "bert-tiny", "--lengths", "8", "--modes", "infer", "--methods", "alibi",
+                 "--repeats", "1", "--warmup", "0", "--threads", "1", "--no-memory", "--long", "--long-length", "32",
+                 "--long-methods", "none,alibi", "--json", str(out_json)])
+    assert code == 0
+    long = json.loads(out_json.read_text())["long"]
+    assert [(r["method"], r["length"]) for r in long] == [("none", 32), ("alibi", 32)]
+    assert long[0]["peak_ratio"] in (1.0, None) and long[0]["rss_ratio"] == 1.0
+    assert all(r["rss_mib"] > 0 and r["peak_mib"] >= 0 and r["infer_ms"] > 0 for r in long)
+    assert "### long inputs: bert-tiny, inference, length 32" in capsys.readouterr().out
+
+
 def test_cli_refuses_bad_options(capsys):
     assert main(["bench", "--shapes", "bert-huge", "--no-memory"]) == 2
     assert "bert-huge" in capsys.readouterr().err

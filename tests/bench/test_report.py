@@ -1,27 +1,35 @@
-"""The bench table marks each ratio against the project's cost targets: 1.05 for per-head methods, Shaw 1.10 up to
-128 tokens and 1.15 / 1.20 beyond, nothing for XLNet and the peers."""
+"""The bench table prints what was measured: each ratio to `none` with two decimals, "–" where a mode was not
+run, and how our BERT-equivalent (`absolute`) compares with Hugging Face's BertModel."""
 
-from dietpe.bench.cost import Row
-from dietpe.bench.report import table, target
-
-
-def _row(method: str, length: int, train: float, infer: float) -> Row:
-    return Row("bert-small", method, length, 2, 1, 0.0, 1.0, 1.0, train, infer)
+from dietpe.bench.cost import LongRow, Row
+from dietpe.bench.report import long_table, markdown, table
 
 
-def test_targets_by_method_and_length():
-    assert target("shaw", 128) == (1.10, 1.10)
-    assert target("shaw", 512) == (1.15, 1.20)
-    assert target("diet-rel+seg", 512) == target("t5", 128) == (1.05, 1.05)
-    assert target("xlnet", 512) is None and target("hf-bert", 512) is None
+def _row(method: str, length: int, train: float | None, infer: float | None) -> Row:
+    return Row("bert-small", method, length, 2, 1_500_000, 0.0123, 10.0, 2.0, train, infer)
 
 
-def test_marks_follow_the_targets():
-    lines = table([_row("none", 128, 1.0, 1.0), _row("shaw", 128, 1.09, 1.104), _row("diet-abs", 128, 1.051, 1.05),
-                   _row("xlnet", 128, 1.3, 1.6), _row("hf-bert", 128, 1.0, 0.99)]).splitlines()
-    by_method = {line.split(" | ")[0].lstrip("| "): line for line in lines if line.startswith("| ")}
-    assert "1.09 ✓" in by_method["shaw"] and "1.10 ✗" in by_method["shaw"]  # 1.104 misses 1.10 at 128
-    assert "1.05 ✗" in by_method["diet-abs"] and "1.05 ✓" in by_method["diet-abs"]  # 1.051 misses, 1.050 meets
-    assert "✓" not in by_method["xlnet"] + by_method["hf-bert"] and "✗" not in by_method["xlnet"]
-    shaw_512 = table([_row("shaw", 512, 1.15, 1.104)])
-    assert "1.10 ✓" in shaw_512 and "1.15 ✓" in shaw_512
+def _cells(text: str) -> dict[str, list[str]]:
+    return {line.split(" | ")[0].lstrip("| "): [c.strip() for c in line.strip("| ").split(" | ")]
+            for line in text.splitlines() if line.startswith("| ") and not line.startswith("| method")}
+
+
+def test_ratios_and_missing_modes():
+    cells = _cells(table([_row("none", 128, 1.0, 1.0), _row("shaw", 128, 1.094, None)]))
+    assert cells["shaw"] == ["shaw", "1.50M", "+1.23%", "10", "1.09", "2.0", "–", "–", "–"]
+    assert cells["none"][4] == "1.00" and cells["none"][6] == "1.00"
+    assert "✓" not in str(cells) and "✗" not in str(cells)
+
+
+def test_absolute_against_hf_bert():
+    text = table([_row("none", 128, 1.0, 1.0), _row("absolute", 128, 1.02, 0.99), _row("hf-bert", 128, 1.0, 1.1)])
+    assert "train: absolute / hf-bert = 1.020 (slower)" in text
+    assert "infer: absolute / hf-bert = 0.900 (at least as fast)" in text
+
+
+def test_markdown_groups_by_shape_and_length_and_marks_partial_runs():
+    rows = [_row("none", 128, 1.0, 1.0), _row("none", 512, 1.0, 1.0), _row("t5", 128, 1.01, 1.0)]
+    long = [LongRow("bert-small", "none", 8192, 900.0, 1.0, 30.0, 1.0, 400.0, 1.0)]
+    text = markdown(rows, long, {"torch": "2.x", "threads": 1, "repeats": 3, "warmup": 1, "partial": "1 of 2"})
+    assert text.count("### bert-small, length 128") == 1 and text.count("### bert-small, length 512") == 1
+    assert "**Partial results**: 1 of 2" in text and long_table(long) in text

@@ -5,13 +5,14 @@
 
 `eager` is the reference, written straight from the equation. `sdpa` (torch's scaled_dot_product_attention)
 and `flex` (FlexAttention) compute the same thing; the tests hold them to the reference, gradients included.
+Each is an `AttentionFunction`, registered by name in `dietpe.attention.registry`.
 Low-rank logit terms (fq·fkᵀ) are folded into extra query/key channels for the fused kernels:
 [q', fq / s]·[k', fk]ᵀ · s = q'·k'ᵀ · s + fq·fkᵀ, so no (B, H, Lq, Lk) bias is built for them.
 Off the CPU the folded width is padded with zero channels to a multiple of 8, which the fused GPU kernels
 need (else SDPA silently takes its math kernel and builds the scores).
-Shapes: q (B, H, Lq, Dh), k and v (B, H, Lk, Dh), mask (B|1, 1|H, Lq|1, Lk) additive (0 or finfo.min, as
-`dietpe.attention.masks` builds it), a `CausalMask` (causality alone: sdpa passes `is_causal=True` when no
-bias is left to add, every other path builds it out), or None.
+Shapes: q (B, H, Lq, Dh), k and v (B, H, Lk, Dh), out (B, H, Lq, Dh), mask (B|1, 1|H, Lq|1, Lk) additive
+(0 or finfo.min, as `dietpe.attention.masks` builds it), a `CausalMask` (causality alone: sdpa passes
+`is_causal=True` when no bias is left to add, every other path builds it out), or None.
 """
 
 from __future__ import annotations
@@ -19,22 +20,15 @@ from __future__ import annotations
 import contextlib
 import weakref
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from dietpe.attention import banded as _banded
 from dietpe.attention.masks import CausalMask, dense_mask
-from dietpe.config import NEEDS_PROBABILITIES, DietConfig
 from dietpe.errors import ConfigError
 from dietpe.positions.terms import LayerTerms, LogitTerm
-
-
-class Backend(Protocol):
-    def __call__(self, q: Tensor, k: Tensor, v: Tensor, terms: LayerTerms, mask: Tensor | None, scale: float,
-                 dropout_p: float, need_probs: bool) -> tuple[Tensor, Tensor | None]: ...
 
 
 def apply_qk(q: Tensor, k: Tensor, terms: LayerTerms) -> tuple[Tensor, Tensor]:
@@ -82,7 +76,8 @@ def fit_mask(mask: Tensor | None, dtype: torch.dtype) -> Tensor | None:
     return mask.clamp_min(torch.finfo(dtype).min).to(dtype)
 
 
-def eager(q, k, v, terms: LayerTerms, mask, scale, dropout_p, need_probs=True):
+def eager(q: Tensor, k: Tensor, v: Tensor, terms: LayerTerms, mask: Tensor | CausalMask | None, scale: float,
+          dropout_p: float, need_probs: bool = True) -> tuple[Tensor, Tensor]:
     """The reference: every term built densely and added to the logits."""
     mask = dense_mask(mask)
     parts = logits(q, k, terms, scale)
@@ -131,8 +126,7 @@ def fold_low_rank(q: Tensor, k: Tensor, terms: list[LogitTerm], s: float, multip
 FOLD_MAX_RANK = 8
 # At inference on CPU, low-rank terms with at most this many keys (per-head segments at 128 tokens) are added to
 # the bias instead: folding copies q, k, v into the widened head size and the output back, which costs more
-# than writing a (B, H, Lq, Lk) bias below about 256 keys and less above it (the fused kernel, 8 heads of 64,
-# 1 thread: 3.4 against 3.9 ms at 128 × 8, 6.5 against 6.8 at 256 × 4, 13.2 against 11.8 at 512 × 2)
+# than writing a (B, H, Lq, Lk) bias below about 256 keys and less above it (docs/bench.md, "Fold or multiply out")
 ADD_LOW_RANK_KEYS = 256
 # A dense bias of more than LONG_ELEMENTS elements (256 MiB in float32: never at 512 tokens, always at 8,192)
 # is built one block of at most BLOCK_ELEMENTS at a time, each block of queries attended on its own, so long
@@ -153,7 +147,8 @@ def _fused_cpu_kernel_possible(q: Tensor, dropout_p: float, bias: Tensor | None)
     return q.device.type == "cpu" and dropout_p == 0 and not grad_for_bias
 
 
-def sdpa(q, k, v, terms: LayerTerms, mask, scale, dropout_p, need_probs=False):
+def sdpa(q: Tensor, k: Tensor, v: Tensor, terms: LayerTerms, mask: Tensor | CausalMask | None, scale: float,
+         dropout_p: float, need_probs: bool = False) -> tuple[Tensor, None]:
     """torch's scaled_dot_product_attention, with the bias built the cheapest way the shapes allow."""
     if terms.values:
         raise ConfigError("the sdpa backend cannot add value terms (Shaw); use attn_backend='eager'")
@@ -322,7 +317,8 @@ def _summed(mods: list):
     return score_mod
 
 
-def flex(q, k, v, terms: LayerTerms, mask, scale, dropout_p, need_probs=False):
+def flex(q: Tensor, k: Tensor, v: Tensor, terms: LayerTerms, mask: Tensor | CausalMask | None, scale: float,
+         dropout_p: float, need_probs: bool = False) -> tuple[Tensor, None]:
     """FlexAttention: every relative, distance and segment term is a score_mod computed from indices and the
     term's own parameters (no (Lq, Lk) bias is built), low-rank terms are folded into q/k as for sdpa, and
     padding and causality are a block mask."""
@@ -365,28 +361,3 @@ def flex(q, k, v, terms: LayerTerms, mask, scale, dropout_p, need_probs=False):
 def run_flex(fn, q, k, v, score_mod, block_mask, scale):
     """The kernel call itself (a seam for tests that watch what the backend builds around it)."""
     return fn(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale)
-
-
-def band_or_eager(q, k, v, terms: LayerTerms, mask, scale, dropout_p, need_probs=False):
-    """What `auto` gives Shaw: at inference on CPU with consecutive positions, `dietpe.attention.banded`'s
-    paths (the banded fused path from `banded.MIN_KEYS` keys on, below it every pair explicit in fewer passes);
-    else the reference, which training needs (the value term reads the dropped probabilities and their
-    gradient)."""
-    mask = dense_mask(mask)
-    per_head_mask = mask is not None and mask.shape[1] > 1  # the banded paths read one mask for all heads
-    plan = None if need_probs or per_head_mask else _banded.plan(q, k, terms, dropout_p)
-    if plan is None:
-        return eager(q, k, v, terms, mask, scale, dropout_p, need_probs)
-    path, *rest = plan
-    return path(q, k, v, terms, mask, scale, *rest), None
-
-
-BACKENDS: dict[str, Backend] = {"eager": eager, "sdpa": sdpa, "flex": flex, "band": band_or_eager}
-
-
-def resolve_backend(config: DietConfig) -> str:
-    """`auto` picks sdpa unless a value term needs the probabilities (Shaw): then `band`, the banded fused path
-    at inference and the eager reference in training."""
-    if config.attn_backend != "auto":
-        return config.attn_backend
-    return "band" if config.position in NEEDS_PROBABILITIES else "sdpa"

@@ -17,7 +17,8 @@ log-sum-exps, as flash attention merges key blocks:
 Below MIN_KEYS keys the windows would cover most keys, and `dense` computes every pair explicitly, as the
 reference does, in fewer passes over the scores. Both are the same equation as the reference
 (tests/attention/test_banded.py holds them to eager); they need no gradient and no attention dropout, so
-`band_or_eager` (what `attn_backend="auto"` gives Shaw) runs them at inference and the reference in training.
+`band_or_eager`, the backend registered as "banded" (what `attn_backend="auto"` gives Shaw), runs them at
+inference and the reference in training.
 """
 
 from __future__ import annotations
@@ -26,10 +27,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from dietpe.attention.backends import eager, fold_low_rank
+from dietpe.attention.masks import CausalMask, dense_mask
 from dietpe.positions.terms import LayerTerms, QueryRelativeBias, ValueTerm
 
 #: queries per block: each block makes two fused-kernel calls (its left and right keys) and one window of
-#: BLOCK + 2k keys computed explicitly; 64 measured fastest of 32, 48, 64 and 96 at bert-small 512
+#: BLOCK + 2k keys computed explicitly (the block size measured fastest: docs/bench.md)
 BLOCK = 64
 #: below this many keys the windows would cover most keys: every pair explicit (`dense`) is faster there
 MIN_KEYS = 256
@@ -66,14 +69,26 @@ def plan(q: Tensor, k: Tensor, terms: LayerTerms, dropout_p: float) -> tuple | N
     return dense, keys[0], value, others
 
 
+def band_or_eager(q: Tensor, k: Tensor, v: Tensor, terms: LayerTerms, mask: Tensor | CausalMask | None,
+                  scale: float, dropout_p: float, need_probs: bool = False) -> tuple[Tensor, Tensor | None]:
+    """The "banded" backend: at inference on CPU with consecutive positions, this module's paths (`banded` from
+    MIN_KEYS keys on, below it `dense`); else the reference, which training needs (the value term reads the
+    dropped probabilities and their gradient)."""
+    mask = dense_mask(mask)
+    per_head_mask = mask is not None and mask.shape[1] > 1  # the banded paths read one mask for all heads
+    found = None if need_probs or per_head_mask else plan(q, k, terms, dropout_p)
+    if found is None:
+        return eager(q, k, v, terms, mask, scale, dropout_p, need_probs)
+    path, *rest = found
+    return path(q, k, v, terms, mask, scale, *rest), None
+
+
 def dense(q: Tensor, k: Tensor, v: Tensor, terms: LayerTerms, mask: Tensor | None, scale: float,
           key: QueryRelativeBias, value: ValueTerm, fold: list) -> Tensor:
     """Short inputs: every pair explicit, as in the reference, with fewer passes over the (B, H, Lq, Lk)
     scores: the key term is written by one matmul with the offsets' one-hot, q·kᵀ is added by the next
     (beta = 1), the softmax runs in place, and the output is written in the (B, Lq, H, Dv) layout the layer
     reads. q (B, H, Lq, Dh), k and v (B, H, Lk, Dh); returns (B, H, Lq, Dv)."""
-    from dietpe.attention.backends import fold_low_rank  # the backends import this module
-
     s = scale * terms.score_scale
     b, h, lq, _ = q.shape
     lk, dv = k.shape[2], v.shape[-1]
@@ -101,8 +116,6 @@ def banded(q: Tensor, k: Tensor, v: Tensor, terms: LayerTerms, mask: Tensor | No
            key: QueryRelativeBias, value: ValueTerm, fold: list, block: int = BLOCK) -> Tensor:
     """The equation for a banded key and value term (see the module docstring). q (B, H, Lq, Dh), k and v
     (B, H, Lk, Dh), mask (B|1, 1, Lq|1, Lk) additive or None; returns (B, H, Lq, Dh)."""
-    from dietpe.attention.backends import fold_low_rank  # the backends import this module
-
     s = scale * terms.score_scale
     band = value.band
     kk, delta = band.max_distance, band.delta

@@ -12,8 +12,9 @@ import math
 import torch
 from torch import Tensor, nn
 
-from dietpe.attention.backends import BACKENDS, eager, resolve_backend
-from dietpe.config import DietConfig
+from dietpe.attention.backends import eager
+from dietpe.attention.registry import resolve_backend
+from dietpe.config import NEEDS_PROBABILITIES, DietConfig
 from dietpe.positions.terms import EMPTY, LayerTerms
 
 
@@ -24,8 +25,8 @@ class MultiHeadAttention(nn.Module):
         d = config.hidden_size
         self.query, self.key, self.value = nn.Linear(d, d), nn.Linear(d, d), nn.Linear(d, d)
         self.dropout_p = config.attention_probs_dropout_prob
-        self.backend_name = resolve_backend(config)
-        self.backend = BACKENDS[self.backend_name]
+        self.backend = resolve_backend(config.attn_backend, value_terms=config.position in NEEDS_PROBABILITIES,
+                                       dropout=config.attention_probs_dropout_prob)
         self.scale = 1.0 / math.sqrt(self.head_size)
         if linformer:
             # E, F: (k, n), shared by heads (Linformer's headwise sharing); sliced to the input length

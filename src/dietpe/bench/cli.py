@@ -16,12 +16,9 @@ from dataclasses import asdict
 import torch
 
 from dietpe import validate as V
-from dietpe.bench import cost, report
+from dietpe.bench import cost, memory, report
 from dietpe.errors import ConfigError
 from dietpe.tasks.runtime import resolve_device, set_threads
-
-
-_names = V.names  # a comma-separated, non-empty list
 
 
 def _batches(args) -> list[int]:
@@ -35,7 +32,8 @@ def _batches(args) -> list[int]:
     return args.batch
 
 
-def run(args) -> int:
+def _parse(args) -> tuple[list[cost.Variant], list[cost.Variant], list[str]]:
+    """The options checked before any timing: (methods, long-input methods, peers)."""
     if args.repeats < 1 or args.warmup < 0 or args.threads < 1:
         raise ConfigError(f"--repeats ({args.repeats}) and --threads ({args.threads}) must be >= 1, "
                           f"--warmup ({args.warmup}) >= 0")
@@ -60,65 +58,83 @@ def run(args) -> int:
         except ImportError:
             print("dietpe bench: transformers is not installed; no peers", file=sys.stderr)
             peers = []
+    return variants, long_variants, peers
+
+
+def _log(msg: str) -> None:
+    print(f"[bench] {msg}", file=sys.stderr, flush=True)
+
+
+class _Tables:
+    """The rows measured so far, written (Markdown and JSON) after every phase, so a run stopped by a time
+    limit keeps every finished phase."""
+
+    def __init__(self, args, device: torch.device, total: int):
+        self.args, self.total, self.done = args, total, 0
+        self.rows: dict[tuple[str, int, str], cost.Row] = {}
+        self.long_rows: list[cost.LongRow] = []
+        self.settings = {
+            "threads": args.threads, "repeats": args.repeats, "warmup": args.warmup, "torch": torch.__version__,
+            "machine": platform.machine(), "cpus": os.cpu_count(),
+            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+            "precision": args.precision,
+            "command": "dietpe bench " + " ".join(sys.argv[2:]) if sys.argv[1:2] == ["bench"] else None}
+
+    def add(self, rows: list[cost.Row], mode: str) -> None:
+        for row in rows:
+            key = (row.shape, row.length, row.method)
+            if key in self.rows:  # the other mode's figures join the row measured first
+                for field in (f"{mode}_ms", f"{mode}_ratio", f"{mode}_iqr"):
+                    setattr(self.rows[key], field, getattr(row, field))
+            else:
+                self.rows[key] = row
+
+    def write(self, final: bool) -> str:
+        args = self.args
+        settings = {**self.settings, **({} if final else {"partial": f"{self.done} of {self.total} phases done"})}
+        text = report.markdown(list(self.rows.values()), self.long_rows, settings)
+        if args.markdown:
+            _write_atomic(args.markdown, text)
+        if args.json:
+            _write_atomic(args.json, json.dumps({"settings": settings,
+                                                 "rows": [asdict(r) for r in self.rows.values()],
+                                                 "long": [asdict(r) for r in self.long_rows]}, indent=1))
+        if not final and (args.markdown or args.json):
+            _log(f"{self.done}/{self.total} phases: tables so far in "
+                 f"{' and '.join(p for p in (args.markdown, args.json) if p)}")
+        return text
+
+
+def run(args) -> int:
+    variants, long_variants, peers = _parse(args)
     set_threads(args.threads)
     device = resolve_device(args.device)
     if args.precision == "fp16" and device.type != "cuda":
         raise ConfigError("--precision fp16 needs CUDA; use bf16 or fp32 on the CPU")
     cost.available_memory(device)  # read before any model exists: the memory groups of every phase use it
-
-    def log(msg: str) -> None:
-        print(f"[bench] {msg}", file=sys.stderr, flush=True)
-
-    settings = {"threads": args.threads, "repeats": args.repeats, "warmup": args.warmup,
-                "torch": torch.__version__, "machine": platform.machine(), "cpus": os.cpu_count(),
-                "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-                "precision": args.precision,
-                "command": "dietpe bench " + " ".join(sys.argv[2:]) if sys.argv[1:2] == ["bench"] else None}
-    # one phase per shape, length and mode (and memory, and long inputs): after each, the tables so far are
-    # written, so a run stopped by a time limit keeps every finished phase
+    on = {"device": device.type, "precision": args.precision}
+    # one phase per shape, length and mode (and memory, and long inputs)
     phases = [(shape, length, batch, mode) for shape in args.shapes
               for length, batch in zip(args.lengths, _batches(args)) for mode in args.modes]
     total = len(phases) + (len(args.shapes) * len(args.lengths) if args.memory else 0) + bool(long_variants)
-    rows: dict[tuple[str, int, str], cost.Row] = {}
-    long_rows: list = []
-    done = 0
-
-    def write(final: bool) -> str:
-        status = {} if final else {"partial": f"{done} of {total} phases done"}
-        text = report.markdown(list(rows.values()), long_rows, {**settings, **status})
-        if args.markdown:
-            _write_atomic(args.markdown, text)
-        if args.json:
-            _write_atomic(args.json, json.dumps({"settings": {**settings, **status},
-                                                 "rows": [asdict(r) for r in rows.values()],
-                                                 "long": [asdict(r) for r in long_rows]}, indent=1))
-        if not final and (args.markdown or args.json):
-            log(f"{done}/{total} phases: tables so far in {' and '.join(p for p in (args.markdown, args.json) if p)}")
-        return text
-
+    tables = _Tables(args, device, total)
     for i, (shape, length, batch, mode) in enumerate(phases):
-        for row in cost.measure(shape, length, batch, variants, args.repeats, args.warmup, (mode,), peers, log=log,
-                                device=device.type, precision=args.precision):
-            key = (row.shape, row.length, row.method)
-            if key in rows:  # the other mode's figures join the row measured first
-                for field in (f"{mode}_ms", f"{mode}_ratio", f"{mode}_iqr"):
-                    setattr(rows[key], field, getattr(row, field))
-            else:
-                rows[key] = row
-        done += 1
-        write(final=False)
+        tables.add(cost.measure(shape, length, batch, variants, args.repeats, args.warmup, (mode,), peers,
+                                log=_log, **on), mode)
+        tables.done += 1
+        tables.write(final=False)
         last_of_length = i + 1 == len(phases) or phases[i + 1][:2] != (shape, length)
         if args.memory and last_of_length:
-            cost.add_memory([r for (s, n, _), r in rows.items() if (s, n) == (shape, length)], args.modes,
-                            args.threads, log=log, device=device.type, precision=args.precision)
-            done += 1
-            write(final=False)
+            memory.add_memory([r for (s, n, _), r in tables.rows.items() if (s, n) == (shape, length)],
+                              args.modes, args.threads, log=_log, **on)
+            tables.done += 1
+            tables.write(final=False)
     if long_variants:
-        long_rows = cost.measure_long(args.shapes[0], args.long_length, long_variants, max(3, args.repeats // 3),
-                                      1, args.threads, memory=True, log=log, device=device.type,
-                                      precision=args.precision)
-        done += 1
-    print(write(final=True))
+        tables.long_rows = cost.measure_long(args.shapes[0], args.long_length, long_variants,
+                                             max(3, args.repeats // 3), 1, log=_log, **on)
+        memory.add_long_memory(tables.long_rows, args.threads, log=_log, **on)  # the long table's point
+        tables.done += 1
+    print(tables.write(final=True))
     return 0
 
 

@@ -11,7 +11,8 @@ A training step is forward, loss, backward and an AdamW step on the encoder (`Di
 position encoding, the layers, BERT's pooler); the loss is the mean square of the last hidden states, so no
 task head dilutes the encoder's cost. Inference is a forward pass under `torch.inference_mode`. Inputs are
 sentence pairs: token type 0 for the first half of each sequence, 1 for the second, no padding.
-Peak memory is measured in a fresh process per configuration (`dietpe.bench.memory`).
+Peak memory is measured in a fresh process per configuration (`dietpe.bench.memory`, which builds its
+models and steps with this module's functions).
 """
 
 from __future__ import annotations
@@ -273,21 +274,6 @@ def peer_inputs(label: str, inputs: dict[str, Tensor]) -> dict[str, Tensor]:
     return inputs
 
 
-def add_memory(rows: list[Row], modes, threads: int, log: Callable[[str], None] | None = None,
-               device: str = "cpu", precision: str = "fp32") -> None:
-    """Fill each row's step peak memory, one fresh process per (method, mode)."""
-    from dietpe.bench.memory import measure_peak
-
-    for row in rows:
-        for mode in modes:
-            spec = {"shape": row.shape, "method": row.method, "length": row.length, "batch": row.batch,
-                    "mode": mode, "max_length": 512, "threads": threads, "device": device,
-                    "precision": precision}
-            if log:
-                log(f"memory {row.shape} {row.method} L={row.length} {mode}")
-            setattr(row, f"{mode}_peak_mib", measure_peak(spec)["step_mib"])
-
-
 @dataclass
 class LongRow:
     """Inference at a long length (batch 1): time and the step's peak memory against `none`."""
@@ -303,25 +289,11 @@ class LongRow:
     rss_ratio: float | None = None
 
 
-def measure_long(shape: str, length: int, methods: list[Variant], repeats: int, warmup: int, threads: int,
-                 memory: bool = True, log: Callable[[str], None] | None = None, device: str = "cpu",
+def measure_long(shape: str, length: int, methods: list[Variant], repeats: int, warmup: int,
+                 log: Callable[[str], None] | None = None, device: str = "cpu",
                  precision: str = "fp32") -> list[LongRow]:
-    """Inference at `length` tokens, batch 1, for methods without an absolute-position table."""
-    from dietpe.bench.memory import measure_peak
-
+    """Inference at `length` tokens, batch 1, for methods without an absolute-position table (memory:
+    `dietpe.bench.memory.add_long_memory`)."""
     rows = measure(shape, length, 1, methods, repeats, warmup, modes=("infer",), log=log, device=device,
                    precision=precision)
-    out = [LongRow(shape, r.method, length, r.infer_ms, r.infer_ratio) for r in rows]
-    if memory:
-        for row in out:
-            if log:
-                log(f"memory {shape} {row.method} L={length} infer")
-            m = measure_peak({"shape": shape, "method": row.method, "length": length, "batch": 1,
-                              "mode": "infer", "max_length": 512, "threads": threads, "device": device,
-                              "precision": precision})
-            row.peak_mib, row.rss_mib = m["step_mib"], m["peak_mib"]
-        base = next(r for r in out if r.method == "none")
-        for row in out:
-            row.peak_ratio = row.peak_mib / base.peak_mib
-            row.rss_ratio = row.rss_mib / base.rss_mib
-    return out
+    return [LongRow(shape, r.method, length, r.infer_ms, r.infer_ratio) for r in rows]

@@ -21,7 +21,12 @@ import os
 import subprocess
 import sys
 
+from typing import Callable
+
 import torch
+
+from dietpe.bench import cost
+from dietpe.bench.peers import build_peer
 
 # glibc: no dynamic mmap threshold, so tensors above 64 KiB are mapped and unmapped, and RSS tracks live memory
 CHILD_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0", "MALLOC_ARENA_MAX": "2"}
@@ -46,13 +51,9 @@ def _reset_high_water_mark() -> bool:
 
 def step_peak(spec: dict) -> dict:
     """In this process: build spec's model, warm up, and measure one step. Returns sizes in MiB."""
-    from dietpe.bench import cost
-
     torch.set_num_threads(spec.get("threads", 2))
     label, shape = spec["method"], spec["shape"]
     if label.startswith("hf-"):
-        from dietpe.bench.peers import build_peer
-
         model = build_peer(label, shape, spec["max_length"])
     else:
         model = cost.build_model(cost.model_config(shape, cost.Variant.parse(label), spec["max_length"]))
@@ -94,6 +95,37 @@ def measure_peak(spec: dict, timeout: float = 1800) -> dict:
     if done.returncode != 0:
         raise RuntimeError(f"memory child for {spec} failed:\n{done.stderr[-2000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _spec(shape: str, method: str, length: int, batch: int, mode: str, threads: int, device: str,
+          precision: str) -> dict:
+    return {"shape": shape, "method": method, "length": length, "batch": batch, "mode": mode, "max_length": 512,
+            "threads": threads, "device": device, "precision": precision}
+
+
+def add_memory(rows: list[cost.Row], modes, threads: int, log: Callable[[str], None] | None = None,
+               device: str = "cpu", precision: str = "fp32") -> None:
+    """Fill each row's step peak memory, one fresh process per (method, mode)."""
+    for row in rows:
+        for mode in modes:
+            if log:
+                log(f"memory {row.shape} {row.method} L={row.length} {mode}")
+            spec = _spec(row.shape, row.method, row.length, row.batch, mode, threads, device, precision)
+            setattr(row, f"{mode}_peak_mib", measure_peak(spec)["step_mib"])
+
+
+def add_long_memory(rows: list[cost.LongRow], threads: int, log: Callable[[str], None] | None = None,
+                    device: str = "cpu", precision: str = "fp32") -> None:
+    """Fill each long row's step peak and process peak, and both against `none`'s."""
+    for row in rows:
+        if log:
+            log(f"memory {row.shape} {row.method} L={row.length} infer")
+        m = measure_peak(_spec(row.shape, row.method, row.length, 1, "infer", threads, device, precision))
+        row.peak_mib, row.rss_mib = m["step_mib"], m["peak_mib"]
+    base = next(r for r in rows if r.method == "none")
+    for row in rows:  # a tiny model's step may stay within memory the process already had: no ratio then
+        row.peak_ratio = row.peak_mib / base.peak_mib if base.peak_mib > 0 else None
+        row.rss_ratio = row.rss_mib / base.rss_mib
 
 
 if __name__ == "__main__":

@@ -1,35 +1,14 @@
 """Markdown for the cost table: one table per shape and length (time ratios to `none`, parameters as in DIET
-Table 6, step peak memory), the project's cost targets checked, and the long-input table.
+Table 6, step peak memory), and the long-input table.
 """
 
 from __future__ import annotations
 
 from dietpe.bench.cost import LongRow, Row
-from dietpe.positions.registry import REGISTRY
-
-
-# (training, inference) ratio to `none` a method should stay within on CPU (after DIET Table 1's claim):
-# per-head terms that do not read the query cost nothing extra; Shaw, whose value term needs the
-# probabilities, has looser targets (1.10 up to 128 tokens, 1.15 / 1.20 beyond); XLNet's
-# query-dependent terms have none.
-def target(label: str, length: int) -> tuple[float, float] | None:
-    method = REGISTRY.get(label.split("+")[0])
-    if method is None:
-        return None  # a peer
-    if method.probabilities:
-        return (1.10, 1.10) if length <= 128 else (1.15, 1.20)
-    return (1.05, 1.05) if method.per_head and not method.query_terms else None
 
 
 def _f(x: float | None, fmt: str) -> str:
     return "–" if x is None else format(x, fmt)
-
-
-def _ratio(x: float | None, limit: float | None) -> str:
-    if x is None:
-        return "–"
-    mark = "" if limit is None else (" ✓" if x <= limit else " ✗")
-    return f"{x:.2f}{mark}"
 
 
 def table(rows: list[Row]) -> str:
@@ -40,10 +19,9 @@ def table(rows: list[Row]) -> str:
              "| train peak MiB | infer peak MiB |",
              "|---|--:|--:|--:|--:|--:|--:|--:|--:|"]
     for r in rows:
-        t_lim, i_lim = target(r.method, r.length) or (None, None)
         lines.append(
             f"| {r.method} | {r.params / 1e6:.2f}M | {r.params_increase * 100:+.2f}% | {_f(r.train_ms, '.0f')} "
-            f"| {_ratio(r.train_ratio, t_lim)} | {_f(r.infer_ms, '.1f')} | {_ratio(r.infer_ratio, i_lim)} "
+            f"| {_f(r.train_ratio, '.2f')} | {_f(r.infer_ms, '.1f')} | {_f(r.infer_ratio, '.2f')} "
             f"| {_f(r.train_peak_mib, '.0f')} | {_f(r.infer_peak_mib, '.0f')} |")
     absolute = next((r for r in rows if r.method == "absolute"), None)
     bert = next((r for r in rows if r.method == "hf-bert"), None)
@@ -72,7 +50,7 @@ def markdown(rows: list[Row], long_rows: list[LongRow], settings: dict) -> str:
     parts = ["## dietpe bench", "",
              f"torch {settings.get('torch')}, {settings.get('threads')} threads, median of {settings.get('repeats')} "
              f"interleaved cycles after {settings.get('warmup')} warm-up; ratios are medians of per-cycle ratios "
-             f"to `none` (✓/✗: the project's cost target, docs/bench.md). `+seg`: per-head segments (DIET eq. 2). Peak MiB: the "
+             f"to `none`. `+seg`: per-head segments (DIET eq. 2). Peak MiB: the "
              f"step's RSS high-water mark above the idle process, in a fresh process per configuration."]
     if settings.get("device", "cpu") != "cpu":
         parts[-1] = parts[-1].replace("RSS high-water mark", "GPU allocator peak (max_memory_allocated)") + (

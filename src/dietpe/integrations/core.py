@@ -24,7 +24,7 @@ from torch import Tensor, nn
 from transformers import AttentionInterface, PreTrainedModel
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask
 
-from dietpe.attention.backends import BACKENDS
+from dietpe.attention.registry import ALL_BACKENDS, serving_backend
 from dietpe.errors import ConfigError, InputError
 from dietpe.positions.context import Context
 from dietpe.positions.registry import REGISTRY
@@ -52,7 +52,6 @@ class Family:
     segments: bool = False
     #: the input term is added to inputs_embeds by the pre-hook (no learned table to route it through)
     embed_in_hook: bool = False
-    notes: str = ""
 
 
 FAMILIES: dict[str, Family] = {}
@@ -200,7 +199,7 @@ def attention(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, atte
     backend = attached.backend if attached is not None else "sdpa"
     need_probs = backend == "eager"
     mask = _additive(attention_mask, query.dtype)
-    out, probs = BACKENDS[backend](query, key, value, terms, mask, scaling, dropout, need_probs)
+    out, probs = ALL_BACKENDS[backend](query, key, value, terms, mask, scaling, dropout, need_probs)
     return out.transpose(1, 2).contiguous(), probs
 
 
@@ -210,10 +209,6 @@ ALL_MASK_ATTENTION_FUNCTIONS.register(NAME, eager_mask)
 
 def _families_line() -> str:
     return ", ".join(sorted(FAMILIES))
-
-
-def _load_families() -> None:
-    from dietpe.integrations import bert, gpt2, llama  # noqa: F401 (each registers its family)
 
 
 def init_encoding(encoding: nn.Module, std: float) -> None:
@@ -234,7 +229,6 @@ def init_encoding(encoding: nn.Module, std: float) -> None:
 
 
 def family_of(model: PreTrainedModel) -> Family:
-    _load_families()
     model_type = getattr(model.config, "model_type", None)
     if model_type not in FAMILIES:
         raise ConfigError(f"attach: model_type {model_type!r} is not supported; supported: {_families_line()}")
@@ -269,8 +263,9 @@ def attach(model: PreTrainedModel, spec: str, backend: str | None = None, _init:
     Hugging Face model of a supported family, in place; returns the model.
 
     The method replaces the model's own positions (RoPE off, a learned input table replaced) unless the spec
-    says `input_positions=true`. `backend`: diet's backend computing attention (`eager`, `sdpa`, `flex`;
-    default: the one matching the model's attn_implementation). The spec is recorded in `config.dietpe`, so
+    says `input_positions=true`. `backend`: diet's backend computing attention (a name registered in
+    `dietpe.attention.registry`: `eager`, `sdpa`, `flex`, `banded`; default: the one matching the model's
+    attn_implementation). The spec is recorded in `config.dietpe`, so
     `save_pretrained` / `from_pretrained` (after `import dietpe`) restore it."""
     if not isinstance(model, PreTrainedModel):
         raise ConfigError(f"attach: expected a transformers PreTrainedModel, got {type(model).__name__}")
@@ -284,8 +279,8 @@ def attach(model: PreTrainedModel, spec: str, backend: str | None = None, _init:
     current = model.config._attn_implementation
     if backend is None:
         backend = BACKEND_OF.get(current, "sdpa")
-    if backend not in ("eager", "sdpa", "flex"):
-        raise ConfigError(f"attach: backend={backend!r}; use one of 'eager', 'sdpa', 'flex'")
+    if backend not in ALL_BACKENDS:
+        raise ConfigError(f"attach: backend={backend!r}; use one of {', '.join(map(repr, ALL_BACKENDS))}")
     modules = family.attention_modules(base)
     c = model.config
     heads = c.num_attention_heads
@@ -299,8 +294,7 @@ def attach(model: PreTrainedModel, spec: str, backend: str | None = None, _init:
         raise ConfigError(f"attach: {config.position!r} adds to the embeddings, but heads × head size "
                           f"{config.hidden_size} differs from hidden_size {c.hidden_size}")
     from dietpe.positions.encoding import PositionEncoding
-    if REGISTRY[config.position].probabilities:
-        backend = "eager"  # a value term reads the probabilities (Shaw): only the reference serves it
+    backend = serving_backend(backend, value_terms=REGISTRY[config.position].probabilities).name
     encoding = PositionEncoding(config)
     attached = AttachedPositions(encoding, spec, backend, family.causal)
     attached.config = config  # the method's DietConfig: its limits (max_position_embeddings), causal or not
@@ -343,6 +337,5 @@ def _post_init(self: PreTrainedModel) -> None:
         attach(self, record["method"], record.get("backend"), _init=True)
 
 
-_load_families()
 if PreTrainedModel.post_init is _original_post_init:
     PreTrainedModel.post_init = _post_init

@@ -14,7 +14,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from dietpe.attention.backends import BACKENDS
+from dietpe.attention.registry import ALL_BACKENDS, serving_backend
 from dietpe.errors import ConfigError, InputError
 from dietpe.positions.context import Context
 from dietpe.positions.registry import REGISTRY
@@ -37,8 +37,8 @@ class Positions(nn.Module):
         from dietpe.models.causal import DietCausalConfig
         from dietpe.positions.encoding import PositionEncoding
 
-        if backend not in BACKENDS:
-            raise ConfigError(f"backend={backend!r}; use one of {', '.join(map(repr, BACKENDS))}")
+        if backend not in ALL_BACKENDS:
+            raise ConfigError(f"backend={backend!r}; use one of {', '.join(map(repr, ALL_BACKENDS))}")
         cls = DietCausalConfig if causal else DietConfig
         method = parse_method(spec, cls, segment="none", run_fields={})
         fields = {k: v for k, v in method.config_fields().items() if k != "input_positions"}
@@ -46,9 +46,8 @@ class Positions(nn.Module):
                         "num_hidden_layers": num_layers, "max_position_embeddings": max_length,
                         "type_vocab_size": num_segments, **fields})
         self.encoding = PositionEncoding(config)
-        self.causal, self.backend, self.scale = causal, backend, 1.0 / math.sqrt(head_size)
-        if REGISTRY[config.position].probabilities:
-            self.backend = "eager"  # a value term reads the probabilities (Shaw): only the reference serves it
+        self.causal, self.scale = causal, 1.0 / math.sqrt(head_size)
+        self.backend = serving_backend(backend, value_terms=REGISTRY[config.position].probabilities).name
         from dietpe.integrations.core import init_encoding
 
         init_encoding(self.encoding, std)
@@ -84,5 +83,5 @@ class Positions(nn.Module):
             c = torch.zeros(lq, lk, dtype=q.dtype, device=q.device).masked_fill_(future, torch.finfo(q.dtype).min)
             add = c[None, None] if add is None else (add + c).clamp(min=torch.finfo(q.dtype).min)
         terms = self.encoding.layer_terms(ctx, layer)
-        out, _ = BACKENDS[self.backend](q, k, v, terms, add, self.scale, dropout_p, False)
+        out, _ = ALL_BACKENDS[self.backend](q, k, v, terms, add, self.scale, dropout_p, False)
         return out
