@@ -7,10 +7,9 @@ entry point, `layer_terms` for attention. Which class serves which name is the r
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 from torch import Tensor, nn
+from transformers import PretrainedConfig
 
 from dietpe.errors import InputError, may_read
 from dietpe.positions.absolute import LearnedAbsolute
@@ -18,9 +17,6 @@ from dietpe.positions.context import Context
 from dietpe.positions.terms import LayerTerms
 from dietpe.positions.registry import REGISTRY
 from dietpe.positions.segments import InputSegments, PerHeadSegments
-
-if TYPE_CHECKING:
-    from dietpe.config import DietConfig
 
 
 def check_length(position: str, length: int, limit: int, what: str = "sequence length ",
@@ -39,7 +35,7 @@ def check_length(position: str, length: int, limit: int, what: str = "sequence l
 class PositionEncoding(nn.Module):
     """The position method and the segment method of one stack of attention layers."""
 
-    def __init__(self, config: "DietConfig"):
+    def __init__(self, config: PretrainedConfig):
         super().__init__()
         self.method = REGISTRY[config.position].build(config)
         self.num_segments = config.type_vocab_size if config.segment != "none" else 0

@@ -22,18 +22,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, ClassVar, TypeVar
+from typing import Callable, ClassVar, TypeVar
 
 import torch
 from torch import Tensor, nn
+from transformers import PretrainedConfig
 from transformers import initialization as hf_init
 
 from dietpe.positions.context import Context, LayerSlices
 from dietpe.positions.fields import Field
 from dietpe.positions.terms import ALL, EMPTY, LayerTerms, LogitTerm
-
-if TYPE_CHECKING:
-    from dietpe.config import DietConfig
 
 T = TypeVar("T")
 
@@ -83,7 +81,7 @@ class Traits:
         return any(e != "input" for e in self.entry)
 
 
-def causal(c: "DietConfig") -> bool:
+def causal(c: PretrainedConfig) -> bool:
     """Whether the stack built from `c` attends causally: a `DietCausalConfig`, or the translation decoder's
     view of its config (`DietSeq2SeqConfig.decoder_view`). T5's buckets (also inside TUPE-R) are then T5's
     decoder's unidirectional ones."""
@@ -104,27 +102,27 @@ class PositionMethod(nn.Module):
     table_name: ClassVar[str] = "input position embeddings"
 
     @classmethod
-    def from_config(cls, config: "DietConfig") -> "PositionMethod":
+    def from_config(cls, config: PretrainedConfig) -> "PositionMethod":
         """The method for a config (its sizes, its fields; `causal(config)` for the direction of attention)."""
         return cls()
 
     @classmethod
-    def check_config(cls, config: "DietConfig") -> None:
+    def check_config(cls, config: PretrainedConfig) -> None:
         """Checks across the method's fields and the model's sizes; raise ConfigError naming the values."""
 
     # -- reference equation: one query-key pair, plain loops and math, read from the parameters ------------
-    def reference_logit(self, config: "DietConfig", q: Tensor, k: Tensor, i: int, j: int, layer: int,
+    def reference_logit(self, config: PretrainedConfig, q: Tensor, k: Tensor, i: int, j: int, layer: int,
                         head: int) -> Tensor:
         """The logit A_ij of head `head` in layer `layer` from the paper's equation: q (Dh,) the query of the
         token at position i, k (Dh,) the key of the token at position j (i, j are positions, not indices),
         before segments and masks. Default: the content term q·k/√d_h alone."""
         return q @ k / math.sqrt(q.shape[-1])
 
-    def reference_embedding(self, config: "DietConfig", pos: int) -> Tensor | None:
+    def reference_embedding(self, config: PretrainedConfig, pos: int) -> Tensor | None:
         """Input hook: what the method adds to the token embedding at position `pos` (D,), or None."""
         return None
 
-    def reference_value(self, config: "DietConfig", i: int, j: int, layer: int, head: int) -> Tensor | None:
+    def reference_value(self, config: PretrainedConfig, i: int, j: int, layer: int, head: int) -> Tensor | None:
         """Value hook: what the method adds to the value of the key at position j for the query at position i
         in head `head` (Dh,), weighted by the attention probability p_ij (Shaw's a^V), or None."""
         return None

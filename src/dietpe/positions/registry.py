@@ -22,7 +22,8 @@ Adding a method
 from __future__ import annotations
 
 from dataclasses import dataclass, fields as dataclass_fields
-from typing import TYPE_CHECKING
+
+from transformers import PretrainedConfig
 
 from dietpe.positions.absolute import LearnedAbsolute, NoPosition, Sinusoidal
 from dietpe.positions.alibi import ALiBi
@@ -35,9 +36,6 @@ from dietpe.positions.shaw import Shaw
 from dietpe.positions.t5 import T5
 from dietpe.positions.tupe import TupeA, TupeR
 from dietpe.positions.xlnet import XLNet
-
-if TYPE_CHECKING:
-    from dietpe.config import DietConfig
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -56,7 +54,7 @@ class MethodInfo(Traits):
     def fields(self) -> tuple[Field, ...]:
         return self.method.fields
 
-    def build(self, config: "DietConfig") -> PositionMethod:
+    def build(self, config: PretrainedConfig) -> PositionMethod:
         return self.method.from_config(config)
 
     def uses(self, field: str) -> bool:

@@ -7,12 +7,11 @@ a term's dense form is (1|B, H|1, Lq, Lk), 1 where it is shared by the batch or 
 from __future__ import annotations
 
 import abc
-from typing import TYPE_CHECKING, Callable
+from dataclasses import dataclass
+from typing import Callable
 
 from torch import Tensor
 
-if TYPE_CHECKING:
-    from dietpe.positions.terms.relative import Band
 
 #: every query row: `LogitTerm.dense(q, rows)`'s default
 ALL = slice(None)
@@ -30,6 +29,15 @@ def position_at(pos: Tensor, b: Tensor, idx: Tensor) -> Tensor:
 def head_at(values: Tensor, h: Tensor):
     """Row h of a per-head table (H, ...), or its one row when the heads share it (1, ...)."""
     return 0 if values.shape[0] == 1 else h
+
+
+@dataclass(frozen=True)
+class Band:
+    """Relative offsets of consecutive positions, clipped: pos_i - pos_j = i + delta - j, clipped to
+    ±max_distance, bucket = clip + max_distance (Shaw's rows of a^K and a^V)."""
+
+    delta: int
+    max_distance: int
 
 
 class LogitTerm(abc.ABC):

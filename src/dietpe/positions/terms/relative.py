@@ -4,14 +4,13 @@ with the lazily built bucket index they share with Shaw's value term."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Callable
 
 import torch
 from torch import Tensor
 
 from dietpe.positions.functional import OneHot, relative_gather, relative_offsets, toeplitz
-from dietpe.positions.terms.logit import ALL, LogitTerm, ScoreMod, head_at, position_at
+from dietpe.positions.terms.logit import ALL, Band, LogitTerm, ScoreMod, head_at, position_at
 from dietpe.positions.terms.position import PositionBias
 
 
@@ -32,15 +31,6 @@ class LazyIndex:
         if not isinstance(self._index, Tensor):
             self._index = self._index()
         return self._index
-
-
-@dataclass(frozen=True)
-class Band:
-    """Relative offsets of consecutive positions, clipped: pos_i - pos_j = i + delta - j, clipped to
-    ±max_distance, bucket = clip + max_distance (Shaw's rows of a^K and a^V)."""
-
-    delta: int
-    max_distance: int
 
 
 class TableBias(LazyIndex, PositionBias):

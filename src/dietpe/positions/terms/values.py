@@ -8,7 +8,8 @@ from typing import Callable
 from torch import Tensor
 
 from dietpe.positions.functional import OneHot, relative_scatter
-from dietpe.positions.terms.relative import Band, LazyIndex
+from dietpe.positions.terms.logit import Band
+from dietpe.positions.terms.relative import LazyIndex
 
 
 class ValueTerm(LazyIndex):
