@@ -71,15 +71,16 @@ def read_stream(source: str, tokenizer, split: str = "train", max_documents: int
 
 
 # ------------------------------------------------------------------------------------------------ training
-def causal_config(position_spec: str, size: str, vocab_size: int, max_length: int, pad_token_id: int):
-    """A `DietCausalConfig` from a method spec (`alibi`, `diet-rel:sharing=layer`) and a size."""
+def causal_config(position_spec: str, size: str | dict, vocab_size: int, max_length: int, pad_token_id: int):
+    """A `DietCausalConfig` from a method spec (`alibi`, `diet-rel:sharing=layer`) and a size (a name of SIZES,
+    or its fields: hidden_size, num_hidden_layers, num_attention_heads, intermediate_size)."""
     from dietpe.methods import parse_method
     from dietpe.models.causal import DietCausalConfig
 
-    if size not in SIZES:
+    if not isinstance(size, dict) and size not in SIZES:
         raise ConfigError(f"--size {size!r} is not one of {', '.join(SIZES)}")
     method = parse_method(position_spec, DietCausalConfig, segment="none")
-    return DietCausalConfig(**{**SIZES[size], **method.config_fields(), "vocab_size": vocab_size,
+    return DietCausalConfig(**{**(size if isinstance(size, dict) else SIZES[size]), **method.config_fields(), "vocab_size": vocab_size,
                                "max_position_embeddings": max_length, "pad_token_id": pad_token_id,
                                "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0})
 
@@ -110,10 +111,11 @@ def position_config(model):
 
 def train_lm(config, stream: list[int], steps: int, batch_size: int, length: int, lr: float, seed: int,
              warmup: float = 0.06, log=print, device: str | None = "cpu", precision: str = "fp32",
-             deterministic: bool = False, arch: str = "diet", spec: str | None = None):
+             deterministic: bool = False, arch: str = "diet", spec: str | None = None, build=None):
     """Train a causal LM on random windows of `length` tokens; returns (model, seconds, losses). arch: `diet`
     (`DietForCausalLM` of `config`) or `llama` (transformers' Llama of its sizes with the method `spec`
-    attached)."""
+    attached); `build`: a function returning another model to train instead (a peer library's, called under
+    the same seed; it takes `model(ids, labels=ids).loss`)."""
     from dietpe.models.causal import DietForCausalLM
     from dietpe.tasks.runtime import autocast, resolve_device, set_determinism
 
@@ -124,7 +126,8 @@ def train_lm(config, stream: list[int], steps: int, batch_size: int, length: int
         raise DataError(f"the training text has {len(stream)} tokens, fewer than one window of {length}")
     torch.manual_seed(seed)
     # initialised on the CPU: the same weights on every device
-    model = (DietForCausalLM(config) if arch == "diet" else llama_lm(config, spec or config.position)).to(dev)
+    model = (build() if build is not None else DietForCausalLM(config) if arch == "diet"
+             else llama_lm(config, spec or config.position)).to(dev)
     model.train()
     g = torch.Generator().manual_seed(seed)
     decay = [p for n, p in model.named_parameters() if p.dim() > 1 and "positions" not in n]
