@@ -168,7 +168,7 @@ def table_csv(results: list[dict]) -> str:
 
 def _names(text: str, allowed: tuple[str, ...], option: str) -> list[str]:
     names = [n.strip() for n in text.split(",") if n.strip()]
-    bad = [n for n in names if n not in allowed]
+    bad = [n for n in names if n.split(":")[0] not in allowed]
     if bad or not names:
         raise ConfigError(f"{option} {text!r}: {', '.join(bad) or 'nothing'} is not one of {', '.join(allowed)}")
     return names
@@ -222,7 +222,7 @@ def run(args) -> int:
         for method in methods:
             if not offers(peer, method):
                 continue
-            done = out / "runs" / f"{peer}-{method}.json"
+            done = out / "runs" / f"{peer}-{method.replace(':', '_')}.json"
             if done.is_file():  # finished earlier with the same budget: kept
                 kept = json.loads(done.read_text())
                 if (kept["steps"], kept["batch_size"]) == (args.steps, args.batch_size):
