@@ -80,7 +80,8 @@ def causal_config(position_spec: str, size: str | dict, vocab_size: int, max_len
     if not isinstance(size, dict) and size not in SIZES:
         raise ConfigError(f"--size {size!r} is not one of {', '.join(SIZES)}")
     method = parse_method(position_spec, DietCausalConfig, segment="none")
-    return DietCausalConfig(**{**(size if isinstance(size, dict) else SIZES[size]), **method.config_fields(), "vocab_size": vocab_size,
+    sizes = size if isinstance(size, dict) else SIZES[size]
+    return DietCausalConfig(**{**sizes, **method.config_fields(), "vocab_size": vocab_size,
                                "max_position_embeddings": max_length, "pad_token_id": pad_token_id,
                                "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0})
 
