@@ -10,7 +10,9 @@ from dietpe.errors import DietError
 
 # top-level module -> the extra that installs it (pyproject.toml's [project.optional-dependencies])
 EXTRAS = {"matplotlib": "study", "scipy": "study", "accelerate": "study", "tensorboard": "study",
-          "sacrebleu": "translate", "datasets": "data"}
+          "sacrebleu": "translate", "datasets": "data", "x_transformers": "bench"}
+# the extras 'dietpe[all]' installs (not 'bench': peer libraries for comparison only)
+ALL = ("study", "translate", "data")
 
 
 class MissingExtra(DietError, ModuleNotFoundError):
@@ -19,7 +21,8 @@ class MissingExtra(DietError, ModuleNotFoundError):
 
 def message(module: str) -> str:
     extra = EXTRAS.get(module.split(".")[0], "all")
-    return f"this needs the '{module.split('.')[0]}' package: pip install 'dietpe[{extra}]' (or 'dietpe[all]')"
+    also = " (or 'dietpe[all]')" if extra in ALL else ""
+    return f"this needs the '{module.split('.')[0]}' package: pip install 'dietpe[{extra}]'{also}"
 
 
 def need(module: str):

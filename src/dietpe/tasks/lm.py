@@ -40,17 +40,20 @@ __all__ = ["SIZES", "RESULT", "causal_config", "llama_lm", "train_lm", "main_lm"
            "read_stream", "token_stream"]
 
 
-def causal_config(position_spec: str | Method, size: str, vocab_size: int, max_length: int, pad_token_id: int):
+def causal_config(position_spec: str | Method, size: str | dict, vocab_size: int, max_length: int,
+                  pad_token_id: int):
     """A `DietCausalConfig` from a method spec (`alibi`, `diet-rel:sharing=layer`, or one parsed already) and
-    a size."""
+    a size (a name of SIZES, or its fields: hidden_size, num_hidden_layers, num_attention_heads,
+    intermediate_size)."""
     from dietpe.methods import parse_method
     from dietpe.models.causal import DietCausalConfig
 
-    if size not in SIZES:
+    if not isinstance(size, dict) and size not in SIZES:
         raise ConfigError(f"--size {size!r} is not one of {', '.join(SIZES)}")
     method = position_spec if isinstance(position_spec, Method) else \
         parse_method(position_spec, DietCausalConfig, segment="none")
-    return DietCausalConfig(**{**SIZES[size], **method.config_fields(), "vocab_size": vocab_size,
+    sizes = size if isinstance(size, dict) else SIZES[size]
+    return DietCausalConfig(**{**sizes, **method.config_fields(), "vocab_size": vocab_size,
                                "max_position_embeddings": max_length, "pad_token_id": pad_token_id,
                                "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0})
 
@@ -75,10 +78,11 @@ def llama_lm(config, spec: str):
 # ------------------------------------------------------------------------------------------------ training
 def train_lm(config, stream: list[int], steps: int, batch_size: int, length: int, lr: float, seed: int,
              warmup: float = 0.06, log=print, device: str | None = "cpu", precision: str = "fp32",
-             deterministic: bool = False, arch: str = "diet", spec: str | None = None):
+             deterministic: bool = False, arch: str = "diet", spec: str | None = None, build=None):
     """Train a causal LM on random windows of `length` tokens; returns (model, seconds, losses). arch: `diet`
     (`DietForCausalLM` of `config`) or `llama` (transformers' Llama of its sizes with the method `spec`
-    attached)."""
+    attached); `build`: a function returning another model to train instead (a peer library's, called under
+    the same seed; it takes `model(ids, labels=ids).loss`)."""
     from dietpe.models.causal import DietForCausalLM
     from dietpe.tasks.runtime import autocast, resolve_device, set_determinism
 
@@ -89,7 +93,8 @@ def train_lm(config, stream: list[int], steps: int, batch_size: int, length: int
         raise DataError(f"the training text has {len(stream)} tokens, fewer than one window of {length}")
     torch.manual_seed(seed)
     # initialised on the CPU: the same weights on every device
-    model = (DietForCausalLM(config) if arch == "diet" else llama_lm(config, spec or config.position)).to(dev)
+    model = (build() if build is not None else DietForCausalLM(config) if arch == "diet"
+             else llama_lm(config, spec or config.position)).to(dev)
     model.train()
     g = torch.Generator().manual_seed(seed)
     decay = [p for n, p in model.named_parameters() if p.dim() > 1 and "positions" not in n]
