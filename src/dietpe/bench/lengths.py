@@ -35,6 +35,7 @@ from torch import nn
 from dietpe.errors import ConfigError, DataError, DietError
 
 PEERS = ("diet", "llama", "x-transformers", "hf-llama")
+#: the default rows; --methods takes any registered method a causal LM can hold
 METHODS = ("none", "rotary", "alibi", "t5", "diet-rel", "kerple")
 TITLES = {"diet": "diet's model", "llama": "Llama + attach", "x-transformers": "x-transformers",
           "hf-llama": "transformers Llama"}
@@ -178,7 +179,8 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m dietpe.bench.lengths", description=__doc__.split("\n\n")[0])
     p.add_argument("--data", required=True, help="a folder with train.txt and valid.txt (e.g. wikitext-2)")
     p.add_argument("-o", "--output-dir", required=True)
-    p.add_argument("--methods", default=",".join(METHODS))
+    p.add_argument("--methods", default=",".join(METHODS),
+                   help="method specs, any registered method a causal LM takes (default: %(default)s)")
     p.add_argument("--peers", default=",".join(PEERS))
     p.add_argument("--steps", type=int, default=600)
     p.add_argument("--batch-size", type=int, default=16)
@@ -203,7 +205,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(args) -> int:
-    methods = _names(args.methods, METHODS, "--methods")
+    from dietpe.positions.registry import names
+
+    methods = _names(args.methods, names(causal_ok=True), "--methods")
     peers = _names(args.peers, PEERS, "--peers")
     if min(args.steps, args.batch_size, args.length, args.hidden, args.layers, args.heads, args.threads) < 1 \
             or args.hidden % args.heads:
