@@ -248,3 +248,14 @@ def test_trainer_trains_the_method(tmp_path):
                              learning_rate=1e-2, report_to=[], save_strategy="no", use_cpu=True)
     Trainer(model=model, args=args, train_dataset=Windows()).train()
     assert not torch.equal(model.model.diet_positions.encoding.method.r.detach(), before)
+
+
+def test_a_model_with_its_own_rope_base_takes_every_method():
+    """The model's RoPE base reaches `rotary` only; another method is not refused for it."""
+    def config():
+        return LlamaConfig(**{**LLAMA_LIKE, "rope_parameters": {"rope_type": "default", "rope_theta": 500000.0}})
+
+    rotary = dietpe.attach(LlamaForCausalLM(config()), "rotary")
+    assert rotary.model.diet_positions.config.rotary_base == 500000.0
+    alibi = dietpe.attach(LlamaForCausalLM(config()), "alibi")
+    assert alibi.model.diet_positions.config.position == "alibi"

@@ -252,8 +252,10 @@ def position_config(model_config, spec: str, causal: bool, heads: int, head_dim:
     base = rope.get("rope_theta", getattr(model_config, "rope_theta", 10000.0)) if isinstance(rope, dict) else 1e4
     own = dict(vocab_size=8, hidden_size=heads * head_dim, num_attention_heads=heads, num_hidden_layers=layers,
                max_position_embeddings=getattr(model_config, "max_position_embeddings", None) or 512,
-               type_vocab_size=type_vocab_size, rotary_base=float(base),
+               type_vocab_size=type_vocab_size,
                initializer_range=getattr(model_config, "initializer_range", 0.02))
+    if REGISTRY[method.position].uses("rotary_base"):  # the model's own RoPE base, for a method that reads one
+        own["rotary_base"] = float(base)
     return cls(**{**own, **fields}), keep
 
 
