@@ -29,6 +29,7 @@ from dietpe.positions.absolute import LearnedAbsolute, NoPosition, Sinusoidal
 from dietpe.positions.alibi import ALiBi
 from dietpe.positions.diet import DietAbs, DietRel
 from dietpe.positions.fields import Field
+from dietpe.positions.fire import Fire
 from dietpe.positions.kerple import Kerple
 from dietpe.positions.method import PositionMethod, Traits
 from dietpe.positions.rotary import Rotary
@@ -76,6 +77,7 @@ REGISTRY: dict[str, MethodInfo] = {m.name: m for m in (
     MethodInfo.of(Rotary),
     MethodInfo.of(ALiBi),
     MethodInfo.of(Kerple),
+    MethodInfo.of(Fire),
 )}
 
 #: every method field once, by name, in registry order: what `DietConfig` takes besides its common fields

@@ -1,0 +1,123 @@
+"""FIRE: Functional Interpolation for Relative Positions (Li et al. 2023, "Functional Interpolation for Relative
+Positions Improves Long Context Transformers", eq. 4-6):
+
+    A_ij = q_i·k_j / √d_h + f_θ( ψ(i - j) / ψ(max(L, i)) )_h,        ψ(x) = log(c·x + 1)
+
+f_θ an MLP 1 -> width -> H (ReLU), one output per head, shared by all layers; c > 0 and the threshold L are
+learned (L as a multiplier of its initial value, as in the authors' code, where ψ reads |c·x| and |L|); L starts at
+a quarter of the longest position the model is built for (the authors' 512 for their 2048-token training), so
+the normaliser, and with it the absolute position, matters inside the training length.
+Normalising by the query's position ("progressive interpolation") maps every offset into [0, 1], so a longer
+input asks f for no value outside what it was trained on. The paper's decoder sees i >= j; in an encoder the
+same function of |i - j| serves both directions (as `alibi` and `kerple` do here). Not shift-invariant: the
+normaliser reads the query's position. Initialisation as the authors': c = 0.1, L = `fire_threshold`,
+PyTorch's default uniform for the MLP. Entry point: logit bias, a `PositionBias` built once per forward and
+shared by layers.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+from transformers import initialization as hf_init
+
+from dietpe.positions.context import Built, Context
+from dietpe.positions.fields import Field, positive_float, positive_int
+from dietpe.positions.method import PositionMethod, Traits
+from dietpe.positions.terms import LayerTerms, PositionBias, ScoreMod, position_at
+
+FIRE_WIDTH = Field("fire_width", 32, positive_int, "hidden units of FIRE's MLP f_θ")
+
+
+def _optional_positive(name: str, value) -> None:
+    if value is not None:
+        positive_float(name, value)
+
+
+FIRE_THRESHOLD = Field("fire_threshold", None, _optional_positive,
+                       "initial L of ψ(max(L, i)), learned as L·s (None: max_position_embeddings / 4)")
+EPS = 1e-6  # the authors' guard on the normaliser
+C_INIT = 0.1  # the authors' initial c
+
+
+class FireBias(PositionBias):
+    """FIRE's term: the dense form from `Fire.bias`; for FlexAttention the same equation pair by pair, the MLP
+    unrolled over its hidden units (pointwise operations only, as a fused kernel takes them), so flex never
+    builds a query-key tensor."""
+
+    def __init__(self, fire: "Fire", q_pos: Tensor, k_pos: Tensor):
+        super().__init__(fire.bias, q_pos, k_pos, fire.w2.shape[0])
+        self.fire = fire
+
+    def score_mod(self, q: Tensor | None = None) -> ScoreMod:
+        fire, q_pos, k_pos = self.fire, self.q_pos, self.k_pos
+        c, limit = fire.c.abs(), (fire.threshold_scale * fire.threshold).abs()
+        w1, b1, w2, b2 = fire.w1, fire.b1, fire.w2, fire.b2
+
+        def mod(b, h, qi, ki):
+            i, j = position_at(q_pos, b, qi).to(w1.dtype), position_at(k_pos, b, ki).to(w1.dtype)
+            x = torch.log1p(c * (i - j).abs()) / (torch.log1p(c * torch.maximum(i, limit)) + EPS)
+            out = b2[h]
+            for u in range(w1.shape[0]):
+                out = out + w2[h, u] * torch.relu(x * w1[u] + b1[u])
+            return out
+
+        return mod
+
+
+class Fire(PositionMethod):
+    name = "fire"
+    traits = Traits(entry=("logits",), key_positions=True)
+    fields = (FIRE_WIDTH, FIRE_THRESHOLD)
+    profile_name = "FIRE bias"
+
+    @classmethod
+    def from_config(cls, c):
+        threshold = c.fire_threshold if c.fire_threshold is not None else c.max_position_embeddings / 4
+        return cls(c.num_attention_heads, c.fire_width, threshold)
+
+    def __init__(self, num_heads: int, width: int, threshold: float):
+        super().__init__()
+        self.threshold = threshold
+        self.w1, self.b1 = nn.Parameter(torch.empty(width)), nn.Parameter(torch.empty(width))  # 1 -> width
+        self.w2, self.b2 = nn.Parameter(torch.empty(num_heads, width)), nn.Parameter(torch.empty(num_heads))
+        self.c = nn.Parameter(torch.empty(()))
+        self.threshold_scale = nn.Parameter(torch.empty(()))  # L = threshold_scale · threshold
+
+    def reset_parameters(self, std: float) -> None:
+        # the authors' init: nn.Linear's default U(±1/√fan_in), c = 0.1, L at its initial value
+        width = self.w1.shape[0]
+        hf_init.uniform_(self.w1, -1.0, 1.0)
+        hf_init.uniform_(self.b1, -1.0, 1.0)
+        hf_init.uniform_(self.w2, -1 / math.sqrt(width), 1 / math.sqrt(width))
+        hf_init.uniform_(self.b2, -1 / math.sqrt(width), 1 / math.sqrt(width))
+        hf_init.constant_(self.c, C_INIT)
+        hf_init.constant_(self.threshold_scale, 1.0)
+
+    def bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        """f_θ(ψ(|i - j|) / ψ(max(L, i))): q_pos (1|B, 1, Lq, 1), k_pos (1|B, 1, 1, Lk) -> (1|B, H, Lq, Lk)."""
+        c, dtype = self.c.abs(), self.w1.dtype
+        i, j = q_pos.to(dtype), k_pos.to(dtype)
+        limit = (self.threshold_scale * self.threshold).abs()
+        x = torch.log1p(c * (i - j).abs()) / (torch.log1p(c * torch.maximum(i, limit)) + EPS)  # (1|B,1,Lq,Lk)
+        hidden = torch.relu(x.unsqueeze(-1) * self.w1 + self.b1)  # (1|B, 1, Lq, Lk, width)
+        return (hidden @ self.w2.T + self.b2).squeeze(1).movedim(-1, 1)  # (1|B, H, Lq, Lk)
+
+    def layer_terms(self, ctx: Context, layer: int) -> LayerTerms:
+        def build():
+            term = FireBias(self, ctx.q_pos, ctx.k_pos)
+            return self.keep(ctx, "fire", tuple(self.parameters(recurse=False)), term)
+
+        return LayerTerms(logits=[ctx.cached(Built(self), build)])
+
+    def reference_logit(self, config, q, k, i, j, layer, head):
+        # eq. 4-6 for one pair, scalar by scalar
+        c = abs(float(self.c))
+        limit = abs(float(self.threshold_scale) * self.threshold)
+        x = math.log(c * abs(i - j) + 1) / (math.log(c * max(i, limit) + 1) + EPS)
+        out = float(self.b2[head])
+        for u in range(config.fire_width):
+            out += float(self.w2[head, u]) * max(0.0, x * float(self.w1[u]) + float(self.b1[u]))
+        return super().reference_logit(config, q, k, i, j, layer, head) + out
