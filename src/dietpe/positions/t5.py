@@ -2,7 +2,9 @@
 
     A_ij = q_i·k_j / √d_h + b_h[bucket(j - i)]
 
-one scalar per bucket per head, shared by all layers, log buckets (32 buckets, max distance 128 by default):
+one scalar per bucket per head, shared by all layers, log buckets (32 buckets by default; the max distance,
+beyond which every offset shares the last bucket, by default half the model's length and at most T5's 128,
+see `t5_range`):
 bidirectional in an encoder, unidirectional (all buckets for j <= i) in causal self-attention, as T5's
 decoder does (`causal`, from the config). b is stored over `logit_scale` (dietpe.positions.method), as
 x-transformers stores its T5 table over √d_h. Entry point: logit bias, computed once per forward for the whole
@@ -14,17 +16,30 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-
 from torch import Tensor
 
 from dietpe.positions.context import Built, CacheKey, Context
 from dietpe.positions.functional import relative_offsets, t5_bucket, t5_causal_bucket
-from dietpe.positions.fields import Field, positive_int
+from dietpe.positions.fields import Field, optional_positive_int, positive_int
 from dietpe.positions.method import PositionMethod, Traits, causal, normal_parameter
 from dietpe.positions.terms import LayerTerms, TableBias
 
 T5_NUM_BUCKETS = Field("t5_num_buckets", 32, positive_int, "T5's number of log buckets per direction pair")
-T5_MAX_DISTANCE = Field("t5_max_distance", 128, positive_int, "offsets beyond it share T5's last bucket")
+T5_MAX_DISTANCE = Field("t5_max_distance", None, optional_positive_int,
+                        "offsets beyond it share T5's last bucket (None: half the model's length, at most 128)")
+#: T5's own range (Raffel et al. 2020), for its 512-token inputs
+T5_RANGE = 128
+
+
+def t5_range(config) -> int:
+    """The max distance: `t5_max_distance`, or half of `max_position_embeddings` capped at T5's 128 (and at
+    least the bucket count, which the log buckets need). T5 chose 128 for 512-token inputs: the last bucket,
+    reused for every longer distance, lies well inside the training length and is trained by many pairs. A
+    range at the length itself leaves that bucket to the few longest pairs, and beyond the training length
+    the model then leans on a bias it never learned (docs/parametrization.md, "Flat to 8L")."""
+    if config.t5_max_distance is not None:
+        return config.t5_max_distance
+    return min(T5_RANGE, max(config.t5_num_buckets, config.max_position_embeddings // 2))
 
 
 def t5_bucket_reference(memory_minus_query: int, config) -> int:
@@ -32,7 +47,7 @@ def t5_bucket_reference(memory_minus_query: int, config) -> int:
     from transformers.models.t5.modeling_t5 import T5Attention  # loaded by the references alone
 
     return int(T5Attention._relative_position_bucket(torch.tensor(memory_minus_query), not causal(config),
-                                                     config.t5_num_buckets, config.t5_max_distance))
+                                                     config.t5_num_buckets, t5_range(config)))
 
 
 def t5_offset_bucket(num_buckets: int, max_distance: int, causal: bool = False):
@@ -84,7 +99,7 @@ class T5(PositionMethod):
 
     @classmethod
     def from_config(cls, c):
-        return cls(c.num_attention_heads, c.t5_num_buckets, c.t5_max_distance, causal(c))
+        return cls(c.num_attention_heads, c.t5_num_buckets, t5_range(c), causal(c))
 
     def reference_logit(self, config, q, k, i, j, layer, head):
         bias = self.logit("bias")[head, t5_bucket_reference(j - i, config)]

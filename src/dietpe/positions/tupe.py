@@ -33,6 +33,7 @@ from dietpe.positions.t5 import (
     t5_diagonals,
     t5_index,
     t5_offset_bucket,
+    t5_range,
 )
 from dietpe.positions.terms import LayerTerms, LowRankBias, TableBias
 
@@ -49,7 +50,7 @@ class TUPE(PositionMethod):
     @classmethod
     def from_config(cls, c):
         return cls(c.hidden_size, c.num_attention_heads, c.max_position_embeddings, c.layer_norm_eps,
-                   c.tupe_reset, cls.buckets, c.t5_num_buckets, c.t5_max_distance, causal(c))
+                   c.tupe_reset, cls.buckets, c.t5_num_buckets, t5_range(c), causal(c))
 
     def reference_logit(self, config, q, k, i, j, layer, head):
         dh = q.shape[-1]
