@@ -8,6 +8,7 @@ come from the registry (`dietpe.positions.registry`).
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 
@@ -24,7 +25,7 @@ TABLE5_METHODS = tuple(f"{p}:segment={s}:sharing={h}" for p in SHAREABLE_POSITIO
                        for s in ("input", "per-head") for h in ("none", "head", "layer"))
 
 
-# The built-in study (docs/study.md): the rows the claims of `dietpe.tasks.claims` compare, at the `study` size
+# The built-in study (docs/study.md): the rows the claims of `dietpe.study.claims` compare, at the `study` size
 # (d_h = 8, so the default d_p of DIET-ABS is 8). DIET-ABS and DIET-REL take per-head segments unless told;
 # `sinusoidal` with its sinusoids scaled by 0.2, the best of {1, 0.2, 0.03} measured in docs/study.md (unit
 # sinusoids swamp BERT's 0.02 token embeddings; 0.03 is too weak to be used); the unscaled formula is in
@@ -87,6 +88,12 @@ def parse_value(text: str):
     return {"true": True, "false": False, "none": None}.get(text.lower(), text)
 
 
+@functools.cache
+def config_fields(config_class: type) -> frozenset[str]:
+    """The field names a spec may set for `config_class`, read once per class from a default instance."""
+    return frozenset(config_class(vocab_size=8, hidden_size=8, num_attention_heads=2).to_dict())
+
+
 def parse_method(spec: str, config_class: type = DietConfig, segment: str | None = None,
                  run_fields: dict[str, str] | None = None) -> Method:
     """`diet-rel`, `diet-rel:segment=input:sharing=layer`, `diet-abs:position_rank=128` -> Method.
@@ -107,7 +114,7 @@ def parse_method(spec: str, config_class: type = DietConfig, segment: str | None
         fields[key] = value.strip() if key in WORD_FIELDS else parse_value(value.strip())
     segment = str(fields.pop("segment", segment or default_segment(position)))
     sharing = str(fields.pop("sharing", "none"))
-    allowed = set(config_class(vocab_size=8, hidden_size=8, num_attention_heads=2).to_dict())
+    allowed = config_fields(config_class)
     unknown = [k for k in fields if k not in allowed]
     if unknown:
         raise ConfigError(f"method {spec!r}: unknown field(s) {unknown}; use segment=, sharing= or a "
