@@ -97,13 +97,34 @@ class Fire(PositionMethod):
         hf_init.constant_(self.threshold_scale, 1.0)
 
     def bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
-        """f_θ(ψ(|i - j|) / ψ(max(L, i))): q_pos (1|B, 1, Lq, 1), k_pos (1|B, 1, 1, Lk) -> (1|B, H, Lq, Lk)."""
+        """f_θ(ψ(|i - j|) / ψ(max(L, i))): q_pos (1|B, 1, Lq, 1), k_pos (1|B, 1, 1, Lk) -> (1|B, H, Lq, Lk).
+
+        f_θ of a scalar is piecewise linear (a ReLU layer): between the sorted kinks -b1_u / w1_u it is
+        slope_s·x + intercept_s, with the units active there. So each pair reads its piece's two numbers
+        per head instead of an (Lq, Lk, width) hidden layer kept for the backward; the gradients are the
+        ReLU's, almost everywhere."""
         c, dtype = self.c.abs(), self.w1.dtype
         i, j = q_pos.to(dtype), k_pos.to(dtype)
         limit = (self.threshold_scale * self.threshold).abs()
         x = torch.log1p(c * (i - j).abs()) / (torch.log1p(c * torch.maximum(i, limit)) + EPS)  # (1|B,1,Lq,Lk)
-        hidden = torch.relu(x.unsqueeze(-1) * self.w1 + self.b1)  # (1|B, 1, Lq, Lk, width)
-        return (hidden @ self.w2.T + self.b2).squeeze(1).movedim(-1, 1)  # (1|B, H, Lq, Lk)
+        slope, intercept, kinks = self.pieces()
+        x = x.squeeze(1)  # (1|B, Lq, Lk)
+        piece = torch.bucketize(x.detach(), kinks)  # (1|B, Lq, Lk)
+        return (slope[piece] * x.unsqueeze(-1) + intercept[piece]).movedim(-1, 1)  # (1|B, H, Lq, Lk)
+
+    def pieces(self) -> tuple[Tensor, Tensor, Tensor]:
+        """(slope (width+1, H), intercept (width+1, H), sorted kinks (width,)) of f_θ's linear pieces."""
+        w1, b1 = self.w1, self.b1
+        flat = w1.detach() == 0  # a unit with no slope never switches: its kink is at infinity
+        kinks = torch.where(flat, torch.inf, -b1.detach() / torch.where(flat, 1.0, w1.detach())).sort().values
+        # one point inside each piece (static shapes, for torch.compile): infinite kinks stand at `span`,
+        # beyond every finite one, and never bound a piece that a finite x falls in
+        finite = kinks.isfinite()
+        span = torch.where(finite, kinks.abs(), 0).amax() + 1
+        at = torch.where(finite, kinks, span)
+        points = torch.cat([at[:1] - span, (at[:-1] + at[1:]) / 2, at[-1:] + span])  # (width + 1,)
+        active = ((points[:, None] * w1.detach() + b1.detach()) > 0).to(w1.dtype)  # (pieces, width)
+        return (active * w1) @ self.w2.T, ((active * b1) @ self.w2.T + self.b2), kinks
 
     def layer_terms(self, ctx: Context, layer: int) -> LayerTerms:
         def build():
