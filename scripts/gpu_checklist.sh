@@ -64,7 +64,7 @@ seg = torch.zeros_like(ids); seg[:, 256:] = 1
 print("| method | max abs Δ out | max rel Δ grad (position params) | eager ms | sdpa ms | flex ms (fwd+bwd) |")
 print("|---|--:|--:|--:|--:|--:|")
 for position, segment in (("diet-rel", "per-head"), ("t5", "none"), ("alibi", "none"), ("kerple", "none"),
-                          ("diet-abs", "per-head"), ("tupe-r", "none")):
+                          ("diet-abs", "per-head"), ("tupe-r", "none"), ("fire", "none")):
     models, outs, grads, ms = {}, {}, {}, {}
     for backend in ("eager", "sdpa", "flex"):
         torch.manual_seed(0)
