@@ -71,8 +71,9 @@ class DietConfig(PretrainedConfig):
     """
 
     model_type = "diet"
-    #: method fields whose default differs in this kind of model (e.g. the causal LM's tupe_reset=False)
-    field_defaults: ClassVar[dict[str, object]] = {}
+    #: attends causally (a decoder-only LM): the methods' fields take their causal defaults, T5 its causal
+    #: buckets (dietpe.positions.method.causal)
+    causal: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -122,7 +123,7 @@ class DietConfig(PretrainedConfig):
         self.attention = attention
         self.linformer_k = linformer_k
         for name in FIELDS:  # the methods' own fields (dietpe.positions.registry.FIELDS)
-            setattr(self, name, kwargs.pop(name, self.field_default(name)))
+            setattr(self, name, kwargs.pop(name) if name in kwargs else self.field_default(name))
         self.input_positions = input_positions
         self.logit_scale = logit_scale
         self.attn_backend = attn_backend
@@ -141,10 +142,9 @@ class DietConfig(PretrainedConfig):
         """d_p of DIET-ABS: `position_rank`, or the head size (the paper's default)."""
         return self.position_rank if self.position_rank is not None else self.head_size
 
-    @classmethod
-    def field_default(cls, name: str):
-        """The default of the method field `name` in this kind of model."""
-        return cls.field_defaults.get(name, FIELDS[name].default)
+    def field_default(self, name: str):
+        """The default of the method field `name` in this kind of model, at its sizes."""
+        return FIELDS[name].default_for(self, self.causal)
 
     # -- validation ------------------------------------------------------------------------------
     def validate(self) -> None:

@@ -44,7 +44,9 @@ def test_standalone_positions_follow_the_mask_and_positions():
     short = pos.attend(q[:, :, :3], k[:, :, :3], v[:, :, :3], pos.context(torch.arange(3) + 5))
     torch.testing.assert_close(out[:, :, :3], short, atol=1e-6, rtol=0)
     keep = torch.tensor([[True, True, True, True, False, False]])
-    masked = Positions("diet-rel", num_layers=1, num_heads=2, head_size=4, max_length=16, causal=False)
+    # the same table in an encoder (causal attention clips DIET-REL at half the length by default)
+    masked = Positions("diet-rel:diet_rel_max_distance=8", num_layers=1, num_heads=2, head_size=4, max_length=16,
+                       causal=False)
     masked.load_state_dict(pos.state_dict())
     a = masked.attend(q, k, v, masked.context(torch.arange(6)), mask=keep)
     b = masked.attend(q, k[:, :, :4], v[:, :, :4], masked.context(torch.arange(6), torch.arange(4)))

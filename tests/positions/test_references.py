@@ -157,6 +157,7 @@ def test_causal_lm_matches_paper_equation(position, positions, device):
     decoder (HF's `_relative_position_bucket(..., bidirectional=False)`)."""
     cfg = tiny(position=position, attn_backend="eager").to_dict()
     cfg.pop("model_type", None)
+    cfg.pop("diet_rel_max_distance")  # the causal LM's own default: half its length
     lm = DietForCausalLM(DietCausalConfig(**{**cfg, "segment": "none", "tupe_reset": False})).eval()
     model = lm.diet
     ids, _, segments = batch(L, pad_last=0)

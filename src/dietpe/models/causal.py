@@ -63,8 +63,7 @@ class DietCausalConfig(DietConfig):
     (`tupe_reset=False`, the default here). `use_cache`: `generate()` keeps keys and values."""
 
     model_type = "diet-causal"
-    causal = True  # read by the methods' builders (dietpe.positions.method.causal): T5's causal buckets
-    field_defaults = {"tupe_reset": False}  # position 0 is an ordinary token here, not [CLS]
+    causal = True  # the methods' causal defaults and builders: T5's causal buckets, tupe_reset=False, ...
 
     def __init__(self, segment: str = "none", use_cache: bool = True,
                  bos_token_id: int | None = None, eos_token_id: int | None = None, **kwargs):

@@ -8,9 +8,12 @@ Transformers", §3).
 Both are per layer by default; `sharing` gives the ablations of Tables 5, 8, 9 (`head`: heads of a layer
 share one table, `layer`: all layers share). DIET-REL is unclipped and unbucketed: the table covers every
 offset up to the configured maximum length; longer inputs reuse the edge offsets' values. `max_distance`
-(config `diet_rel_max_distance`, default None: the paper's unclipped table) clips offsets to ±max_distance
-as Shaw et al. do, so the edge value is trained on every pair at least that far apart, not only on the
-longest offset, and reused beyond the training length (docs/parametrization.md).
+(config `diet_rel_max_distance`) clips offsets to ±max_distance as Shaw et al. do, so the edge value is
+trained on every pair at least that far apart, not only on the longest offset, and reused beyond the
+training length. Its default is the paper's unclipped table in an encoder (the papers' setting: inputs never
+longer than the table) and half the model's length in causal attention, where a model meets lengths beyond
+its training length and an edge trained by one pair per window leaves it there with a bias it never learned
+(docs/parametrization.md, "Flat to 8L"); `diet_rel_max_distance=None` asks for the unclipped table there.
 R, P_Q and P_K are stored over `logit_scale` (dietpe.positions.method); the equations read the effective tables.
 Entry point: logit bias (DIET-ABS is low rank and may be folded into queries and keys by a backend).
 """
@@ -25,7 +28,9 @@ from dietpe.positions.terms import LayerTerms, LowRankBias, TableBias
 
 POSITION_RANK = Field("position_rank", None, optional_positive_int, "d_p, the rank of P_Q P_Kᵀ (None: the head size)")
 DIET_REL_MAX_DISTANCE = Field("diet_rel_max_distance", None, optional_positive_int,
-                              "offsets clipped to ± this (None: the paper's unclipped table)")
+                              "offsets clipped to ± this (None: the paper's unclipped table; default: None, "
+                              "in causal attention half the model's length)",
+                              causal_default=lambda c: max(1, c.max_position_embeddings // 2))
 
 
 def _table(config, layer: int, head: int) -> tuple[int, int]:

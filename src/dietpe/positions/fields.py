@@ -2,7 +2,9 @@
 
 A method declares the `DietConfig` fields it reads (`PositionMethod.fields`); `DietConfig` takes them from
 the registry, applies their defaults, checks their values with the field's own check, and refuses a
-non-default value of a field the chosen method does not read, naming the methods that read it. A field read
+non-default value of a field the chosen method does not read, naming the methods that read it. A field may
+default differently in causal attention (`causal_default`: a value, or a function of the config's sizes),
+resolved when the config is built, so a saved config names the value its model was built with. A field read
 by several methods (T5's buckets, also TUPE-R's) is declared once, in its owner's file, and named by the
 others.
 """
@@ -12,6 +14,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from typing import Callable
+
+#: `Field.causal_default` when the field defaults alike in every model
+SAME = object()
 
 from dietpe.errors import ConfigError
 
@@ -38,12 +43,21 @@ def boolean(name: str, value) -> None:
 
 @dataclass(frozen=True)
 class Field:
-    """One config field of a method: `check(name, value)` raises ConfigError for a bad value."""
+    """One config field of a method: `check(name, value)` raises ConfigError for a bad value;
+    `causal_default`, its default in causal self-attention (a causal LM, a method attached to a decoder):
+    a value, or `f(config)` of the config's common fields (its sizes)."""
 
     name: str
     default: object
     check: Callable[[str, object], None]
     doc: str
+    causal_default: object = SAME
 
     def validate(self, value) -> None:
         self.check(self.name, value)
+
+    def default_for(self, config, causal: bool):
+        """The default in a model built from `config` (its common fields set), causal or not."""
+        if not causal or self.causal_default is SAME:
+            return self.default
+        return self.causal_default(config) if callable(self.causal_default) else self.causal_default

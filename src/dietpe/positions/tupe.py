@@ -37,7 +37,9 @@ from dietpe.positions.t5 import (
 )
 from dietpe.positions.terms import LayerTerms, LowRankBias, TableBias
 
-TUPE_RESET = Field("tupe_reset", True, boolean, "reset_θ on position 0 ([CLS]); false: TUPE^tie-cls")
+# in a causal LM position 0 is an ordinary token, not [CLS]
+TUPE_RESET = Field("tupe_reset", True, boolean, "reset_θ on position 0 ([CLS]); false: TUPE^tie-cls",
+                   causal_default=False)
 
 
 class TUPE(PositionMethod):
