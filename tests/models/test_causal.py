@@ -154,3 +154,22 @@ def test_cache_under_both_names_is_refused_in_one_line():
     model = DietForCausalLM(tiny_lm("diet-rel")).eval()
     with pytest.raises(InputError, match="both `cache` and `past_key_values`"):
         model(torch.randint(3, V, (1, 4)), past_key_values=DynamicCache(), cache=DynamicCache())
+
+
+def test_our_forwards_read_the_cache_without_deprecated_names(monkeypatch):
+    """The model reads its cache under the name its output class has: a forward (with and without a cache),
+    generate() and the translation model never touch the name transformers deprecates (which would warn)."""
+    from transformers.utils import generic
+
+    touched = []
+    monkeypatch.setattr(generic.logger, "warning_once", lambda msg, *a, **k: touched.append(msg))
+    model = DietForCausalLM(tiny_lm("diet-rel")).eval()
+    ids = torch.randint(3, V, (2, 5))
+    with torch.no_grad():
+        model(ids, use_cache=False)
+        model(ids, use_cache=True)
+        model.generate(ids, max_new_tokens=3, do_sample=False, pad_token_id=0)
+        s2s = DietForConditionalGeneration(tiny_s2s("t5")).eval()
+        s2s(input_ids=ids, decoder_input_ids=ids, use_cache=False)
+        s2s.generate(ids, max_new_tokens=3, do_sample=False)
+    assert touched == []

@@ -62,8 +62,9 @@ def with_cache(output_cls, cache, **fields):
 
 
 def cache_of(output):
-    """The cache of a model output, under either name."""
-    return output["cache"] if "cache" in output else output.get("past_key_values")
+    """The cache of a model output, under the name its class has (reading the other name would warn)."""
+    names = {f.name for f in dataclasses.fields(output)}
+    return getattr(output, "cache" if "cache" in names else "past_key_values", None)
 
 
 def check_like(name: str, value: Tensor | None, shape: tuple[int, ...]) -> None:
