@@ -329,7 +329,9 @@ def register_translate(subparsers) -> None:
 
 
 # -- lm --------------------------------------------------------------------------------------------------
-DEFAULT_METHODS = "none,absolute,sinusoidal,shaw,xlnet,t5,tupe-a,tupe-r,diet-abs,diet-rel,rotary,alibi,kerple"
+#: `dietpe lm --methods`' name for every registered method a causal LM takes (read from the registry when the
+#: command runs: the parsers import no torch)
+ALL_CAUSAL = "all"
 
 
 ARCHS = ("diet", "llama")
@@ -351,7 +353,8 @@ def register_lm(subparsers) -> None:
                               description=_doc("dietpe.tasks.lm"),
                               formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("corpus", help="text corpus (directory with train.txt/valid.txt, a file, or a HF dataset name)")
-    p.add_argument("--methods", default=DEFAULT_METHODS, help="comma-separated method specs")
+    p.add_argument("--methods", default=ALL_CAUSAL,
+                   help=f"comma-separated method specs; '{ALL_CAUSAL}' is every registered method a causal LM takes")
     p.add_argument("-o", "--output-dir", default="runs/lm", help="where each method's run and the table go")
     p.add_argument("--size", default="toy", choices=sorted(LM_SIZES), help="model size preset")
     p.add_argument("--arch", default="diet", choices=ARCHS,

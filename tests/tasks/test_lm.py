@@ -12,6 +12,7 @@ from dietpe.cli import main as cli
 from dietpe.data import synthetic
 from dietpe.data.corpus import read_corpus
 from dietpe.data.tokenizer import train_wordpiece
+from dietpe.errors import ConfigError
 from dietpe.tasks import lm
 
 
@@ -81,3 +82,16 @@ def test_masked_lm_perplexity_at_lengths_uses_fixed_masks(data):
     table = DietForMaskedLM(DietConfig(vocab_size=len(tok), hidden_size=16, num_hidden_layers=1,
                                        num_attention_heads=2, intermediate_size=32, max_position_embeddings=8))
     assert lm.length_perplexities(table.eval(), tok, stream, 8, (1, 2), tokens=256)[2] is None
+
+
+def test_lm_methods_default_to_every_method_a_causal_lm_takes():
+    from dietpe.commands import ALL_CAUSAL
+    from dietpe.positions.registry import names
+    from dietpe.tasks.lm import method_specs
+
+    assert method_specs(ALL_CAUSAL) == list(names(causal_ok=True)) and "fire" in method_specs(ALL_CAUSAL)
+    assert method_specs("diet-rel:diet_rel_max_distance=none,all")[:2] == ["diet-rel:diet_rel_max_distance=none",
+                                                                           "none"]
+    assert method_specs("alibi, all").count("alibi") == 1
+    with pytest.raises(ConfigError, match="names no method"):
+        method_specs(" , ")

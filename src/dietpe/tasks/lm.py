@@ -5,6 +5,7 @@ KERPLE, Chi et al. 2022; NoPE, Kazemnejad et al. 2023): train at length L, measu
 
     dietpe lm CORPUS --methods none,rotary,alibi,kerple -o runs/lm      train a small causal LM per method at
                                                                       length L, then the table and plot
+                                                                      (default: every method a causal LM takes)
     dietpe lengths RUN [RUN ...] --data valid.txt -o lengths            the same evaluation for saved runs
                                                                       (`dietpe.tasks.lengths`)
 
@@ -25,9 +26,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from dietpe.commands import ALL_CAUSAL
 from dietpe.config import PRESETS
 from dietpe.errors import ConfigError, DataError
 from dietpe.methods import Method
+from dietpe.positions.registry import names
 from dietpe.tasks.perplexity import length_perplexities, read_stream, token_stream, write_report
 from dietpe.tasks.perplexity import log as _log
 from dietpe.tasks.runtime import resolve_device
@@ -123,6 +126,17 @@ def train_lm(config, stream: list[int], steps: int, batch_size: int, length: int
     return model.eval(), time.time() - start, torch.stack(losses).float().tolist()
 
 
+def method_specs(text: str) -> list[str]:
+    """`--methods`: comma-separated specs; `all` stands for every registered method a causal LM takes."""
+    specs = [s.strip() for s in text.split(",") if s.strip()]
+    if ALL_CAUSAL in specs:  # in registry order, without the specs named beside it
+        at = specs.index(ALL_CAUSAL)
+        specs[at:at + 1] = [n for n in names(causal_ok=True) if n not in specs]
+    if not specs:
+        raise ConfigError(f"--methods {text!r} names no method; e.g. --methods alibi,rotary")
+    return specs
+
+
 def main_lm(args) -> int:
     from dietpe.data import shards
     from dietpe.data.tokenizer import load_tokenizer, save_tokenizer
@@ -130,9 +144,7 @@ def main_lm(args) -> int:
     torch.set_num_threads(args.threads)
     resolve_device(args.device)  # a missing CUDA is refused before any work
     out = Path(args.output_dir)
-    specs = [s.strip() for s in args.methods.split(",") if s.strip()]
-    if not specs:
-        raise ConfigError(f"--methods {args.methods!r} names no method; e.g. --methods alibi,rotary")
+    specs = method_specs(args.methods)
     # each spec parsed and its config built (so validated) once, before reading any data; the tokenizer then
     # sets the vocabulary and pad id
     configs = {spec: causal_config(spec, args.size, 100, args.max_length, 0) for spec in specs}
