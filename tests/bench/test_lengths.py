@@ -86,3 +86,15 @@ def test_bad_names_are_one_line(tmp_path, capsys):
     assert lengths.main(["--data", str(tmp_path / "nowhere"), "-o", str(tmp_path / "out"), "--peers", "diet"]
                         + TINY) == 2
     assert "train.txt: not found" in capsys.readouterr().err
+
+
+def test_a_kept_run_with_other_settings_is_trained_again(tmp_path, capsys):
+    data = text_folder(tmp_path)
+    argv = ["--data", str(data), "-o", str(tmp_path / "out"), "--methods", "alibi", "--peers", "diet"] + TINY
+    assert lengths.main(argv) == 0
+    first = (tmp_path / "out" / "lengths.csv").read_text()
+    capsys.readouterr()
+    assert lengths.main(argv + ["--seed", "1"]) == 0  # not the kept seed-0 run
+    assert "[lengths] diet alibi" in capsys.readouterr().err
+    assert (tmp_path / "out" / "lengths.csv").read_text() != first
+    assert not list((tmp_path / "out").rglob("*.part"))

@@ -13,8 +13,9 @@ Every model is trained by `dietpe.tasks.lm.train_lm` on the same batches from th
                      `alibi_pos_bias`, `rel_pos_bias` (T5), or no positions (`pip install 'dietpe[bench]'`)
     hf-llama         transformers' LlamaForCausalLM with its own RoPE (rotary only)
 
-A peer without a method leaves its cell empty. Writes lengths.csv (every length) and lengths.md (L and 8L per
-model); each finished run is kept in runs/, so a stopped table resumes where it stopped.
+A peer without a method leaves its cell empty. Writes lengths.csv and lengths.json (every length) and
+lengths.md (L and 8L per model) after every run; each finished run is kept in runs/ with its settings, so a
+stopped table resumes where it stopped, and a run with other settings is trained again.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import argparse
 import csv
 import io
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -138,7 +140,7 @@ def run_one(peer: str, method: str, train, valid, vocab_size: int, args, log) ->
                                       spec=method, build=build)
     start = time.time()
     ppl = length_perplexities(model, None, valid, args.length, MULTIPLES, args.eval_tokens)
-    return dict(peer=peer, method=method, steps=args.steps, batch_size=args.batch_size,
+    return dict(peer=peer, method=method, steps=args.steps, batch_size=args.batch_size, settings=settings(args),
                 train_seconds=round(seconds, 1), eval_seconds=round(time.time() - start, 1),
                 final_train_loss=sum(losses[-20:]) / len(losses[-20:]), ppl={str(m): ppl[m] for m in MULTIPLES})
 
@@ -175,23 +177,51 @@ def _names(text: str, allowed: tuple[str, ...], option: str) -> list[str]:
     return names
 
 
+def settings(args) -> dict:
+    """What a run's figures depend on besides its peer and method: a kept run is reused only if they match."""
+    return {k: getattr(args, k) for k in ("steps", "batch_size", "length", "hidden", "layers", "heads", "lr",
+                                          "seed", "eval_tokens", "data")}
+
+
+def write_tables(out: Path, results: list[dict], peers, methods, length: int) -> str:
+    md = table_markdown(results, peers, methods, length)
+    for name, text in (("lengths.md", md), ("lengths.csv", table_csv(results)),
+                       ("lengths.json", json.dumps(results, indent=1))):
+        atomic_write(out / name, text)
+    return md
+
+
+def atomic_write(path: Path, text: str) -> None:
+    part = path.with_name(path.name + ".part")
+    part.write_text(text, encoding="utf-8")
+    os.replace(part, path)  # a killed run leaves the last whole file
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m dietpe.bench.lengths", description=__doc__.split("\n\n")[0])
     p.add_argument("--data", required=True, help="a folder with train.txt and valid.txt (e.g. wikitext-2)")
-    p.add_argument("-o", "--output-dir", required=True)
+    p.add_argument("-o", "--output-dir", required=True,
+                   help="where lengths.md, lengths.csv and lengths.json go (written after every run)")
     p.add_argument("--methods", default=",".join(METHODS),
                    help="method specs, any registered method a causal LM takes (default: %(default)s)")
-    p.add_argument("--peers", default=",".join(PEERS))
-    p.add_argument("--steps", type=int, default=600)
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--length", type=int, default=128, help="the training length L (characters)")
-    p.add_argument("--hidden", type=int, default=128)
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--lr", type=float, default=2e-3)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--eval-tokens", type=int, default=16384, help="held-out characters scored at every length")
-    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--peers", default=",".join(PEERS),
+                   help="the models to train, each with every method it has: diet (diet's causal LM), llama "
+                        "(transformers' Llama with the method attached), x-transformers (its own option for "
+                        "the method; pip install 'dietpe[bench]'), hf-llama (transformers' Llama with its own "
+                        "RoPE, for rotary) (default: %(default)s)")
+    p.add_argument("--steps", type=int, default=600, help="optimizer steps per model (default: %(default)s)")
+    p.add_argument("--batch-size", type=int, default=8, help="windows per step (default: %(default)s)")
+    p.add_argument("--length", type=int, default=128, help="the training length L in characters (default: "
+                                                             "%(default)s)")
+    p.add_argument("--hidden", type=int, default=128, help="hidden size, FFN 4x (default: %(default)s)")
+    p.add_argument("--layers", type=int, default=4, help="(default: %(default)s)")
+    p.add_argument("--heads", type=int, default=4, help="(default: %(default)s)")
+    p.add_argument("--lr", type=float, default=2e-3, help="the one learning rate of the one AdamW, warm-up 6%% "
+                                                           "and linear decay (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="initialisation and batch order (default: %(default)s)")
+    p.add_argument("--eval-tokens", type=int, default=16384,
+                   help="held-out characters scored at every length (default: %(default)s)")
+    p.add_argument("--threads", type=int, default=1, help="CPU threads per run (default: %(default)s)")
     return p
 
 
@@ -227,20 +257,19 @@ def run(args) -> int:
             if not offers(peer, method):
                 continue
             done = out / "runs" / f"{peer}-{method.replace(':', '_')}.json"
-            if done.is_file():  # finished earlier with the same budget: kept
+            if done.is_file():  # finished earlier with the same settings: kept
                 kept = json.loads(done.read_text())
-                if (kept["steps"], kept["batch_size"]) == (args.steps, args.batch_size):
+                if kept.get("settings") == settings(args):
                     results.append(kept)
                     continue
             result = run_one(peer, method, train, valid, vocab_size, args,
                              lambda m, p=peer, n=method: print(f"[lengths] {p} {n}: {m}", file=sys.stderr))
-            done.write_text(json.dumps(result, indent=1))
+            atomic_write(done, json.dumps(result, indent=1))
             print(f"[lengths] {peer} {method}: {result['train_seconds']:.0f}+{result['eval_seconds']:.0f}s; "
                   + ", ".join(f"{m}L {v:.2f}" for m, v in result["ppl"].items()), file=sys.stderr)
             results.append(result)
-    md = table_markdown(results, peers, methods, args.length)
-    (out / "lengths.md").write_text(md, encoding="utf-8")
-    (out / "lengths.csv").write_text(table_csv(results), encoding="utf-8")
+            write_tables(out, results, peers, methods, args.length)
+    md = write_tables(out, results, peers, methods, args.length)
     print(md)
     return 0
 
