@@ -892,7 +892,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", help="write every result as JSON here")
     p.add_argument("--only", help="run only cases whose id contains this text")
     p.add_argument("-v", "--verbose", action="store_true")
-    p.add_argument("--markdown", help="write the table (input, command, before, after) here, with --before")
+    p.add_argument("--markdown", help="write the table (input, command, message; a before column with --before)")
     p.add_argument("--before", help="the --json of a run on the old version, for --markdown")
     a = p.parse_args(argv)
     cases = [c for c in CASES if not a.only or a.only in c.id]
@@ -904,7 +904,7 @@ def main(argv: list[str] | None = None) -> int:
                                                                            else ""), flush=True)
 
     import dietpe
-    print(f"dietpe from {diet.__file__}; {len(cases)} cases", flush=True)
+    print(f"dietpe from {dietpe.__file__}; {len(cases)} cases", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         results = run_all(tmp, cases, log)
     c = counts(results)
@@ -928,15 +928,19 @@ def _cell(text: str, width: int) -> str:
 
 
 def markdown(rows: list[dict], before: dict[str, dict]) -> str:
-    """The catalogue as a Markdown table: input, command, before (outcome: what happened), after (the message)."""
-    lines = ["| # | input | command | before | after |", "|---|---|---|---|---|"]
+    """The catalogue as a Markdown table: input, command, the message now, and with `before` (another
+    version's --json) what that version did."""
+    head = ["#", "input", "command"] + (["before"] if before else []) + ["message"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for i, row in enumerate(rows, 1):
-        old = before.get(row["id"])
-        was = f"**{old['outcome']}**: {_cell(old['detail'], 110)}" if old else "(not run)"
         message = row["detail"].split(": error: ", 1)[-1]
         now = f"{row['outcome']}: {_cell(message, 150)}" if row["outcome"] == "clear" else \
             f"**{row['outcome']}**: {_cell(row['detail'], 150)}"
-        lines.append(f"| {i} | {_cell(row['id'], 60)} | {row['command']} | {was} | {now} |")
+        cells = [str(i), _cell(row["id"], 60), row["command"]]
+        if before:
+            old = before.get(row["id"])
+            cells.append(f"**{old['outcome']}**: {_cell(old['detail'], 110)}" if old else "(not run)")
+        lines.append("| " + " | ".join(cells + [now]) + " |")
     return "\n".join(lines) + "\n"
 
 
