@@ -100,7 +100,7 @@ def test_a_full_or_read_only_disk_while_writing_is_one_line_with_the_path_and_wh
     def full(path, text):
         raise OSError(code, os.strerror(code), str(path))
 
-    monkeypatch.setattr(synthetic, "_write_atomic", full)
+    monkeypatch.setattr(synthetic, "write_text_atomic", full)
     out = tmp_path / "cmp"
     assert main(["compare", "-o", str(out), "--threads", "1", "--jobs", "1", "--builtin-size", "40"]) == 2
     err = capsys.readouterr().err

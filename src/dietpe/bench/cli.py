@@ -17,6 +17,7 @@ import torch
 
 from dietpe import validate as V
 from dietpe.bench import cost, memory, report
+from dietpe.data.text import write_text_atomic
 from dietpe.errors import ConfigError
 from dietpe.tasks.runtime import resolve_device, set_threads
 
@@ -94,11 +95,11 @@ class _Tables:
         settings = {**self.settings, **({} if final else {"partial": f"{self.done} of {self.total} phases done"})}
         text = report.markdown(list(self.rows.values()), self.long_rows, settings)
         if args.markdown:
-            _write_atomic(args.markdown, text)
+            write_text_atomic(args.markdown, text)
         if args.json:
-            _write_atomic(args.json, json.dumps({"settings": settings,
-                                                 "rows": [asdict(r) for r in self.rows.values()],
-                                                 "long": [asdict(r) for r in self.long_rows]}, indent=1))
+            write_text_atomic(args.json, json.dumps({"settings": settings,
+                                                     "rows": [asdict(r) for r in self.rows.values()],
+                                                     "long": [asdict(r) for r in self.long_rows]}, indent=1))
         if not final and (args.markdown or args.json):
             _log(f"{self.done}/{self.total} phases: tables so far in "
                  f"{' and '.join(p for p in (args.markdown, args.json) if p)}")
@@ -136,12 +137,3 @@ def run(args) -> int:
         tables.done += 1
     print(tables.write(final=True))
     return 0
-
-
-def _write_atomic(path: str, text: str) -> None:
-    # the parent was checked to be creatable before the bench (validate.check_output_file): create it
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)

@@ -24,7 +24,6 @@ import argparse
 import csv
 import io
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -34,6 +33,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from dietpe.data.text import write_text_atomic
 from dietpe.errors import ConfigError, DataError, DietError
 
 PEERS = ("diet", "llama", "x-transformers", "hf-llama")
@@ -187,14 +187,8 @@ def write_tables(out: Path, results: list[dict], peers, methods, length: int) ->
     md = table_markdown(results, peers, methods, length)
     for name, text in (("lengths.md", md), ("lengths.csv", table_csv(results)),
                        ("lengths.json", json.dumps(results, indent=1))):
-        atomic_write(out / name, text)
+        write_text_atomic(out / name, text)
     return md
-
-
-def atomic_write(path: Path, text: str) -> None:
-    part = path.with_name(path.name + ".part")
-    part.write_text(text, encoding="utf-8")
-    os.replace(part, path)  # a killed run leaves the last whole file
 
 
 def parser() -> argparse.ArgumentParser:
@@ -264,7 +258,7 @@ def run(args) -> int:
                     continue
             result = run_one(peer, method, train, valid, vocab_size, args,
                              lambda m, p=peer, n=method: print(f"[lengths] {p} {n}: {m}", file=sys.stderr))
-            atomic_write(done, json.dumps(result, indent=1))
+            write_text_atomic(done, json.dumps(result, indent=1))
             print(f"[lengths] {peer} {method}: {result['train_seconds']:.0f}+{result['eval_seconds']:.0f}s; "
                   + ", ".join(f"{m}L {v:.2f}" for m, v in result["ppl"].items()), file=sys.stderr)
             results.append(result)

@@ -24,6 +24,7 @@ import random
 from pathlib import Path
 
 from dietpe.data.taskspec import TaskSpec
+from dietpe.data.text import write_text_atomic
 
 ANIMALS = "cat dog fox owl bear wolf deer hare mole crow frog goat".split()
 FRUITS = "apple pear plum fig lime kiwi grape peach melon mango lemon cherry".split()
@@ -145,7 +146,7 @@ def write_builtin(root: str | Path, seed: int = 0, documents: int = 3000, train:
     docs = corpus(seed, documents)
     cut = max(1, len(docs) // 20)  # 5% held out for validation MLM loss
     for name, part in (("train", docs[cut:]), ("valid", docs[:cut])):
-        _write_atomic(paths["corpus"] / f"{name}.txt", "\n\n".join(" ".join(d) for d in part) + "\n")
+        write_text_atomic(paths["corpus"] / f"{name}.txt", "\n\n".join(" ".join(d) for d in part) + "\n")
     makers = {"order": (order_example, "sentence\tlabel"),
               "pair-order": (pair_order_example, "sentence1\tsentence2\tlabel"),
               "topic": (topic_example, "sentence\tlabel"),
@@ -157,11 +158,5 @@ def write_builtin(root: str | Path, seed: int = 0, documents: int = 3000, train:
         paths[name].mkdir(parents=True, exist_ok=True)
         for split, n in (("train", train), ("dev", dev)):
             rows = ["\t".join(make(rng)) for _ in range(n)]
-            _write_atomic(paths[name] / f"{split}.tsv", header + "\n" + "\n".join(rows) + "\n")
+            write_text_atomic(paths[name] / f"{split}.tsv", header + "\n" + "\n".join(rows) + "\n")
     return paths
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)

@@ -1,8 +1,10 @@
 """Reading UTF-8 text for every data reader: invalid bytes are reported by file, line and column (never by a byte
-offset inside a read chunk), and a leading byte-order mark (some official GLUE downloads have one) is dropped."""
+offset inside a read chunk), and a leading byte-order mark (some official GLUE downloads have one) is dropped.
+Writing it atomically for every file a run leaves (`write_text_atomic`)."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -62,3 +64,16 @@ def iter_lines(path: str | Path) -> Iterator[str]:
             if lineno == 1 and line.startswith(BOM):
                 line = line[1:]
             yield line
+
+
+def write_text_atomic(path: str | Path, text: str) -> None:
+    """Write UTF-8 text to a temporary file beside `path` and rename it: a reader (or a rerun after a kill)
+    sees the old file or the new one, never half of it. Creates the parent folder."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)

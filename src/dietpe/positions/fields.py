@@ -15,10 +15,10 @@ import math
 from dataclasses import dataclass
 from typing import Callable
 
+from dietpe.errors import ConfigError
+
 #: `Field.causal_default` when the field defaults alike in every model
 SAME = object()
-
-from dietpe.errors import ConfigError
 
 
 def positive_int(name: str, value) -> None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import shutil
 import sys
@@ -22,6 +21,7 @@ from pathlib import Path
 import torch
 from transformers import TrainerCallback
 
+from dietpe.data.text import write_text_atomic
 from dietpe.errors import ConfigError
 from dietpe.tasks.runtime import is_main_process
 
@@ -33,14 +33,7 @@ _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 
 def write_json_atomic(path: str | Path, obj) -> None:
     """Write JSON to a temporary file and rename it: a reader sees the old file or the new, never half."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=2, sort_keys=False, default=float)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    write_text_atomic(path, json.dumps(obj, indent=2, default=float))
 
 
 def read_json(path: str | Path):
