@@ -86,6 +86,12 @@ def test_bad_names_are_one_line(tmp_path, capsys):
     assert lengths.main(["--data", str(tmp_path / "nowhere"), "-o", str(tmp_path / "out"), "--peers", "diet"]
                         + TINY) == 2
     assert "train.txt: not found" in capsys.readouterr().err
+    # a bad field of a spec: one line, before any output folder exists
+    data = text_folder(tmp_path)
+    assert lengths.main(["--data", str(data), "-o", str(tmp_path / "out"), "--peers", "diet", "--methods",
+                         "alibi,diet-rel:diet_rel_max_distance=-2"] + TINY) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "diet_rel_max_distance=-2" in err and not (tmp_path / "out").exists(), err
 
 
 def test_a_kept_run_with_other_settings_is_trained_again(tmp_path, capsys):

@@ -130,8 +130,7 @@ def offers(peer: str, method: str) -> bool:
 def run_one(peer: str, method: str, train, valid, vocab_size: int, args, log) -> dict:
     from dietpe.tasks.lm import causal_config, length_perplexities, train_lm
 
-    sizes = dict(hidden_size=args.hidden, num_hidden_layers=args.layers, num_attention_heads=args.heads,
-                 intermediate_size=4 * args.hidden)
+    sizes = model_sizes(args)
     config = causal_config(method, sizes, vocab_size, args.length, 0)
     build = {"x-transformers": lambda: x_transformers_lm(method, sizes, vocab_size, args.length),
              "hf-llama": lambda: hf_llama_lm(method, sizes, vocab_size, args.length)}.get(peer)
@@ -175,6 +174,11 @@ def _names(text: str, allowed: tuple[str, ...], option: str) -> list[str]:
     if bad or not names:
         raise ConfigError(f"{option} {text!r}: {', '.join(bad) or 'nothing'} is not one of {', '.join(allowed)}")
     return names
+
+
+def model_sizes(args) -> dict:
+    return dict(hidden_size=args.hidden, num_hidden_layers=args.layers, num_attention_heads=args.heads,
+                intermediate_size=4 * args.hidden)
 
 
 def settings(args) -> dict:
@@ -241,6 +245,10 @@ def run(args) -> int:
         from dietpe.extras import need
 
         need("x_transformers")  # refused before any training
+    from dietpe.tasks.lm import causal_config
+
+    for method in methods:  # each spec's fields checked before any output exists
+        causal_config(method, model_sizes(args), 8, args.length, 0)
     torch.set_num_threads(args.threads)
     train, valid, vocab_size = char_streams(args.data)
     out = Path(args.output_dir)
