@@ -101,7 +101,7 @@ def _mask(attached, mask, causal: bool, lq: int, lk: int, dtype: torch.dtype, de
     if mask is None:
         if not (causal and lq > 1):
             return None, None
-        cache = attached.state.masks if attached.state is not None else {}
+        cache = attached.state.masks if attached.state is not None and not torch.compiler.is_compiling() else {}
         key = ("causal", lq, lk, dtype, flex)
         if key not in cache:
             cache[key] = _causal_block_mask(lq, lk, device) if flex else CausalMask(lq, dtype, device)

@@ -194,7 +194,8 @@ def context(attached, lk: int, device: torch.device) -> Context:
         k_segments = segments if lk == segments.shape[-1] else torch.cat(
             (segments.new_zeros(segments.shape[0], lk - segments.shape[-1]), segments), dim=1)
     ctx = enc.context(q_pos, k_pos, segments, k_segments, starts)
-    state.contexts[lk] = ctx
+    if not torch.compiler.is_compiling():  # a compiled graph cannot hand a context's cache keys back to Python
+        state.contexts[lk] = ctx
     return ctx
 
 
