@@ -144,9 +144,9 @@ def test_cached_decoding_equals_uncached(family, spec):
     x = ids(batch=2, length=10)
     full = model(x).logits
     cache = DynamicCache(config=model.config)
-    steps = [model(x[:, :6], cache=cache, use_cache=True).logits]
+    steps = [model(x[:, :6], past_key_values=cache, use_cache=True).logits]
     for t in range(6, 10):
-        steps.append(model(x[:, t:t + 1], cache=cache, use_cache=True).logits)
+        steps.append(model(x[:, t:t + 1], past_key_values=cache, use_cache=True).logits)
     torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=1e-4)
     generated = model.generate(x[:, :4], max_new_tokens=5, do_sample=False, pad_token_id=0)
     uncached = model.generate(x[:, :4], max_new_tokens=5, do_sample=False, pad_token_id=0, use_cache=False)
@@ -164,17 +164,32 @@ def test_save_and_load_restore_the_method(tmp_path):
     torch.testing.assert_close(loaded(x).logits, model(x).logits, atol=1e-6, rtol=0)
 
 
-def test_gradient_checkpointing_gives_the_same_gradients():
+def enable_checkpointing(model, reentrant: bool):
+    """Hugging Face's activation checkpointing under either of its names (transformers 5.17: gradient_...)."""
+    enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+    enable({"use_reentrant": reentrant})
+
+
+@pytest.mark.parametrize("spec", ["diet-rel", "t5", "alibi", "diet-abs", "diet-rel:sharing=layer"])
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_gradient_checkpointing_gives_the_same_gradients(spec, reentrant):
+    """Reentrant and non-reentrant checkpointing: the terms are rebuilt inside each recomputed layer, so the
+    learned tables get the gradients of a plain backward (reentrant used to fail: a graph shared by layers)."""
     x = ids()
+    w = torch.randn(2, L, V, generator=torch.Generator().manual_seed(3))
     grads = []
     for checkpointing in (False, True):
-        torch.manual_seed(0)  # the same initial table
-        model = dietpe.attach(build("llama"), "diet-rel").train()
+        model = dietpe.attach(build("llama"), spec).train()
+        with torch.no_grad():
+            for i, p in enumerate(method_params(model)):
+                p.normal_(generator=torch.Generator().manual_seed(i))
         if checkpointing:
-            model.activation_checkpointing_enable()
-        model(x, labels=x).loss.backward()
-        grads.append(model.model.diet_positions.encoding.method.r.grad.clone())
-    torch.testing.assert_close(grads[1], grads[0])
+            enable_checkpointing(model, reentrant)
+        (model(x, use_cache=False).logits * w).sum().backward()
+        grads.append([p.grad.clone() for p in method_params(model)] +
+                     [model.model.layers[0].self_attn.q_proj.weight.grad.clone()])
+    for a, b in zip(*grads):
+        torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-4)
 
 
 def test_input_positions_true_keeps_rope():

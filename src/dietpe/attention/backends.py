@@ -321,7 +321,7 @@ def flex(q: Tensor, k: Tensor, v: Tensor, terms: LayerTerms, mask: Tensor | Caus
          dropout_p: float, need_probs: bool = False) -> tuple[Tensor, None]:
     """FlexAttention: every relative, distance and segment term is a score_mod computed from indices and the
     term's own parameters (no (Lq, Lk) bias is built), low-rank terms are folded into q/k as for sdpa, and
-    padding and causality are a block mask."""
+    padding and causality are a block mask (built from the additive mask, or given as a `BlockMask`)."""
     global _compiled_flex
     from torch.nn.attention.flex_attention import flex_attention
 
@@ -334,13 +334,16 @@ def flex(q: Tensor, k: Tensor, v: Tensor, terms: LayerTerms, mask: Tensor | Caus
         raise ConfigError("FlexAttention's backward needs CUDA; on CPU use attn_backend='sdpa' for training "
                           "(flex runs forward-only there)")
     s = scale * terms.score_scale
-    q_raw, mask = q, dense_mask(mask)
+    from torch.nn.attention.flex_attention import BlockMask
+
+    given = mask if isinstance(mask, BlockMask) else None  # a block mask built by the caller (Hugging Face's)
+    q_raw, mask = q, None if given is not None else dense_mask(mask)
     q, k = apply_qk(q, k, terms)
     mods, fold = flex_plan(terms, q_raw)
     q, k = fold_low_rank(q, k, fold, s)
     b, _, lq, _ = q.shape
     lk = k.shape[2]
-    block_mask = _block_mask(mask, b, lq, lk)
+    block_mask = given if given is not None else _block_mask(mask, b, lq, lk)
     score_mod = _summed(mods) if mods else None
     dv = v.shape[-1]
     v_pad = F.pad(v, (0, q.shape[-1] - dv)) if q.shape[-1] != dv else v  # one head size for q, k and v

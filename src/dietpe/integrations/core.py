@@ -1,16 +1,20 @@
 """`attach`: one of diet's position methods inside a Hugging Face model of a common family.
 
-The method's terms enter through Hugging Face's own extension point: an attention function registered with
-`transformers.AttentionInterface` under the name "dietpe", which every attention module of these families
-calls with its q, k, v and 4-D mask. It computes diet's one equation (dietpe.attention.backends: eager, sdpa
-or flex) with the method's `LayerTerms`. The terms are built once per forward, by a forward pre-hook on the
-base model that reads the `position_ids` (or the cache's length) and stashes a `Context` for the layers, so
-`position_ids`, caches, gradient checkpointing and `Trainer` keep their Hugging Face code paths.
+The method's terms enter through Hugging Face's own extension point, the attention function every attention
+module of these families looks up by its implementation name (`dietpe.integrations.dispatch`): a module that
+carries the method computes diet's one equation with the method's `LayerTerms`, through the backend matching
+the model's implementation. The positions of each forward are read by a forward pre-hook on the base model and
+the terms built from them in the layers (`dietpe.integrations.forward`), so `position_ids`, every kind of
+cache, activation checkpointing (reentrant or not), `torch.compile` and `Trainer` keep their Hugging Face code
+paths.
 
 The model's own positions are switched off (RoPE made the identity, a learned input table made to add the
-method's input term instead) unless the spec keeps them (`input_positions=true`). The spec and backend are
-recorded in the config (`config.dietpe`); after `import dietpe`, `from_pretrained` re-attaches the method
-before the weights are loaded (a wrapper around `PreTrainedModel.post_init`).
+method's input term instead) unless the spec keeps them (`input_positions=true`), or unless the method is the
+model's own scheme: `rotary` in a model with RoPE is the model's rotary module itself, with its `rope_type`
+(linear, dynamic, yarn, longrope, llama3, ...) and factors. The spec is recorded in the config
+(`config.dietpe`); after `import dietpe`, `from_pretrained` re-attaches the method before the weights are
+loaded (a wrapper around `PreTrainedModel.post_init`), and `set_attn_implementation` keeps it (a wrapper that
+refuses an implementation that cannot serve it).
 """
 
 from __future__ import annotations
@@ -21,19 +25,13 @@ from typing import Callable
 
 import torch
 from torch import Tensor, nn
-from transformers import AttentionInterface, PreTrainedModel
-from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask
+from transformers import PreTrainedModel
 
 from dietpe.attention.registry import ALL_BACKENDS, serving_backend
-from dietpe.errors import ConfigError, InputError
-from dietpe.positions.context import Context
+from dietpe.errors import ConfigError
+from dietpe.integrations import dispatch
+from dietpe.integrations.forward import ForwardState, pre_hook
 from dietpe.positions.registry import REGISTRY
-from dietpe.positions.terms import EMPTY, LayerTerms
-
-#: the name registered with Hugging Face's attention and mask interfaces
-NAME = "dietpe"
-#: the model's attention implementation -> diet's backend computing the same equation
-BACKEND_OF = {"eager": "eager", "sdpa": "sdpa", "flex_attention": "flex", None: "sdpa"}
 
 
 @dataclass
@@ -43,7 +41,7 @@ class Family:
     model_types: tuple[str, ...]
     #: the base model's self-attention modules, in layer order
     attention_modules: Callable[[nn.Module], list[nn.Module]]
-    #: switch the base model's own positions off and route the method's input term: (base, encoding, keep)
+    #: switch the base model's own positions off and route the method's input term: (base, attached, keep)
     replace_positions: Callable[[nn.Module, "AttachedPositions", bool], None]
     causal: bool
     #: the base model's learned input table (n, D), whose values an attached `absolute` starts from
@@ -52,6 +50,8 @@ class Family:
     segments: bool = False
     #: the input term is added to inputs_embeds by the pre-hook (no learned table to route it through)
     embed_in_hook: bool = False
+    #: checks of the model's config against a method acting inside attention: (config) -> None or ConfigError
+    check: Callable[[object], None] = lambda config: None
 
 
 FAMILIES: dict[str, Family] = {}
@@ -64,147 +64,49 @@ def register_family(family: Family) -> Family:
 
 
 class AttachedPositions(nn.Module):
-    """The attached method's parameters (`encoding`, a `PositionEncoding`) and the state of one forward:
-    the `Context` and every layer's `LayerTerms`, built by the base model's pre-hook."""
+    """The attached method's parameters (`encoding`, a `PositionEncoding`) and the state of one forward
+    (`state`, a `ForwardState` set by the base model's pre-hook).
 
-    def __init__(self, encoding: nn.Module, spec: str, backend: str, causal: bool):
+    backend: diet's backend pinned by `attach(backend=...)`, or None: the one matching the model's attention
+    implementation (`dispatch.BACKEND_OF`). native: the model's own module computes the method (`rotary` in a
+    model with RoPE), which then adds nothing inside attention."""
+
+    def __init__(self, encoding: nn.Module, spec: str, backend: str | None, family: Family):
         super().__init__()
         self.encoding = encoding
-        self.spec, self.backend, self.causal = spec, backend, causal
-        self.ctx: Context | None = None
-        self.terms: list[LayerTerms] = []
-        self.q_ids: Tensor | None = None  # (1|B, L) positions of the forward's tokens
+        self.spec, self.backend, self.family, self.causal = spec, backend, family, family.causal
+        self.native = False
+        self.state: ForwardState | None = None
+        self.unservable: frozenset = frozenset()  # backends "auto" found unable to serve a term
 
     def extra_repr(self) -> str:
-        return f"spec={self.spec!r}, backend={self.backend!r}"
+        return f"spec={self.spec!r}, backend={self.backend or 'auto'!r}"
+
+    @property
+    def acts_in_attention(self) -> bool:
+        """Whether the method adds terms inside attention (else the layers run Hugging Face's own function)."""
+        per_head = REGISTRY[self.config.position].per_head
+        return not self.native and (per_head or self.encoding.head_segments is not None)
 
     def input_term(self, position_ids: Tensor) -> Tensor | None:
         """What the method adds to the token embeddings at `position_ids` (1|B, L), or None."""
         return self.encoding.embed(position_ids, None)
 
+    def recomputing(self, layer: int) -> bool:
+        """Whether layer `layer` runs under activation checkpointing now (its terms are then built inside it)."""
+        owner = self.checkpointed[layer]
+        return bool(owner.training and getattr(owner, "gradient_checkpointing", False) and torch.is_grad_enabled())
 
-def _positions_of(value: Tensor | None, batch: int, length: int, what: str) -> Tensor | None:
-    if value is None:
-        return None
-    if not isinstance(value, Tensor) or value.dtype.is_floating_point or value.dtype == torch.bool:
-        raise InputError(f"{what} must be an integer tensor, got {getattr(value, 'dtype', type(value).__name__)}")
-    if tuple(value.shape) not in ((length,), (1, length), (batch, length)):
-        raise InputError(f"{what} has shape {tuple(value.shape)}, but the input is (batch={batch}, "
-                         f"length={length}): give ({length},), (1, {length}) or ({batch}, {length})")
-    return value.reshape(-1, length)
-
-
-def _pre_hook(attached: AttachedPositions, family: Family, signature: inspect.Signature):
-    """The base model's forward pre-hook: positions of queries and keys, the context and every layer's terms."""
-
-    def hook(module: nn.Module, args: tuple, kwargs: dict):
-        bound = signature.bind_partial(*args, **kwargs).arguments
-        input_ids, embeds = bound.get("input_ids"), bound.get("inputs_embeds")
-        source = input_ids if input_ids is not None else embeds
-        if source is None:
-            return None
-        b, length = source.shape[:2]
-        device = source.device
-        cache = bound.get("past_key_values", bound.get("cache"))
-        if cache is None and "kwargs" in bound:
-            cache = bound["kwargs"].get("past_key_values", bound["kwargs"].get("cache"))
-        self_cache = getattr(cache, "self_attention_cache", cache)
-        past = self_cache.get_seq_length() if self_cache is not None and hasattr(self_cache, "get_seq_length") \
-            else 0
-        q_ids = _positions_of(bound.get("position_ids"), b, length, "position_ids")
-        default = q_ids is None
-        if default:
-            q_ids = torch.arange(past, past + length, device=device)[None]  # (1, L)
-        q_ids = q_ids.to(device)
-        # the keys' positions: the cached tokens' (recorded by earlier steps) and the new ones
-        k_ids = q_ids
-        if past:
-            before = getattr(self_cache, "_dietpe_positions", None)
-            if before is None or before.shape[-1] < past:
-                before = torch.arange(past, device=device)[None]
-            before = before[..., :past]
-            if before.shape[0] != q_ids.shape[0]:
-                rows = max(before.shape[0], q_ids.shape[0])
-                before, q_ids_b = before.expand(rows, -1), q_ids.expand(rows, -1)
-            else:
-                q_ids_b = q_ids
-            k_ids = torch.cat((before, q_ids_b), dim=-1)
-            default = default and getattr(self_cache, "_dietpe_default", True)
-        if self_cache is not None:
-            try:
-                self_cache._dietpe_positions = k_ids
-                self_cache._dietpe_default = default
-            except AttributeError:
-                pass
-        enc = attached.encoding
-        if not default:
-            enc.check(length, None, k_ids)
-        elif enc.max_length is not None and past + length > enc.max_length:
+    def start(self, state: ForwardState, length: int, past) -> None:
+        """A new forward: refuse positions the learned tables cannot serve, then keep its state."""
+        enc = self.encoding
+        if state.record is not None:
+            enc.check(length, None, state.q_ids)
+        elif enc.max_length is not None and isinstance(past, int) and past + length > enc.max_length:
             enc.check(past + length, None, None)
-        segments = bound.get("token_type_ids") if family.segments else None
-        if segments is not None and enc.head_segments is not None:
-            enc.check(length, segments, None)
-        elif enc.head_segments is not None:
-            segments = torch.zeros(b, length, dtype=torch.long, device=device)
-        q_pos = q_ids[0] if q_ids.shape[0] == 1 else q_ids
-        k_pos = k_ids[0] if k_ids.shape[0] == 1 else k_ids
-        if q_pos.dim() != k_pos.dim():
-            q_pos, k_pos = q_ids.expand(k_ids.shape[0], -1), k_ids
-        k_segments = None
-        if segments is not None and past:
-            k_segments = torch.cat((segments.new_zeros(b, past), segments), dim=1)
-        starts = (past, 0) if default else None
-        ctx = enc.context(q_pos, k_pos, segments, k_segments, starts)
-        recompute = module.training and getattr(module, "is_activation_checkpointing", False)
-        terms = [enc.layer_terms(ctx, i) for i in range(len(attached.attention))]
-        attached.terms = [t.for_checkpointing() for t in terms] if recompute else terms
-        attached.ctx, attached.q_ids = ctx, q_ids
-        if family.embed_in_hook:
-            extra = attached.input_term(q_ids)
-            if extra is not None:
-                if embeds is None:
-                    embeds = module.get_input_embeddings()(input_ids)
-                new = dict(bound)
-                new.pop("input_ids", None)
-                new["inputs_embeds"] = embeds + extra.to(embeds.dtype)
-                extra_kwargs = new.pop("kwargs", {})
-                return (), {**new, **extra_kwargs}
-        return None
-
-    return hook
-
-
-def _additive(mask: Tensor | None, dtype: torch.dtype) -> Tensor | None:
-    """The 4-D mask a Hugging Face model gives its attention function (additive or boolean, True = attend) as
-    diet's backends take it: additive, (B|1, 1, Lq|1, Lk)."""
-    if mask is None:
-        return None
-    if mask.dtype == torch.bool:
-        return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, torch.finfo(dtype).min)
-    return mask.to(dtype)
-
-
-def attention(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None,
-              scaling: float | None = None, dropout: float = 0.0, **kwargs):
-    """Hugging Face's attention-function signature over diet's one equation: q (B, H, Lq, Dh), k and v
-    (B, Hkv, Lk, Dh) -> out (B, Lq, H, Dh), probabilities (B, H, Lq, Lk) or None."""
-    attached: AttachedPositions | None = module.__dict__.get("_dietpe")
-    groups = query.shape[1] // key.shape[1]
-    if groups > 1:  # grouped keys: each key head serves `groups` query heads
-        key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
-    if scaling is None:
-        scaling = query.shape[-1] ** -0.5
-    layer = module.__dict__.get("_dietpe_layer")
-    terms = attached.terms[layer] if attached is not None and layer is not None and attached.terms else EMPTY
-    backend = attached.backend if attached is not None else "sdpa"
-    need_probs = backend == "eager"
-    mask = _additive(attention_mask, query.dtype)
-    out, probs = ALL_BACKENDS[backend](query, key, value, terms, mask, scaling, dropout, need_probs)
-    return out.transpose(1, 2).contiguous(), probs
-
-
-AttentionInterface.register(NAME, attention)
-ALL_MASK_ATTENTION_FUNCTIONS.register(NAME, eager_mask)
+        if state.segments is not None and enc.head_segments is not None:
+            enc.check(length, state.segments, None)
+        self.state = state
 
 
 def _families_line() -> str:
@@ -248,14 +150,13 @@ def position_config(model_config, spec: str, causal: bool, heads: int, head_dim:
     keep = bool(fields.pop("input_positions", False))
     if fields["segment"] == "input":
         fields["segment"] = "none"  # the model's own token types stay where they are
-    rope = getattr(model_config, "rope_parameters", None) or {}
-    base = rope.get("rope_theta", getattr(model_config, "rope_theta", 10000.0)) if isinstance(rope, dict) else 1e4
     own = dict(vocab_size=8, hidden_size=heads * head_dim, num_attention_heads=heads, num_hidden_layers=layers,
                max_position_embeddings=getattr(model_config, "max_position_embeddings", None) or 512,
                type_vocab_size=type_vocab_size,
                initializer_range=getattr(model_config, "initializer_range", 0.02))
     if REGISTRY[method.position].uses("rotary_base"):  # the model's own RoPE base, for a method that reads one
-        own["rotary_base"] = float(base)
+        from dietpe.integrations.llama import own_base
+        own["rotary_base"] = own_base(model_config)
     return cls(**{**own, **fields}), keep
 
 
@@ -265,10 +166,11 @@ def attach(model: PreTrainedModel, spec: str, backend: str | None = None, _init:
     Hugging Face model of a supported family, in place; returns the model.
 
     The method replaces the model's own positions (RoPE off, a learned input table replaced) unless the spec
-    says `input_positions=true`. `backend`: diet's backend computing attention (a name registered in
-    `dietpe.attention.registry`: `eager`, `sdpa`, `flex`, `banded`; default: the one matching the model's
-    attn_implementation). The spec is recorded in `config.dietpe`, so
-    `save_pretrained` / `from_pretrained` (after `import dietpe`) restore it."""
+    says `input_positions=true`; `rotary` in a model with RoPE is the model's own rotary module. `backend`:
+    diet's backend computing attention with the method's terms (a name registered in
+    `dietpe.attention.registry`: `eager`, `sdpa`, `flex`, `banded`, ...); default None: the one matching the
+    model's attn_implementation, which `set_attn_implementation` then changes (`dispatch.BACKEND_OF`). The spec
+    is recorded in `config.dietpe`, so `save_pretrained` / `from_pretrained` (after `import dietpe`) restore it."""
     if not isinstance(model, PreTrainedModel):
         raise ConfigError(f"attach: expected a transformers PreTrainedModel, got {type(model).__name__}")
     family = family_of(model)
@@ -278,10 +180,7 @@ def attach(model: PreTrainedModel, spec: str, backend: str | None = None, _init:
             return model  # built from a config that records this method: attached by post_init already
         raise ConfigError(f"attach: this {type(model).__name__} already has a method attached "
                           f"({base.diet_positions.spec!r}); attach to a fresh model")
-    current = model.config._attn_implementation
-    if backend is None:
-        backend = BACKEND_OF.get(current, "sdpa")
-    if backend not in ALL_BACKENDS:
+    if backend is not None and backend not in ALL_BACKENDS:
         raise ConfigError(f"attach: backend={backend!r}; use one of {', '.join(map(repr, ALL_BACKENDS))}")
     modules = family.attention_modules(base)
     c = model.config
@@ -289,44 +188,76 @@ def attach(model: PreTrainedModel, spec: str, backend: str | None = None, _init:
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // heads
     config, keep = position_config(c, spec, family.causal, heads, head_dim, len(modules),
                                    getattr(c, "type_vocab_size", 2) or 2)
+    info = REGISTRY[config.position]
     if config.segment == "per-head" and not family.segments:
         raise ConfigError(f"attach: segment='per-head' needs token_type_ids, which {c.model_type} models do not "
                           f"take; use segment=none")
-    if "input" in REGISTRY[config.position].entry and config.hidden_size != c.hidden_size:
+    if "input" in info.entry and config.hidden_size != c.hidden_size:
         raise ConfigError(f"attach: {config.position!r} adds to the embeddings, but heads × head size "
                           f"{config.hidden_size} differs from hidden_size {c.hidden_size}")
     from dietpe.positions.encoding import PositionEncoding
-    backend = serving_backend(backend, value_terms=REGISTRY[config.position].probabilities).name
-    encoding = PositionEncoding(config)
-    attached = AttachedPositions(encoding, spec, backend, family.causal)
+    if backend is not None:
+        backend = serving_backend(backend, value_terms=info.probabilities).name
+    attached = AttachedPositions(PositionEncoding(config), spec, backend, family)
     attached.config = config  # the method's DietConfig: its limits (max_position_embeddings), causal or not
     if _init:
-        init_encoding(encoding, config.initializer_range)
-        table = family.input_table(base)
-        weight = getattr(encoding.method, "weight", None)
-        if REGISTRY[config.position].bert_table and table is not None and weight is not None \
-                and weight.shape == table.shape:
-            with torch.no_grad():  # the model's own learned table: attaching `absolute` changes nothing
-                weight.copy_(table)
+        _initialise(attached, family, base, config)
     device = next((p.device for p in base.parameters()), torch.device("cpu"))
     dtype = next((p.dtype for p in base.parameters() if p.is_floating_point()), torch.float32)
     if device.type != "meta":
-        attached.to(device=device, dtype=dtype)
-    base.diet_positions = attached
-    object.__setattr__(attached, "attention", modules)  # not submodules: the model owns them
-    for i, m in enumerate(modules):
-        m.__dict__["_dietpe"], m.__dict__["_dietpe_layer"] = attached, i
+        attached.to(device=device, dtype=dtype)  # the model's device and dtype (the method computes in it)
     family.replace_positions(base, attached, keep)
-    signature = inspect.signature(base.forward)
-    base.register_forward_pre_hook(_pre_hook(attached, family, signature), with_kwargs=True)
-    record = {"method": spec, "backend": backend, "attn_implementation": current}
+    if attached.acts_in_attention:
+        family.check(c)
+        reason = dispatch.refusal(c._attn_implementation)
+        if reason:
+            raise ConfigError(f"attach: {reason}")
+    base.diet_positions = attached
+    _wire(attached, base, modules)
+    dispatch.install()
+    record = {"method": spec, "backend": backend}
     for cfg in {id(c): c, id(base.config): base.config}.values():
         cfg.dietpe = record
-        cfg._attn_implementation = NAME
     return model
 
 
+def _initialise(attached: AttachedPositions, family: Family, base: nn.Module, config) -> None:
+    init_encoding(attached.encoding, config.initializer_range)
+    table = family.input_table(base)
+    weight = getattr(attached.encoding.method, "weight", None)
+    if REGISTRY[config.position].bert_table and table is not None and weight is not None \
+            and weight.shape == table.shape:
+        with torch.no_grad():  # the model's own learned table: attaching `absolute` changes nothing
+            weight.copy_(table)
+
+
+def _checkpointed(base: nn.Module, module: nn.Module) -> nn.Module:
+    """The layer whose activation checkpointing covers `module`: its nearest ancestor that Hugging Face
+    checkpoints (a `GradientCheckpointingLayer`), else the module itself."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    names = {id(m): n for n, m in base.named_modules()}
+    path = names[id(module)].split(".")
+    for i in range(len(path) - 1, 0, -1):
+        candidate = base.get_submodule(".".join(path[:i]))
+        if isinstance(candidate, GradientCheckpointingLayer):
+            return candidate
+    return module
+
+
+def _wire(attached: AttachedPositions, base: nn.Module, modules: list[nn.Module]) -> None:
+    """Point the attention modules at the method and hook the base model's forward. The references are plain
+    attributes (the model owns the modules), which `copy.deepcopy` maps onto the copy's own."""
+    object.__setattr__(attached, "attention", modules)
+    object.__setattr__(attached, "checkpointed", [_checkpointed(base, m) for m in modules])
+    attached.forward_params = tuple(inspect.signature(base.forward).parameters)
+    for i, m in enumerate(modules):
+        m.__dict__["_dietpe"], m.__dict__["_dietpe_layer"] = attached, i
+    base.register_forward_pre_hook(pre_hook, with_kwargs=True)
+
+
 _original_post_init = PreTrainedModel.post_init
+_original_set_attn_implementation = PreTrainedModel.set_attn_implementation
 
 
 def _post_init(self: PreTrainedModel) -> None:
@@ -336,8 +267,31 @@ def _post_init(self: PreTrainedModel) -> None:
     record = getattr(self.config, "dietpe", None)
     if isinstance(record, dict) and "method" in record and self.base_model is self \
             and "diet_positions" not in self._modules and getattr(self.config, "model_type", None) in FAMILIES:
-        attach(self, record["method"], record.get("backend"), _init=True)
+        backend = record.get("backend")
+        if backend == dispatch.BACKEND_OF.get(record.get("attn_implementation"), backend) or backend == "sdpa":
+            backend = None  # written before the backend followed the implementation: follow it
+        attach(self, record["method"], backend, _init=True)
+
+
+def _set_attn_implementation(self: PreTrainedModel, attn_implementation, *args, **kwargs):
+    """`PreTrainedModel.set_attn_implementation`, keeping an attached method: its layers then run diet's backend
+    matching the new implementation (a backend pinned by `attach` is released), or the change is refused in
+    one line when the implementation cannot serve the method."""
+    attached = getattr(self.base_model, "_modules", {}).get("diet_positions")
+    requested = attn_implementation if not isinstance(attn_implementation, dict) else \
+        attn_implementation.get("", self.config._attn_implementation)
+    if attached is not None and attached.acts_in_attention:
+        reason = dispatch.refusal(requested)
+        if reason:
+            raise ConfigError(f"set_attn_implementation: the attached method {attached.spec!r} stays; {reason}")
+    out = _original_set_attn_implementation(self, attn_implementation, *args, **kwargs)
+    if attached is not None:
+        attached.backend = None
+        if isinstance(getattr(self.config, "dietpe", None), dict):
+            self.config.dietpe = {**self.config.dietpe, "backend": None}
+    return out
 
 
 if PreTrainedModel.post_init is _original_post_init:
     PreTrainedModel.post_init = _post_init
+    PreTrainedModel.set_attn_implementation = _set_attn_implementation
