@@ -1,0 +1,243 @@
+"""The GPU checklist of docs/gpu.md in one command, sized for one GPU window (about 15 minutes of device time
+with the machine's start, at most 10 minutes a command).
+
+    python scripts/gpu_checklist.py OUT                      every step, at most 9 minutes on one GPU
+    python scripts/gpu_checklist.py OUT --steps tests,flex   some steps
+    python scripts/gpu_checklist.py OUT --dry-run            the plan, and a check that every step's entry starts
+
+Every step has its own time limit (killed with its process group past it) and one summary line in
+OUT/summary.txt. Correctness steps run side by side (they share the GPU; their figures are values, not times);
+timing steps run afterwards, one at a time, with nothing else on the GPU. At most 8 files are written under OUT
+(`summary.txt` and one file per output below); working files (runs, checkpoints, data) go to a temporary folder
+and are deleted. Without CUDA the CPU steps run and the GPU steps are dry-run (their entry points start and
+print their help), so the structure is checked on any machine.
+
+The budget: the longest correctness step plus the sum of the timing steps, at most `BUDGET_S` seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BUDGET_S = 9 * 60
+MAX_FILES = 8
+PY = sys.executable
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step: shell commands run in order within `limit_s` seconds, their output in OUT/<output>.
+
+    phase "check" runs side by side with the other checks, "time" alone afterwards; `gpu` False runs without
+    CUDA too. `probe` is a command that only has to start (exit 0) in a dry run: the step's entry point."""
+
+    name: str
+    phase: str
+    limit_s: int
+    output: str
+    commands: tuple[str, ...]
+    probe: str
+    gpu: bool = True
+    env: dict = field(default_factory=dict)
+
+
+def _dietpe(args: str) -> str:
+    return f"{PY} -m dietpe.cli {args}"
+
+
+CUDA_TESTS = ("tests/attention tests/positions/test_references.py tests/models/test_compile.py "
+              "tests/tasks/test_pipeline.py")
+PRE = "--recipe cpu --steps 300 --batch-size 64 --device-batch-size 64 --threads 4"
+
+
+def steps() -> list[Step]:
+    """The checklist. Paths under {work} are working files, {out} the outputs that come back."""
+    return [
+        Step("preflight", "check", 120, "preflight.txt",
+             (f"{PY} -m pytest -q -p no:cacheprovider tests/attention/test_gpu_paths.py tests/bench/test_cost.py "
+              "tests/test_gpu_checklist.py",),
+             f"{PY} -m pytest --version", gpu=False),
+        Step("tests", "check", 300, "tests.txt",
+             (f"{PY} -m pytest -q -p no:cacheprovider -o console_output_style=classic {CUDA_TESTS}",),
+             f"{PY} -m pytest --version", env={"DIET_TEST_DEVICE": "cuda"}),
+        Step("kernels", "check", 240, "kernels.txt",
+             (f"{PY} -m dietpe.attention.kernels.selftest",
+              f"{PY} -m dietpe.attention.flexcheck"),
+             f"{PY} -m dietpe.attention.flexcheck --help"),
+        Step("compare", "check", 300, "compare.txt",
+             (_dietpe("compare -o {work}/compare --methods none,absolute,diet-rel,diet-abs,t5 --pretrain-seeds 2 "
+                      "--steps 150 --builtin-size 300 --epochs 2 --device cuda --precision bf16 --jobs 4"),
+              "cat {work}/compare/report.md"),
+             _dietpe("compare --help")),
+        Step("train", "check", 300, "train.txt",
+             (f"{PY} -c \"from dietpe.data.synthetic import write_builtin; write_builtin('{{work}}/data', seed=0)\"",
+              _dietpe("pretrain {work}/data/corpus --method diet-rel:segment=per-head --device cuda "
+                      f"--precision bf16 {PRE} -o {{work}}/bf16"),
+              _dietpe("pretrain {work}/data/corpus --method diet-rel:segment=per-head --device cuda "
+                      f"--precision fp32 {PRE} -o {{work}}/fp32"),
+              _dietpe(f"pretrain {{work}}/data/corpus --method t5 --device cuda --deterministic {PRE} -o {{work}}/det_a"),
+              _dietpe(f"pretrain {{work}}/data/corpus --method t5 --device cuda --deterministic {PRE} -o {{work}}/det_b"),
+              f"{PY} {ROOT}/scripts/gpu_checklist.py --compare-runs {{work}}"),
+             _dietpe("pretrain --help")),
+        Step("bench", "time", 120, "bench.md",
+             (_dietpe("bench --device cuda --precision bf16 --shapes bert-base --lengths 512 --batch 8 "
+                      "--methods diet-rel,diet-rel+seg,diet-abs,diet-abs+seg,t5,tupe-a,tupe-r,alibi,kerple,fire,rotary "
+                      "--backends fused,sdpa,flex --repeats 10 --warmup 3 --no-memory --markdown {out}/bench.md"),),
+             _dietpe("bench --help")),
+        Step("attach", "time", 120, "attach.md",
+             (f"{PY} -m dietpe.bench.attach --device cuda --precision bf16 --length 2048 --batch 8 "
+              "--markdown {out}/attach.md",),
+             f"{PY} -m dietpe.bench.attach --help"),
+    ]
+
+
+def budget(chosen: list[Step]) -> int:
+    """Seconds the plan may take: the longest check (they run side by side) plus every timing step."""
+    checks = [s.limit_s for s in chosen if s.phase == "check"]
+    return max(checks, default=0) + sum(s.limit_s for s in chosen if s.phase == "time")
+
+
+def outputs(chosen: list[Step]) -> list[str]:
+    return ["summary.txt", *dict.fromkeys(s.output for s in chosen)]
+
+
+def _run_step(step: Step, out: Path, work: Path, dry: bool) -> tuple[int, float, str]:
+    """Run one step; its output goes to OUT/<output> (appended: steps may share a file, checks never do).
+    Returns (exit status, seconds, one-line result). 124: killed at its limit."""
+    log = out / step.output
+    env = {**os.environ, **step.env, "PYTHONUNBUFFERED": "1"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), str(ROOT), env.get("PYTHONPATH")]))
+    commands = (step.probe,) if dry else step.commands
+    start, rc, last = time.monotonic(), 0, ""
+    deadline = start + step.limit_s
+    with open(log, "a") as f:
+        for command in commands:
+            command = command.format(work=work / step.name, out=out)
+            (work / step.name).mkdir(parents=True, exist_ok=True)
+            f.write(f"$ {command}\n")
+            f.flush()
+            left = deadline - time.monotonic()
+            if left <= 0:
+                rc, last = 124, f"time limit {step.limit_s}s reached before: {command[:80]}"
+                break
+            proc = subprocess.Popen(command, shell=True, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+            try:
+                rc = proc.wait(timeout=left)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                rc, last = 124, f"killed at its time limit of {step.limit_s}s in: {command[:80]}"
+                break
+            if rc != 0:
+                break
+    seconds = time.monotonic() - start
+    if not last:
+        last = _last_line(log)
+    return rc, seconds, last
+
+
+def _last_line(log: Path) -> str:
+    """The step's result line: its last `SUMMARY:` line, else its last non-empty line."""
+    lines = [line.strip() for line in log.read_text(errors="replace").splitlines() if line.strip()]
+    marked = [line[len("SUMMARY:"):].strip() for line in lines if line.startswith("SUMMARY:")]
+    return (marked[-1] if marked else lines[-1] if lines else "")[:200]
+
+
+def _environment() -> str:
+    import torch
+    lines = [f"python {platform.python_version()} torch {torch.__version__} cuda {torch.version.cuda}"]
+    try:
+        import transformers
+        import triton
+        lines.append(f"transformers {transformers.__version__} triton {triton.__version__}")
+    except ImportError as e:
+        lines.append(f"missing: {e.name}")
+    if torch.cuda.is_available():
+        p = torch.cuda.get_device_properties(0)
+        lines.append(f"device {p.name} {p.total_memory / 2**30:.1f} GiB capability {p.major}.{p.minor}")
+    else:
+        lines.append("device: no CUDA (GPU steps dry-run)")
+    return "\n".join(lines)
+
+
+def run(out: Path, names: list[str] | None, dry: bool) -> int:
+    import torch
+    chosen = [s for s in steps() if names is None or s.name in names]
+    unknown = set(names or ()) - {s.name for s in steps()}
+    if unknown:
+        raise SystemExit(f"gpu_checklist: unknown step(s) {sorted(unknown)}; allowed: "
+                         f"{', '.join(s.name for s in steps())}")
+    out.mkdir(parents=True, exist_ok=True)
+    cuda = torch.cuda.is_available()
+    summary = out / "summary.txt"
+    summary.write_text(_environment() + f"\nplan: {len(chosen)} steps, at most {budget(chosen)} s\n")
+    work = Path(tempfile.mkdtemp(prefix="gpu-checklist-"))
+    results: dict[str, tuple[int, float, str, bool]] = {}
+
+    def one(step: Step):
+        step_dry = dry or (step.gpu and not cuda)
+        rc, seconds, line = _run_step(step, out, work, step_dry)
+        results[step.name] = (rc, seconds, line, step_dry)
+        with open(summary, "a") as f:
+            f.write(f"{step.name}{' (dry run)' if step_dry else ''} rc={rc} {seconds:.0f}s/{step.limit_s}s: {line}\n")
+        print(f"[gpu_checklist] {step.name} rc={rc} {seconds:.0f}s: {line}", file=sys.stderr, flush=True)
+
+    checks = [s for s in chosen if s.phase == "check"]
+    with ThreadPoolExecutor(max_workers=max(1, len(checks))) as pool:
+        list(pool.map(one, checks))
+    for step in chosen:
+        if step.phase == "time":
+            one(step)
+    shutil.rmtree(work, ignore_errors=True)
+    print(summary.read_text())
+    return 0 if all(r[0] == 0 for r in results.values()) else 1
+
+
+def compare_runs(work: Path) -> None:
+    """The train step's last command: losses of the bf16 and fp32 runs, and whether the two deterministic runs
+    ended with the same weights."""
+    import json
+
+    from safetensors.torch import load_file
+    root = work
+    loss = {r: json.loads((root / r / "pretrain_results.json").read_text())["val_loss"] for r in
+            ("bf16", "fp32", "det_a", "det_b")}
+    wa, wb = (load_file(root / r / "model" / "model.safetensors") for r in ("det_a", "det_b"))
+    same = wa.keys() == wb.keys() and all((wa[k] == wb[k]).all().item() for k in wa)
+    print(f"SUMMARY: val loss bf16 {loss['bf16']:.4f} fp32 {loss['fp32']:.4f}; deterministic t5 twice: "
+          f"{loss['det_a']!r} vs {loss['det_b']!r}, weights identical: {same}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("out", nargs="?", type=Path, help="where the outputs go (at most 8 files)")
+    parser.add_argument("--steps", help=f"comma-separated steps (default: all: "
+                                        f"{','.join(s.name for s in steps())})")
+    parser.add_argument("--dry-run", action="store_true", help="start each step's entry point only")
+    parser.add_argument("--compare-runs", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.compare_runs:
+        compare_runs(args.compare_runs)
+        return 0
+    if args.out is None:
+        parser.error("give OUT, the folder for the outputs")
+    names = args.steps.split(",") if args.steps else None
+    return run(args.out, names, args.dry_run)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
