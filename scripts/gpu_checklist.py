@@ -94,11 +94,10 @@ def steps() -> list[Step]:
         Step("bench", "time", 120, "bench.md",
              (_dietpe("bench --device cuda --precision bf16 --shapes bert-base --lengths 512 --batch 8 "
                       "--methods diet-rel,diet-rel+seg,diet-abs,diet-abs+seg,t5,tupe-a,tupe-r,alibi,kerple,fire,rotary "
-                      "--backends fused,sdpa,flex --repeats 10 --warmup 3 --no-memory --markdown {out}/bench.md"),),
+                      "--backends fused,sdpa,flex --repeats 10 --warmup 3 --no-memory"),),
              _dietpe("bench --help")),
-        Step("attach", "time", 120, "attach.md",
-             (f"{PY} -m dietpe.bench.attach --device cuda --precision bf16 --length 2048 --batch 8 "
-              "--markdown {out}/attach.md",),
+        Step("attach", "time", 150, "attach.md",
+             (f"{PY} -m dietpe.bench.attach --device cuda --dtype bfloat16 --shapes 8x2048 --budget 120",),
              f"{PY} -m dietpe.bench.attach --help"),
     ]
 
