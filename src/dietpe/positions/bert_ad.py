@@ -67,5 +67,11 @@ class BertAd(PositionMethod):
 
         return ctx.cached(Built(self), build)
 
+    def draw(self, ctx: Context, layer: int) -> Tensor:
+        """The position-to-position correlation (p_i U_Q)(p_j U_K)ᵀ / √(4d), (1|B, H, Lq, Lk): the part of the
+        logits that depends on positions alone (the cross terms read the words)."""
+        add = self.layer_terms(ctx, layer).qk[0]
+        return add.pq @ add.pk.transpose(-1, -2) / math.sqrt(4 * self.head_size)
+
     def position_table(self, length: int) -> Tensor:
         return self.norm(self.p[:length])
