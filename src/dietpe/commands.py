@@ -259,9 +259,10 @@ def register_compare(subparsers) -> None:
     p.add_argument("--tasks", nargs="+", metavar="PATH[=TASK]",
                    help="fine-tuning tasks, each a directory in its official layout (glue/CoLA, xnli, xquad), "
                         "optionally =task-name; default: the built-in tasks " + ", ".join(BUILTIN_TASKS))
-    p.add_argument("--methods", help="comma-separated method specs or named lists (study, study+papers, papers, "
-                                     "papers+none, table5); default: study on built-in data (study+papers with "
-                                     "--budget 2 or more), papers otherwise")
+    p.add_argument("--methods", help="comma-separated method specs or named lists: the papers' tables (papers, "
+                                     "table5, table8, table9, tupe, linformer; docs/recipes.md), study, "
+                                     "study+papers, papers+none, registry, gpu-hour; default: study on built-in "
+                                     "data (study+papers with --budget 2 or more), papers otherwise")
     p.add_argument("-o", "--output-dir", default="diet-compare", help="where runs and the report go")
     p.add_argument("--train-split", help="file prefix of training splits (XNLI: dev) (default: train)")
     p.add_argument("--eval-split", help="file prefix of evaluation splits (XNLI: test) (default: dev)")
@@ -275,6 +276,10 @@ def register_compare(subparsers) -> None:
                    help="scale the study for more time: pre-training steps x N (unless --steps); from N = 2 the "
                         "papers' other rows and fine-tuning protocol (lr grid, median of 3 fine-tuning seeds: "
                         "--ft-recipe study-full), 5 pre-training seeds from N = 3")
+    p.add_argument("--preset", choices=("gpu-hour",),
+                   help="a study sized for a machine on your --corpus and --tasks: 'gpu-hour' is one H100-class GPU "
+                        "for about an hour (bert-small, 4 methods x 3 seeds, lr grid x median of 5 fine-tuning "
+                        "seeds; docs/recipes.md); options given here win")
     add_pretrain_options(p, recipe_default=None)
     add_finetune_options(p, recipe_default=None)
     add_threads_option(p, default=1)

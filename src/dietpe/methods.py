@@ -84,9 +84,13 @@ STUDY_METHODS = ("none", "absolute", "sinusoidal:position_scale=0.2", "tupe-r",
                  "diet-abs:position_rank=2", "diet-abs:position_rank=32",
                  "diet-rel", "diet-rel:segment=input", "diet-rel:sharing=layer", "diet-rel:sharing=head")
 
+# `dietpe compare --preset gpu-hour`: the rows of the claims it is sized to resolve (per-head against input
+# position, DIET-ABS and DIET-REL; TUPE's faster convergence)
+GPU_HOUR_METHODS = ("absolute", "diet-abs", "diet-rel", "tupe-r")
+
 METHOD_LISTS = {"papers": PAPER_METHODS, "table5": TABLE5_METHODS, "table8": TABLE8_METHODS,
                 "table9": TABLE9_METHODS, "tupe": TUPE_METHODS, "linformer": LINFORMER_METHODS,
-                "registry": REGISTRY_METHODS, "papers+none": ("none",) + PAPER_METHODS, "study": STUDY_METHODS,
+                "registry": REGISTRY_METHODS, "gpu-hour": GPU_HOUR_METHODS, "papers+none": ("none",) + PAPER_METHODS, "study": STUDY_METHODS,
                 # the study's rows and every registered method's (docs/study.md: --budget 2)
                 "study+papers": STUDY_METHODS + tuple(m for m in REGISTRY_METHODS if m not in STUDY_METHODS)}
 

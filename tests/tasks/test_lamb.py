@@ -68,3 +68,34 @@ def test_trainer_builds_lamb_with_the_decay_groups_adapted(tmp_path):
     names = {id(p): n for n, p in m.named_parameters()}
     plain = [names[id(p)] for g in opt.param_groups if not g["adapt"] for p in g["params"]]
     assert plain and all("bias" in n or "LayerNorm" in n or "norm" in n.lower() for n in plain)
+
+
+@pytest.mark.parametrize("optimizer, same", [("lamb", True), ("adamw", False)])
+def test_lamb_trains_logit_unit_tables_alike_at_any_stored_scale(optimizer, same):
+    """The `paper` recipe stores DIET-REL's R as used (logit_scale = 1). Under LAMB the stored scale s changes
+    nothing but weight decay's share of the step: Δθ_eff = -η ‖θ_eff‖ u/‖u‖ whatever s. AdamW moves the
+    effective table s times as fast (docs/parametrization.md)."""
+    from dietpe import DietConfig, DietForMaskedLM
+    from dietpe.tasks.optim import parameter_groups
+
+    moved = []
+    for scale in (1.0, 10.0):
+        torch.manual_seed(0)
+        cfg = DietConfig.from_preset("bert-tiny", vocab_size=50, max_position_embeddings=16, position="diet-rel",
+                                     logit_scale=scale, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+        m = DietForMaskedLM(cfg)
+        table = m.diet.positions.method
+        start = table.logit("r").detach().clone()  # the same effective table at both scales (init in logit units)
+        decay = {n for n, _ in m.named_parameters() if "bias" not in n and "LayerNorm" not in n}
+        groups = parameter_groups(m, 1e-2, 0.0, decay)
+        opt = Lamb(groups, lr=1e-2) if optimizer == "lamb" else torch.optim.AdamW(
+            [{k: v for k, v in g.items() if k != "adapt"} for g in groups], lr=1e-2)
+        ids = torch.randint(1, 50, (4, 16), generator=torch.Generator().manual_seed(1))
+        for _ in range(5):
+            m(input_ids=ids, labels=ids).loss.backward()
+            opt.step()
+            opt.zero_grad()
+        moved.append((table.logit("r").detach() - start).norm().item() / start.norm().item())
+    assert (moved[1] == pytest.approx(moved[0], rel=2e-2)) == same  # ε's share differs a little
+    if not same:
+        assert moved[1] > 5 * moved[0]

@@ -118,6 +118,9 @@ PRETRAIN_RECIPES = {
     # 100k, 300k and 600k checkpoints kept for fine-tuning (Fig. 5, Table 1's "mid" rows).
     "tupe": PretrainRecipe(1e-4, 0.01, 512, 256, 1_000_000, 20_000, vocab_size=32768, logit_scale=1.0,
                            max_positions=512, keep_steps=(100_000, 300_000, 600_000)),
+    # `dietpe compare --preset gpu-hour` (docs/recipes.md, "One GPU-hour"): DIET's BERT_SMALL (§3.3: hidden 512, 4
+    # layers, 8 heads), the paper's 128-token blocks, 3,000 steps of 256 blocks (98M tokens), AdamW.
+    "gpu-hour": PretrainRecipe(1e-3, 0.06, 128, 256, 3000, 500, size="bert-small", vocab_size=16000),
     # A budget for a CPU session: same shape, a few hundred steps of bert-mini.
     "cpu": PretrainRecipe(1e-3, 0.06, 128, 32, 600, 100, size="bert-mini", vocab_size=8000),
     # The built-in comparison: the toy size on the generated corpus.
@@ -145,6 +148,9 @@ FINETUNE_RECIPES = {
     # the best configuration; accuracy for every task but CoLA (MCC) and STS-B (Pearson).
     "tupe": FinetuneRecipe((2e-5, 3e-5, 4e-5, 5e-5), 5, 10, 32, 512, warmup=0.06, task_epochs=FIVE_EPOCHS,
                            metrics=ACCURACY, adam_epsilon=1e-6),
+    # --preset gpu-hour: the papers' protocol (a grid, the median of 5 seeds, QQP by accuracy) at learning rates
+    # for a 4-layer model, 3 epochs, evaluated each epoch
+    "gpu-hour": FinetuneRecipe((1e-4, 3e-4), 5, 3, 32, 128, metrics=ACCURACY, adam_epsilon=1e-6),
     "cpu": FinetuneRecipe((1e-4,), 1, 3, 32, 128),
     "toy": FinetuneRecipe((1e-3,), 2, 3, 32, 32),
     # The built-in study (docs/study.md): 8 epochs, at which 1e-3 is the stable learning rate of the grid
