@@ -2,6 +2,7 @@
 (appendix B); docs/recipes.md gives the sentence behind each field and the choices where a paper is silent."""
 
 import argparse
+import json
 
 import pytest
 
@@ -137,3 +138,18 @@ def test_the_study_time_estimate_multiplies_the_plan():
     assert est["pretraining"] == pytest.approx(3 * 0.02 * (3000 + evals))
     assert est["per_finetuning_run"]["a"] == pytest.approx(30 * 0.01 + 3 * (2 * 0.003 + 1.0) + 0.5)
     assert est["finetuning"] == pytest.approx(3 * 10 * est["per_finetuning_run"]["a"])
+
+
+def test_the_study_time_tool_measures_and_estimates(tmp_path, capsys):
+    from dietpe.bench import study_time
+
+    out = tmp_path / "t.json"
+    assert study_time.main(["--device", "cpu", "--precision", "fp32", "--size", "bert-tiny", "--pretrain-batch", "2",
+                            "--steps", "1", "--warmup", "0", "--ft-length", "8", "--json", str(out)]) == 0
+    first = json.loads(out.read_text())
+    assert set(first["measured"]["pre"]) == {"absolute", "diet-abs", "diet-rel", "tupe-r"}
+    assert study_time.main(["--measured", str(out), "--gpu-tflops", "350", "--json", str(out)]) == 0
+    again = json.loads(out.read_text())
+    ratio = again["gpu"]["ratio"]
+    assert again["gpu"]["pre"]["absolute"] == pytest.approx(first["measured"]["pre"]["absolute"] / ratio + 0.008)
+    assert "min (one process" in capsys.readouterr().out

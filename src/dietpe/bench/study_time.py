@@ -32,7 +32,7 @@ import torch
 from dietpe.methods import METHOD_LISTS, parse_method
 from dietpe.study.scheduler import PRESETS
 from dietpe.tasks.recipes import FINETUNE_RECIPES, PRETRAIN_RECIPES, build_config
-from dietpe.tasks.runtime import autocast, resolve_device
+from dietpe.tasks.runtime import autocast, resolve_device, set_determinism
 
 
 def _timed(step, steps: int, warmup: int, device: torch.device) -> float:
@@ -177,7 +177,7 @@ def measure(args, device, pre_r, ft_r, methods) -> dict:
     batch = args.pretrain_batch or pre_r.batch_size
     pre, ft = {}, {}
     for m in methods:
-        config = build_config(m, pre_r.size, pre_r.vocab_size, pre_r.max_length, 0, pre_r.max_positions)
+        config = build_config(m, args.size or pre_r.size, pre_r.vocab_size, pre_r.max_length, 0, pre_r.max_positions)
         pre[m.name] = pretrain_step_seconds(config, batch, pre_r.max_length, pre_r.optimizer, device,
                                             args.precision, args.steps, args.warmup) * pre_r.batch_size / batch
         ft[m.name] = finetune_step_seconds(config, ft_r.batch_size, args.ft_length, device, args.precision,
@@ -219,6 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--preset", default="gpu-hour", choices=sorted(PRESETS))
     ap.add_argument("--device", default=None, choices=("cpu", "cuda"))
     ap.add_argument("--precision", default="bf16", choices=("fp32", "bf16"))
+    ap.add_argument("--size", default=None, help="model size instead of the recipe's (a quick check of this tool)")
     ap.add_argument("--steps", type=int, default=10, help="timed steps of each kind per method")
     ap.add_argument("--warmup", type=int, default=3, help="untimed steps first")
     ap.add_argument("--pretrain-batch", type=int, default=None,
@@ -234,6 +235,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gpu-floor", type=float, default=0.008,
                     help="with --gpu-tflops: seconds a GPU training step spends besides its FLOPs (kernel launches, "
                          "elementwise passes, the Trainer's loop); a third of it per evaluation batch")
+    ap.add_argument("--deterministic", action=argparse.BooleanOptionalAction, default=True,
+                    help="deterministic CUDA algorithms, as `dietpe compare` runs by default")
     ap.add_argument("--measured", help="step times written earlier with --json: estimate again without measuring")
     ap.add_argument("--json", help="also write the figures here")
     args = ap.parse_args(argv)
@@ -243,10 +246,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.measured:
         measured = json.loads(Path(args.measured).read_text())["measured"]
     else:
-        measured = measure(args, resolve_device(args.device), pre_r, ft_r, methods)
+        device = resolve_device(args.device)
+        set_determinism(device, args.deterministic)
+        measured = measure(args, device, pre_r, ft_r, methods)
     pre, ft, ratio = measured["pre"], measured["ft"], None
     if args.gpu_tflops:
-        config = build_config(methods[0], pre_r.size, pre_r.vocab_size, pre_r.max_length, 0)
+        config = build_config(methods[0], args.size or pre_r.size, pre_r.vocab_size, pre_r.max_length, 0)
         cpu = pretrain_flops(config, pre_r.batch_size * pre_r.max_length, pre_r.max_length) / pre[methods[0].name]
         ratio = args.gpu_tflops * 1e12 / cpu
         pre, ft = scaled_to_gpu(measured, ratio, args.gpu_floor)
