@@ -471,7 +471,7 @@ def register_bench(subparsers) -> None:
 # -- analysis --------------------------------------------------------------------------------------------
 def register_analysis(subparsers) -> None:
     p = subparsers.add_parser(
-        "analyze", help="rank and attention pictures of a checkpoint (DIET Fig. 2, 4-8; TUPE Fig. 6)",
+        "analyze", help="rank and attention pictures of a checkpoint (DIET Fig. 2, 4-8; TUPE Fig. 2, 6)",
         description=_doc("dietpe.analysis.cli"))
     p.add_argument("checkpoint", help="a save_pretrained directory (or a pretrain run directory with model/)")
     p.add_argument("--data", required=True, help="text file (one paragraph per line) to sample the batch from")
