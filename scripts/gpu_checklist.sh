@@ -123,8 +123,8 @@ for kind in ("det", "nondet"):
     print(f"{kind}: val_loss {a['val_loss']!r} vs {b['val_loss']!r}; weights identical: {same}")
 EOF
 fi
-if wants study_time; then  # `dietpe compare --preset gpu-hour`'s step times in bf16 and its time (docs/recipes.md)
-    step study_time $PY -m dietpe.bench.study_time --preset gpu-hour --device cuda --precision bf16 \
+if wants study_time; then  # `dietpe compare --plan gpu-hour`'s step times in bf16 and its time (docs/recipes.md)
+    step study_time $PY -m dietpe.bench.study_time --plan gpu-hour --device cuda --precision bf16 \
         --json "$OUT/study_time.json"
 fi
 echo "[gpu_checklist] done: $OUT/summary.txt" >&2

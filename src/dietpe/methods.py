@@ -84,7 +84,7 @@ STUDY_METHODS = ("none", "absolute", "sinusoidal:position_scale=0.2", "tupe-r",
                  "diet-abs:position_rank=2", "diet-abs:position_rank=32",
                  "diet-rel", "diet-rel:segment=input", "diet-rel:sharing=layer", "diet-rel:sharing=head")
 
-# `dietpe compare --preset gpu-hour`: the rows of the claims it is sized to resolve (per-head against input
+# `dietpe compare --plan gpu-hour`: the rows of the claims it is sized to resolve (per-head against input
 # position, DIET-ABS and DIET-REL; TUPE's faster convergence)
 GPU_HOUR_METHODS = ("absolute", "diet-abs", "diet-rel", "tupe-r")
 

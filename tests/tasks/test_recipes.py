@@ -103,20 +103,20 @@ def compare_args(*argv):
 def test_the_gpu_hour_preset_sets_the_study_unless_told(tmp_path):
     from dietpe.tasks import compare
 
-    args = compare_args("--preset", "gpu-hour", "--corpus", "c", "--tasks", "t", "--seeds", "3",
+    args = compare_args("--plan", "gpu-hour", "--corpus", "c", "--tasks", "t", "--seeds", "3",
                         "--ignore-memory-check")
     methods, seeds, s_pre, s_ft, _ = compare.study_settings(args, builtin=False)
     assert [m.name for m in methods] == ["absolute", "diet-abs", "diet-rel", "tupe-r"] and seeds == [0, 1, 2]
     assert (s_pre.size, s_pre.steps, s_pre.batch_size, s_pre.max_length) == ("bert-small", 3000, 256, 128)
     assert len(s_ft.lrs) == 2 and s_ft.seeds == 3 and args.max_validation == 1000  # --seeds 3 wins over 5
-    default = compare.study_settings(compare_args("--preset", "gpu-hour", "--corpus", "c", "--tasks", "t",
+    default = compare.study_settings(compare_args("--plan", "gpu-hour", "--corpus", "c", "--tasks", "t",
                                                   "--ignore-memory-check"), False)[3]
     assert default.seeds == 5 and default.lrs == (1e-4, 3e-4)  # the papers' protocol: a grid, median of 5
 
 
 @pytest.mark.parametrize("argv, message", [
-    (("--preset", "gpu-hour"), "give --corpus"),
-    (("--preset", "gpu-hour", "--corpus", "c", "--tasks", "t", "--budget", "2"), "--budget 2 would scale it"),
+    (("--plan", "gpu-hour"), "give --corpus"),
+    (("--plan", "gpu-hour", "--corpus", "c", "--tasks", "t", "--budget", "2"), "--budget 2 would scale it"),
 ])
 def test_the_preset_is_refused_where_it_cannot_apply(argv, message):
     from dietpe.errors import ConfigError
@@ -130,7 +130,7 @@ def test_the_preset_is_refused_where_it_cannot_apply(argv, message):
 def test_the_study_time_estimate_multiplies_the_plan():
     from dietpe.bench import study_time
 
-    args = argparse.Namespace(preset="gpu-hour", ft_train=[320], ft_eval=[64])
+    args = argparse.Namespace(plan="gpu-hour", ft_train=[320], ft_eval=[64])
     counts = study_time.plan(args)
     assert counts["runs_per_model"] == 10 and counts["ft_steps"] == [30] and counts["pretrain_steps"] == 3000
     est = study_time.estimate(counts, {"a": 0.02}, {"a": (0.01, 0.003)}, load=0.5, save=1.0, batch=256)

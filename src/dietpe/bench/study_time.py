@@ -1,6 +1,6 @@
-"""How long a `dietpe compare --preset` study takes: its step times measured on this machine, times its plan.
+"""How long a `dietpe compare --plan` study takes: its step times measured on this machine, times its plan.
 
-    python -m dietpe.bench.study_time --preset gpu-hour --device cuda --precision bf16      (about a minute)
+    python -m dietpe.bench.study_time --plan gpu-hour --device cuda --precision bf16      (about a minute)
 
 For every method of the preset: a pre-training step (MLM forward, loss, backward, the recipe's optimizer step)
 at the recipe's size and batch, and a fine-tuning step (sequence-pair classification, AdamW, batch 32 at
@@ -30,8 +30,8 @@ from pathlib import Path
 import torch
 
 from dietpe.methods import METHOD_LISTS, parse_method
-from dietpe.study.scheduler import PRESETS
 from dietpe.tasks.recipes import FINETUNE_RECIPES, PRETRAIN_RECIPES, build_config
+from dietpe.tasks.recipes import STUDY_PRESETS as PRESETS
 from dietpe.tasks.runtime import autocast, resolve_device, set_determinism
 
 
@@ -137,7 +137,7 @@ def _counts(text: str) -> list[int]:
 
 def plan(args) -> dict:
     """The preset's counts: pre-trainings, their steps, fine-tuning runs, their steps and evaluations."""
-    p = PRESETS[args.preset]
+    p = PRESETS[args.plan]
     pre, ft = PRETRAIN_RECIPES[p["recipe"]], FINETUNE_RECIPES[p["ft_recipe"]]
     methods = METHOD_LISTS[p["methods"]]
     if len(args.ft_train) != len(args.ft_eval):
@@ -198,7 +198,7 @@ def scaled_to_gpu(measured: dict, ratio: float, floor: float) -> tuple[dict, dic
 
 
 def report(args, measured: dict, pre: dict, ft: dict, ratio: float | None, counts: dict, est: dict) -> str:
-    head = f"preset {args.preset}: step times on {measured['device']} ({measured['precision']})"
+    head = f"plan {args.plan}: step times on {measured['device']} ({measured['precision']})"
     if ratio:
         head += (f" / {ratio:,.0f} (GPU/CPU throughput: {args.gpu_tflops:g} TFLOP/s against this CPU's "
                  f"{args.gpu_tflops * 1e3 / ratio:.1f} GFLOP/s) + {args.gpu_floor * 1e3:.0f} ms per step")
@@ -216,7 +216,7 @@ def report(args, measured: dict, pre: dict, ft: dict, ratio: float | None, count
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m dietpe.bench.study_time", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--preset", default="gpu-hour", choices=sorted(PRESETS))
+    ap.add_argument("--plan", default="gpu-hour", choices=sorted(PRESETS))
     ap.add_argument("--device", default=None, choices=("cpu", "cuda"))
     ap.add_argument("--precision", default="bf16", choices=("fp32", "bf16"))
     ap.add_argument("--size", default=None, help="model size instead of the recipe's (a quick check of this tool)")
@@ -240,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--measured", help="step times written earlier with --json: estimate again without measuring")
     ap.add_argument("--json", help="also write the figures here")
     args = ap.parse_args(argv)
-    p = PRESETS[args.preset]
+    p = PRESETS[args.plan]
     pre_r, ft_r = PRETRAIN_RECIPES[p["recipe"]], FINETUNE_RECIPES[p["ft_recipe"]]
     methods = [parse_method(spec) for spec in METHOD_LISTS[p["methods"]]]
     if args.measured:

@@ -23,6 +23,7 @@ from dietpe.positions.registry import REGISTRY
 from dietpe.tasks import finetune as ft
 from dietpe.tasks import pretrain as pt
 from dietpe.tasks.runtime import set_threads, trainer_device_args
+from dietpe.tasks.recipes import STUDY_PRESETS as PRESETS
 from dietpe.tasks.settings import FinetuneSettings, PretrainJob, PretrainSettings
 
 
@@ -35,23 +36,13 @@ def budget_defaults(budget: int, builtin: bool) -> dict:
                 pretrain_seeds=5 if budget >= 3 else 3)
 
 
-# `dietpe compare --preset NAME`: a study sized for a machine, on the user's corpus and tasks (docs/recipes.md
-# states its sizing and time). Any option given on the command line wins.
-PRESETS = {
-    # one H100-class GPU for about an hour: DIET's BERT_SMALL, 3 pre-training seeds of the claims' main rows, the
-    # papers' fine-tuning protocol (a learning-rate grid, the median of 5 fine-tuning seeds)
-    "gpu-hour": dict(recipe="gpu-hour", ft_recipe="gpu-hour", methods="gpu-hour", pretrain_seeds=3,
-                     max_validation=1000),
-}
-
-
 def preset_defaults(name: str, builtin: bool, budget: int) -> dict:
-    """What --preset NAME sets unless the command line does; refused on the built-in data and with --budget."""
+    """What --plan NAME sets unless the command line does; refused on the built-in data and with --budget."""
     if builtin:
-        raise ConfigError(f"--preset {name} trains on a corpus and tasks you name: give --corpus (e.g. "
+        raise ConfigError(f"--plan {name} trains on a corpus and tasks you name: give --corpus (e.g. "
                           f"wikitext:wikitext-103-raw-v1) and --tasks (e.g. nyu-mll/glue:cola nyu-mll/glue:stsb)")
     if budget != 1:
-        raise ConfigError(f"--preset {name} sets the study's size; --budget {budget} would scale it again: give one")
+        raise ConfigError(f"--plan {name} sets the study's size; --budget {budget} would scale it again: give one")
     return dict(PRESETS[name])
 
 

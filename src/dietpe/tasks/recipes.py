@@ -118,7 +118,7 @@ PRETRAIN_RECIPES = {
     # 100k, 300k and 600k checkpoints kept for fine-tuning (Fig. 5, Table 1's "mid" rows).
     "tupe": PretrainRecipe(1e-4, 0.01, 512, 256, 1_000_000, 20_000, vocab_size=32768, logit_scale=1.0,
                            max_positions=512, keep_steps=(100_000, 300_000, 600_000)),
-    # `dietpe compare --preset gpu-hour` (docs/recipes.md, "One GPU-hour"): DIET's BERT_SMALL (§3.3: hidden 512, 4
+    # `dietpe compare --plan gpu-hour` (docs/recipes.md, "One GPU-hour"): DIET's BERT_SMALL (§3.3: hidden 512, 4
     # layers, 8 heads), the paper's 128-token blocks, 3,000 steps of 256 blocks (98M tokens), AdamW.
     "gpu-hour": PretrainRecipe(1e-3, 0.06, 128, 256, 3000, 500, size="bert-small", vocab_size=16000),
     # A budget for a CPU session: same shape, a few hundred steps of bert-mini.
@@ -148,7 +148,7 @@ FINETUNE_RECIPES = {
     # the best configuration; accuracy for every task but CoLA (MCC) and STS-B (Pearson).
     "tupe": FinetuneRecipe((2e-5, 3e-5, 4e-5, 5e-5), 5, 10, 32, 512, warmup=0.06, task_epochs=FIVE_EPOCHS,
                            metrics=ACCURACY, adam_epsilon=1e-6),
-    # --preset gpu-hour: the papers' protocol (a grid, the median of 5 seeds, QQP by accuracy) at learning rates
+    # --plan gpu-hour: the papers' protocol (a grid, the median of 5 seeds, QQP by accuracy) at learning rates
     # for a 4-layer model, 3 epochs, evaluated each epoch
     "gpu-hour": FinetuneRecipe((1e-4, 3e-4), 5, 3, 32, 128, metrics=ACCURACY, adam_epsilon=1e-6),
     "cpu": FinetuneRecipe((1e-4,), 1, 3, 32, 128),
@@ -158,4 +158,14 @@ FINETUNE_RECIPES = {
     "study": FinetuneRecipe((1e-3,), 1, 8, 32, 32),
     # ... and with --budget 2 or more the papers' protocol: the grid, the median of 3 fine-tuning seeds.
     "study-full": FinetuneRecipe((1e-3, 3e-3), 3, 8, 32, 32),
+}
+
+
+# `dietpe compare --plan NAME`: a study sized for a machine, on the user's corpus and tasks (docs/recipes.md
+# states its sizing and time). Any option given on the command line wins.
+STUDY_PRESETS = {
+    # one H100-class GPU for about an hour: DIET's BERT_SMALL, 3 pre-training seeds of the claims' main rows, the
+    # papers' fine-tuning protocol (a learning-rate grid, the median of 5 fine-tuning seeds)
+    "gpu-hour": dict(recipe="gpu-hour", ft_recipe="gpu-hour", methods="gpu-hour", pretrain_seeds=3,
+                     max_validation=1000),
 }
