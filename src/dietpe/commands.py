@@ -13,7 +13,7 @@ from pathlib import Path
 
 from dietpe import validate as V
 from dietpe.presets import PRESETS
-from dietpe.tasks.recipes import FINETUNE_RECIPES, PRETRAIN_RECIPES, SIZES, STUDY_PRESETS
+from dietpe.tasks.recipes import FINETUNE_RECIPES, PRETRAIN_RECIPES, SIZES, STUDY_PLANS
 
 # Names the parsers offer, kept here so that listing them imports no model code; tests check they match
 # `dietpe.data.mlm.PACKINGS` and `dietpe.models.seq2seq.SEQ2SEQ_PRESETS`.
@@ -276,7 +276,7 @@ def register_compare(subparsers) -> None:
                    help="scale the study for more time: pre-training steps x N (unless --steps); from N = 2 the "
                         "papers' other rows and fine-tuning protocol (lr grid, median of 3 fine-tuning seeds: "
                         "--ft-recipe study-full), 5 pre-training seeds from N = 3")
-    p.add_argument("--plan", choices=sorted(STUDY_PRESETS),
+    p.add_argument("--plan", choices=sorted(STUDY_PLANS),
                    help="a study sized for a machine on your --corpus and --tasks: 'gpu-hour' is one H100-class GPU "
                         "for about an hour (bert-small, 4 methods x 3 seeds, lr grid x median of 5 fine-tuning "
                         "seeds; docs/recipes.md); options given here win")

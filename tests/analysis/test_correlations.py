@@ -39,6 +39,7 @@ def test_the_four_terms_add_up_to_the_first_layers_content_logits(spec):
     torch.testing.assert_close(sum(terms.values()), content, atol=1e-5, rtol=1e-5)
 
 
+@torch.no_grad()
 def test_the_terms_follow_eq_6_for_one_pair():
     """(x_i W_Q)(y_j W_K)ᵀ/√d_h with x, y the word and position parts of LN(w + p + s), written out for (i, j)."""
     m = model()

@@ -2,7 +2,7 @@
 
     python -m dietpe.bench.study_time --plan gpu-hour --device cuda --precision bf16      (about a minute)
 
-For every method of the preset: a pre-training step (MLM forward, loss, backward, the recipe's optimizer step)
+For every method of the plan: a pre-training step (MLM forward, loss, backward, the recipe's optimizer step)
 at the recipe's size and batch, and a fine-tuning step (sequence-pair classification, AdamW, batch 32 at
 `--ft-length` tokens), each the median of `--steps` timed steps after warm-up steps; plus what a fine-tuning run
 spends besides its steps (loading the model, saving a checkpoint with its optimizer state), measured once.
@@ -31,7 +31,7 @@ import torch
 
 from dietpe.methods import METHOD_LISTS, parse_method
 from dietpe.tasks.recipes import FINETUNE_RECIPES, PRETRAIN_RECIPES, build_config
-from dietpe.tasks.recipes import STUDY_PRESETS as PRESETS
+from dietpe.tasks.recipes import STUDY_PLANS
 from dietpe.tasks.runtime import autocast, resolve_device, set_determinism
 
 
@@ -136,8 +136,8 @@ def _counts(text: str) -> list[int]:
 
 
 def plan(args) -> dict:
-    """The preset's counts: pre-trainings, their steps, fine-tuning runs, their steps and evaluations."""
-    p = PRESETS[args.plan]
+    """The plan's counts: pre-trainings, their steps, fine-tuning runs, their steps and evaluations."""
+    p = STUDY_PLANS[args.plan]
     pre, ft = PRETRAIN_RECIPES[p["recipe"]], FINETUNE_RECIPES[p["ft_recipe"]]
     methods = METHOD_LISTS[p["methods"]]
     if len(args.ft_train) != len(args.ft_eval):
@@ -176,18 +176,33 @@ def measure(args, device, pre_r, ft_r, methods) -> dict:
     """The step times of every method (pre-training scaled to the recipe's batch) and the run overheads."""
     batch = args.pretrain_batch or pre_r.batch_size
     pre, ft = {}, {}
+    refused = []  # methods an op of which has no deterministic CUDA kernel: timed without determinism
     for m in methods:
         config = build_config(m, args.size or pre_r.size, pre_r.vocab_size, pre_r.max_length, 0, pre_r.max_positions)
-        pre[m.name] = pretrain_step_seconds(config, batch, pre_r.max_length, pre_r.optimizer, device,
-                                            args.precision, args.steps, args.warmup) * pre_r.batch_size / batch
-        ft[m.name] = finetune_step_seconds(config, ft_r.batch_size, args.ft_length, device, args.precision,
-                                           args.steps, args.warmup)
+
+        def both():
+            return (pretrain_step_seconds(config, batch, pre_r.max_length, pre_r.optimizer, device, args.precision,
+                                          args.steps, args.warmup) * pre_r.batch_size / batch,
+                    finetune_step_seconds(config, ft_r.batch_size, args.ft_length, device, args.precision,
+                                          args.steps, args.warmup))
+        try:
+            pre[m.name], ft[m.name] = both()
+        except RuntimeError as e:
+            if "deterministic" not in str(e):
+                raise
+            print(f"[study_time] {m.name}: {str(e).splitlines()[0]}; timed without deterministic algorithms",
+                  file=sys.stderr)
+            refused.append(m.name)
+            torch.use_deterministic_algorithms(False)
+            pre[m.name], ft[m.name] = both()
+            torch.use_deterministic_algorithms(args.deterministic)
         print(f"[study_time] {m.name}: pre-training {pre[m.name] * 1e3:.1f} ms/step (batch {pre_r.batch_size} x "
               f"{pre_r.max_length}), fine-tuning {ft[m.name][0] * 1e3:.1f} ms/step, evaluation "
               f"{ft[m.name][1] * 1e3:.1f} ms/batch", file=sys.stderr, flush=True)
     load, save = run_overhead_seconds(config)
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    return dict(pre=pre, ft=ft, load=load, save=save, device=where, precision=args.precision)
+    return dict(pre=pre, ft=ft, load=load, save=save, device=where, precision=args.precision,
+                deterministic=args.deterministic and device.type == "cuda", nondeterministic=refused)
 
 
 def scaled_to_gpu(measured: dict, ratio: float, floor: float) -> tuple[dict, dict]:
@@ -216,7 +231,7 @@ def report(args, measured: dict, pre: dict, ft: dict, ratio: float | None, count
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m dietpe.bench.study_time", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--plan", default="gpu-hour", choices=sorted(PRESETS))
+    ap.add_argument("--plan", default="gpu-hour", choices=sorted(STUDY_PLANS))
     ap.add_argument("--device", default=None, choices=("cpu", "cuda"))
     ap.add_argument("--precision", default="bf16", choices=("fp32", "bf16"))
     ap.add_argument("--size", default=None, help="model size instead of the recipe's (a quick check of this tool)")
@@ -240,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--measured", help="step times written earlier with --json: estimate again without measuring")
     ap.add_argument("--json", help="also write the figures here")
     args = ap.parse_args(argv)
-    p = PRESETS[args.plan]
+    p = STUDY_PLANS[args.plan]
     pre_r, ft_r = PRETRAIN_RECIPES[p["recipe"]], FINETUNE_RECIPES[p["ft_recipe"]]
     methods = [parse_method(spec) for spec in METHOD_LISTS[p["methods"]]]
     if args.measured:

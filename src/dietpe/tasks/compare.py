@@ -74,7 +74,7 @@ def study_settings(args, builtin: bool) -> tuple[list[Method], list[int], Pretra
     budget = args.budget
     defaults = scheduler.budget_defaults(budget, builtin)
     if getattr(args, "plan", None):
-        defaults.update(scheduler.preset_defaults(args.plan, builtin, budget))
+        defaults.update(scheduler.plan_defaults(args.plan, builtin, budget))
         args.max_validation = args.max_validation or defaults["max_validation"]
     args.recipe = args.recipe or defaults["recipe"]
     args.ft_recipe = args.ft_recipe or defaults["ft_recipe"]

@@ -163,7 +163,7 @@ FINETUNE_RECIPES = {
 
 # `dietpe compare --plan NAME`: a study sized for a machine, on the user's corpus and tasks (docs/recipes.md
 # states its sizing and time). Any option given on the command line wins.
-STUDY_PRESETS = {
+STUDY_PLANS = {
     # one H100-class GPU for about an hour: DIET's BERT_SMALL, 3 pre-training seeds of the claims' main rows, the
     # papers' fine-tuning protocol (a learning-rate grid, the median of 5 fine-tuning seeds)
     "gpu-hour": dict(recipe="gpu-hour", ft_recipe="gpu-hour", methods="gpu-hour", pretrain_seeds=3,
