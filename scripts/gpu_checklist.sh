@@ -2,6 +2,7 @@
 # The GPU checklist of docs/gpu.md in one go; every output goes under OUT (default gpu-checklist-<UTC time>).
 #
 #   scripts/gpu_checklist.sh [OUT] [STEP ...]      steps: env preflight tests flex bench pretrain determinism
+#                                                  study_time
 #
 # Without a GPU it runs what needs none (environment, the CPU/meta preflight tests), then stops in one line.
 # Each step writes OUT/<step>.txt (and its own files); OUT/summary.txt lists what ran and its exit status.
@@ -9,7 +10,7 @@ set -u
 cd "$(dirname "$0")/.."
 OUT=${1:-gpu-checklist-$(date -u +%Y%m%dT%H%M%SZ)}
 shift || true
-STEPS=${*:-env preflight tests flex bench pretrain determinism}
+STEPS=${*:-env preflight tests flex bench pretrain determinism study_time}
 mkdir -p "$OUT"
 : > "$OUT/summary.txt"
 PY=${PYTHON:-python}
@@ -121,6 +122,10 @@ for kind in ("det", "nondet"):
     same = all((wa[k] == wb[k]).all().item() for k in wa)
     print(f"{kind}: val_loss {a['val_loss']!r} vs {b['val_loss']!r}; weights identical: {same}")
 EOF
+fi
+if wants study_time; then  # `dietpe compare --plan gpu-hour`'s step times in bf16 and its time (docs/recipes.md)
+    step study_time $PY -m dietpe.bench.study_time --plan gpu-hour --device cuda --precision bf16 \
+        --json "$OUT/study_time.json"
 fi
 echo "[gpu_checklist] done: $OUT/summary.txt" >&2
 cat "$OUT/summary.txt"

@@ -85,7 +85,7 @@ COMMANDS = {
     "compare": ("dietpe.tasks.compare", "pre-train and fine-tune every position method; write a report"),
     "translate": ("dietpe.tasks.translate", "train and evaluate encoder-decoder translation models"),
     "bench": ("dietpe.bench.cli", "time and memory of every position method against `none`"),
-    "analyze": ("dietpe.analysis.cli", "rank and attention pictures of a checkpoint (DIET Fig. 2, 4-8; TUPE Fig. 6)"),
+    "analyze": ("dietpe.analysis.cli", "rank and attention pictures of a checkpoint (DIET Fig. 2, 4-8; TUPE Fig. 2, 6)"),
     "lm": ("dietpe.tasks.lm", "causal LMs per position method, then length generalisation"),
     "lengths": ("dietpe.tasks.lengths", "perplexity at 1, 2, 4, 8 times the training length"),
 }

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from dietpe import validate as V
 from dietpe.presets import PRESETS
-from dietpe.tasks.recipes import FINETUNE_RECIPES, PRETRAIN_RECIPES, SIZES
+from dietpe.tasks.recipes import FINETUNE_RECIPES, PRETRAIN_RECIPES, SIZES, STUDY_PLANS
 
 # Names the parsers offer, kept here so that listing them imports no model code; tests check they match
 # `dietpe.data.mlm.PACKINGS` and `dietpe.models.seq2seq.SEQ2SEQ_PRESETS`.
@@ -79,7 +79,9 @@ def add_pretrain_options(p: argparse.ArgumentParser, recipe_default: str = "cpu"
     """Options shared by `dietpe pretrain` and `dietpe compare`; unset ones come from the recipe."""
     g = p.add_argument_group("pre-training")
     g.add_argument("--recipe", choices=sorted(PRETRAIN_RECIPES), default=recipe_default,
-                   help="hyper-parameter preset: 'paper' is DIET Table 7 (500k steps, batch 4096, lr 0.0018); "
+                   help="hyper-parameter preset: 'paper' is DIET Table 7 (500k steps, batch 4096, lr 0.0018, LAMB, "
+                        "512-row tables); 'tupe' TUPE appendix B (1M steps, batch 256, length 512, Adam lr 1e-4); "
+                        "every field in docs/recipes.md; "
                         "'cpu' a CPU-session budget; 'toy' the built-in comparison; 'init' continued "
                         "pre-training of a checkpoint (default: 'cpu', 'init' with --init; compare: 'study' on its "
                         "built-in data, else 'cpu')")
@@ -97,6 +99,15 @@ def add_pretrain_options(p: argparse.ArgumentParser, recipe_default: str = "cpu"
     g.add_argument("--lr", type=V.positive_float, help="peak learning rate")
     g.add_argument("--warmup", type=V.fraction, help="warm-up fraction of the steps, in [0, 1)")
     g.add_argument("--save-steps", type=V.positive_int, help="checkpoint interval in steps")
+    g.add_argument("--keep-steps", type=_steps,
+                   help="comma-separated steps whose model is kept in OUTPUT/steps/step-N (a model folder that "
+                        "`dietpe finetune` takes: TUPE Fig. 5's convergence study); '' keeps none (default: the "
+                        "recipe's, 'tupe': 10%%, 30%%, 60%% of the steps)")
+    g.add_argument("--max-positions", type=V.positive_int,
+                   help="rows of the position tables (max_position_embeddings), at least --max-length (default: "
+                        "the recipe's, 512 in 'paper' and 'tupe', else --max-length)")
+    g.add_argument("--optimizer", choices=("adamw", "lamb"),
+                   help="pre-training optimizer (default: the recipe's; LAMB in 'paper', AdamW elsewhere)")
     g.add_argument("--max-documents", type=V.positive_int, help="use only the first N documents of the corpus")
     g.add_argument("--max-validation", type=V.positive_int,
                    help="score validation MLM loss on the first N validation blocks only (faster evaluations)")
@@ -122,6 +133,17 @@ def add_data_options(g) -> None:
                         "inside each document")
     g.add_argument("--tokenizer-sample", type=V.positive_int, metavar="N",
                    help="train the tokenizer on the first N training documents only (very large corpora)")
+
+
+def _steps(text: str) -> tuple[int, ...]:
+    """--keep-steps: comma-separated positive step numbers, or '' for none."""
+    try:
+        values = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of steps (e.g. 100000,300000)")
+    if any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"{text!r}: steps must be positive")
+    return values
 
 
 def register_pretrain(subparsers) -> None:
@@ -237,9 +259,10 @@ def register_compare(subparsers) -> None:
     p.add_argument("--tasks", nargs="+", metavar="PATH[=TASK]",
                    help="fine-tuning tasks, each a directory in its official layout (glue/CoLA, xnli, xquad), "
                         "optionally =task-name; default: the built-in tasks " + ", ".join(BUILTIN_TASKS))
-    p.add_argument("--methods", help="comma-separated method specs or named lists (study, study+papers, papers, "
-                                     "papers+none, table5); default: study on built-in data (study+papers with "
-                                     "--budget 2 or more), papers otherwise")
+    p.add_argument("--methods", help="comma-separated method specs or named lists: the papers' tables (papers, "
+                                     "table5, table8, table9, tupe, linformer; docs/recipes.md), study, "
+                                     "study+papers, papers+none, registry, gpu-hour; default: study on built-in "
+                                     "data (study+papers with --budget 2 or more), papers otherwise")
     p.add_argument("-o", "--output-dir", default="diet-compare", help="where runs and the report go")
     p.add_argument("--train-split", help="file prefix of training splits (XNLI: dev) (default: train)")
     p.add_argument("--eval-split", help="file prefix of evaluation splits (XNLI: test) (default: dev)")
@@ -253,6 +276,10 @@ def register_compare(subparsers) -> None:
                    help="scale the study for more time: pre-training steps x N (unless --steps); from N = 2 the "
                         "papers' other rows and fine-tuning protocol (lr grid, median of 3 fine-tuning seeds: "
                         "--ft-recipe study-full), 5 pre-training seeds from N = 3")
+    p.add_argument("--plan", choices=sorted(STUDY_PLANS),
+                   help="a study sized for a machine on your --corpus and --tasks: 'gpu-hour' is one H100-class GPU "
+                        "for about an hour (bert-small, 4 methods x 3 seeds, lr grid x median of 5 fine-tuning "
+                        "seeds; docs/recipes.md); options given here win")
     add_pretrain_options(p, recipe_default=None)
     add_finetune_options(p, recipe_default=None)
     add_threads_option(p, default=1)
@@ -433,6 +460,9 @@ def register_bench(subparsers) -> None:
                    help="methods for --long (default: none,diet-rel,diet-rel+seg,t5,alibi,rotary)")
     p.add_argument("--json", default=None, help="also write the results as JSON to this path")
     p.add_argument("--markdown", default=None, help="also write the tables as Markdown to this path")
+    p.add_argument("--params", action="store_true",
+                   help="only count parameters: DIET Table 6 at bert-base with 512-row tables, beside the paper's "
+                        "figures, for Table 6's rows and any --methods (specs or named lists, e.g. papers); no timing")
     add_device_options(p, training=False)
     add_precision_option(p)
     p.set_defaults(func=_later("dietpe.bench.cli", "run"))
@@ -441,7 +471,7 @@ def register_bench(subparsers) -> None:
 # -- analysis --------------------------------------------------------------------------------------------
 def register_analysis(subparsers) -> None:
     p = subparsers.add_parser(
-        "analyze", help="rank and attention pictures of a checkpoint (DIET Fig. 2, 4-8; TUPE Fig. 6)",
+        "analyze", help="rank and attention pictures of a checkpoint (DIET Fig. 2, 4-8; TUPE Fig. 2, 6)",
         description=_doc("dietpe.analysis.cli"))
     p.add_argument("checkpoint", help="a save_pretrained directory (or a pretrain run directory with model/)")
     p.add_argument("--data", required=True, help="text file (one paragraph per line) to sample the batch from")

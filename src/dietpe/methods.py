@@ -16,14 +16,63 @@ from dietpe.config import SHAREABLE_POSITIONS, DietConfig
 from dietpe.errors import ConfigError
 from dietpe.positions.registry import REGISTRY
 
-# The rows of DIET Table 2 (English GLUE) plus the methods the project adds; DIET rows with per-head segments.
-PAPER_METHODS = tuple(m.paper_row for m in REGISTRY.values() if m.paper_row)
+# Every registered method at its row in the papers' comparison (the registry's `paper_row`: DIET's and TUPE's
+# methods, plus XLNet, rotary, ALiBi that the project adds); DIET rows with per-head segments.
+REGISTRY_METHODS = tuple(m.paper_row for m in REGISTRY.values() if m.paper_row)
 
-
-# DIET Table 5: sharing x segment for DIET-REL and DIET-ABS (rank fixed to the head size here).
-TABLE5_METHODS = tuple(f"{p}:segment={s}:sharing={h}" for p in SHAREABLE_POSITIONS
-                       for s in ("input", "per-head") for h in ("none", "head", "layer"))
-
+# The papers' tables, row by row, each spec as the paper describes the row (docs/recipes.md names the sentence
+# behind every field; tests/test_paper_rows.py pins them). At bert-base d_h = 64, so "d_p = 64" is the default
+# rank, written out. The Linformer rows: "Linformer (Wang et al., 2020) with a projection dimension of 32" (§4.1);
+# the rows' "d_p = 32" is that k for Wang et al.'s row, and for DIET-ABS-LIN also the rank of P_Q P_Kᵀ, the
+# symbol's meaning in every other row. Segments: Linformer's projected keys take input segments only.
+LINFORMER_METHODS = (
+    "absolute:attention=linformer:linformer_k=32",                                   # Wang et al. (2020) (d_p=32)
+    "diet-abs:attention=linformer:linformer_k=32:position_rank=32:segment=input",   # DIET-ABS-LIN (d_p=32)
+)
+# DIET Table 2 (and 3: the same rows) and Table 4's Vaswani et al. row.
+PAPER_METHODS = (
+    "absolute",                                     # Devlin et al. (2018): input / input
+    "shaw:shaw_max_distance=1024",                  # Shaw et al. (2018): per-head / input (the range: Table 6)
+    "t5",                                           # Raffel et al. (2020): per-head / input
+    "tupe-r",                                       # Ke et al. (2020): absolute and relative, per-head / input
+    "diet-rel:segment=input",                       # DIET-REL: per-head / input
+    "diet-rel",                                     # DIET-REL: per-head / per-head
+    "diet-abs:position_rank=128:sharing=layer",     # DIET-ABS (d_p=128, share): per-head / per-head
+    *LINFORMER_METHODS,
+    "sinusoidal",                                   # Vaswani et al. (2017), Table 4 (translation)
+)
+# DIET Table 5 (XTREME ablation): sharing x segment for DIET-REL; DIET-ABS's rank d_p 64 to 512.
+TABLE5_METHODS = (
+    "diet-rel:segment=input", "diet-rel:segment=input:sharing=head", "diet-rel:segment=input:sharing=layer",
+    "diet-rel", "diet-rel:sharing=head", "diet-rel:sharing=layer",
+    "diet-abs:position_rank=64:segment=input", "diet-abs:position_rank=64", "diet-abs:position_rank=128",
+    "diet-abs:position_rank=512",
+    "diet-abs:position_rank=64:segment=input:sharing=layer", "diet-abs:position_rank=64:sharing=layer",
+    "diet-abs:position_rank=128:sharing=layer", "diet-abs:position_rank=256:sharing=layer",
+    "diet-abs:position_rank=512:sharing=layer",
+)
+# DIET Table 8 (appendix D, GLUE): position and segment, input against per-head.
+TABLE8_METHODS = (
+    "absolute", "diet-rel:segment=input", "diet-rel",
+    "diet-abs:position_rank=64:segment=input", "diet-abs:position_rank=64",
+    "diet-abs:position_rank=64:sharing=layer", "diet-abs:position_rank=128:sharing=layer",
+)
+# DIET Table 9 (appendix D, GLUE): sharing. Its unshared rows are Table 8's per-head-segment rows (the same
+# scores), so every row has per-head segments.
+TABLE9_METHODS = (
+    "diet-rel", "diet-rel:sharing=layer", "diet-rel:sharing=head",
+    "diet-abs:position_rank=64", "diet-abs:position_rank=128",
+    "diet-abs:position_rank=64:sharing=layer", "diet-abs:position_rank=128:sharing=layer",
+)
+# TUPE Table 1 and §4.3 (the "mid" rows are the 300k-step checkpoints of TUPE-A and TUPE-R: --keep-steps).
+TUPE_METHODS = (
+    "absolute",                   # BERT-A: BERT-Base's absolute positions at the input
+    "t5:input_positions=true",    # BERT-R: absolute input positions and T5's relative bias (eq. 5)
+    "tupe-a",                     # TUPE-A (eq. 10)
+    "tupe-r",                     # TUPE-R (eq. 11)
+    "tupe-a:tupe_reset=false",    # TUPE-A^tie-cls: without the [CLS] reset
+    "bert-ad",                    # BERT-A^d: every correlation, positions through their own projections
+)
 
 # The built-in study (docs/study.md): the rows the claims of `dietpe.study.claims` compare, at the `study` size
 # (d_h = 8, so the default d_p of DIET-ABS is 8). DIET-ABS and DIET-REL take per-head segments unless told;
@@ -35,9 +84,15 @@ STUDY_METHODS = ("none", "absolute", "sinusoidal:position_scale=0.2", "tupe-r",
                  "diet-abs:position_rank=2", "diet-abs:position_rank=32",
                  "diet-rel", "diet-rel:segment=input", "diet-rel:sharing=layer", "diet-rel:sharing=head")
 
-METHOD_LISTS = {"papers": PAPER_METHODS, "table5": TABLE5_METHODS,
-                "papers+none": ("none",) + PAPER_METHODS, "study": STUDY_METHODS,
-                "study+papers": STUDY_METHODS + tuple(m for m in PAPER_METHODS if m not in STUDY_METHODS)}
+# `dietpe compare --plan gpu-hour`: the rows of the claims it is sized to resolve (per-head against input
+# position, DIET-ABS and DIET-REL; TUPE's faster convergence)
+GPU_HOUR_METHODS = ("absolute", "diet-abs", "diet-rel", "tupe-r")
+
+METHOD_LISTS = {"papers": PAPER_METHODS, "table5": TABLE5_METHODS, "table8": TABLE8_METHODS,
+                "table9": TABLE9_METHODS, "tupe": TUPE_METHODS, "linformer": LINFORMER_METHODS,
+                "registry": REGISTRY_METHODS, "gpu-hour": GPU_HOUR_METHODS, "papers+none": ("none",) + PAPER_METHODS, "study": STUDY_METHODS,
+                # the study's rows and every registered method's (docs/study.md: --budget 2)
+                "study+papers": STUDY_METHODS + tuple(m for m in REGISTRY_METHODS if m not in STUDY_METHODS)}
 
 
 @dataclass(frozen=True)
@@ -138,17 +193,26 @@ RUN_FIELDS = {"vocab_size": "the tokenizer (--vocab-size)", "max_position_embedd
 
 
 def parse_methods(text: str) -> list[Method]:
-    """A comma-separated list of specs, or a named list (`papers`, `papers+none`, `table5`)."""
-    specs: list[str] = []
+    """A comma-separated list of specs, or named lists (`METHOD_LISTS`: `papers`, `table5`, `table8`, `table9`,
+    `tupe`, `linformer`, ...). A row that two named lists share (`papers,tupe`: absolute, tupe-r) is kept once;
+    a spec written twice is refused."""
+    items: list[tuple[str, bool]] = []  # (spec, from a named list)
     for item in text.split(","):
         item = item.strip()
         if item:
-            specs.extend(METHOD_LISTS.get(item, (item,)))
-    if not specs:
+            items.extend((spec, True) for spec in METHOD_LISTS[item]) if item in METHOD_LISTS else \
+                items.append((item, False))
+    if not items:
         raise ConfigError("no methods given; e.g. --methods absolute,diet-rel or --methods papers")
-    methods = [parse_method(s) for s in specs]
-    names = [m.name for m in methods]
-    dupes = sorted({n for n in names if names.count(n) > 1})
+    methods: dict[str, tuple[Method, bool]] = {}
+    dupes = set()
+    for spec, listed in items:
+        m = parse_method(spec)
+        if m.name in methods:
+            if not (listed or methods[m.name][1]):
+                dupes.add(m.name)
+            continue
+        methods[m.name] = (m, listed)
     if dupes:
-        raise ConfigError(f"methods listed twice: {dupes}")
-    return methods
+        raise ConfigError(f"methods listed twice: {sorted(dupes)}")
+    return [m for m, _ in methods.values()]

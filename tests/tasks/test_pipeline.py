@@ -171,7 +171,7 @@ def test_method_specs():
     assert (m.position, m.segment, m.sharing) == ("diet-rel", "input", "layer")
     assert methods.parse_method(m.name) == m
     assert methods.parse_method("diet-abs").segment == "per-head" and methods.parse_method("t5").segment == "input"
-    assert [x.name for x in methods.parse_methods("papers")][:2] == ["absolute", "sinusoidal"]
+    assert [x.name for x in methods.parse_methods("registry")][:2] == ["absolute", "sinusoidal"]
     with pytest.raises(ConfigError, match="position='rope'"):
         methods.parse_method("rope")
     with pytest.raises(ConfigError, match="key=value"):

@@ -1,5 +1,5 @@
 """`dietpe analyze CHECKPOINT --data FILE`: the pictures of DIET (Chen et al. 2021) Fig. 2, 4-8 and TUPE (Ke et al.
-2021) Fig. 6 for a checkpoint written by `dietpe pretrain`, `dietpe finetune` or `dietpe translate train`.
+2021) Fig. 2 and 6 for a checkpoint written by `dietpe pretrain`, `dietpe finetune` or `dietpe translate train`.
 
 A checkpoint is a `save_pretrained` directory (or a run directory holding one in `model/`); the class is the
 one its config names in `architectures`, so a seq2seq checkpoint loads whole and its encoder is analysed.

@@ -136,3 +136,20 @@ def plot_segments(position: list[Tensor | None], segment: list[Tensor], segment_
     combined = [s + (p if p is not None else 0) for s, p in zip(segment, position)]
     starts = [i for i in range(1, len(segment_ids)) if segment_ids[i] != segment_ids[i - 1]]
     return plot_patterns(combined, path, title, marks=starts)
+
+
+def plot_correlations(terms: dict[str, Tensor], path: str | Path, title: str) -> Path:
+    """TUPE Fig. 2: one (L, L) heatmap per correlation (word-to-word, word-to-position, position-to-word,
+    position-to-position) on one shared colour scale, so that a uniform term shows as a flat panel."""
+    names = list(terms)
+    mats = [terms[n].detach().float().cpu().numpy() for n in names]
+    v = max(float(np.quantile(np.abs(m), 0.99)) for m in mats) or 1.0
+    fig, axes = plt.subplots(1, len(names), figsize=(3.0 * len(names), 3.4), squeeze=False, layout="constrained")
+    for ax, name, m in zip(axes[0], names, mats):
+        im = ax.imshow(m, cmap="RdBu_r", vmin=-v, vmax=v, interpolation="nearest")
+        ax.set_title(name, fontsize=9)
+        ax.set_xlabel("key j", fontsize=8)
+        ax.set_ylabel("query i", fontsize=8)
+    fig.colorbar(im, ax=axes[0].tolist(), shrink=0.8, label="logit")
+    fig.suptitle(f"{title}\n(one colour scale: the 99th percentile of |logit| over the four)", fontsize=9)
+    return _save(fig, path)

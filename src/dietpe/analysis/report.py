@@ -21,6 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from dietpe.analysis import plots
+from dietpe.analysis import correlations
 from dietpe.analysis.logits import attention_logits, encoder_of
 from dietpe.analysis.patterns import (
     cosine_similarity_matrix,
@@ -105,6 +106,8 @@ class Analysis:
     segment_tables: np.ndarray | None = None  # (layers, H, k, k)
     embeddings: Tensor | None = None  # (n, D) position embeddings, if any
     cosine_pairs: Tensor | None = None
+    correlations: dict[str, Tensor] | None = None  # TUPE Fig. 2: term -> (L, L), first sequence, mean over heads
+    correlation_spread: dict[str, dict[str, float]] | None = None  # term -> mean, std over pairs
 
     def summary(self) -> dict:
         """The numbers as JSON-ready values (what `summary.json` holds and `dietpe compare` may tabulate)."""
@@ -121,6 +124,8 @@ class Analysis:
             out["cosine_similarity"] = {"mean": float(self.cosine_pairs.mean()),
                                         "std": float(self.cosine_pairs.std()),
                                         "min": float(self.cosine_pairs.min())}
+        if self.correlation_spread is not None:
+            out["correlations"] = self.correlation_spread
         return out
 
 
@@ -182,6 +187,12 @@ def analyze(model: nn.Module, batch: dict[str, Tensor] | Tensor, pattern_length:
         table = pe.head_segments.logit("table").detach().float()  # effective Ŝ, (layers|1, H|1, k, k)
         a.segment_tables = table.expand(config.num_hidden_layers, heads, -1, -1).numpy()
 
+    # the four correlations of the first layer (TUPE Fig. 2), for positions added at the input
+    if correlations.has_input_positions(model):
+        terms = correlations.four_correlations(model, batch)
+        a.correlations = {k: t[0].mean(0) for k, t in terms.items()}
+        a.correlation_spread = correlations.spread(terms)
+
     # cosine similarity of position embeddings (Fig. 5)
     a.embeddings = position_embeddings(model, n)
     if a.embeddings is not None:
@@ -206,6 +217,9 @@ PAPER = {
                 "absolute methods it is the average over each diagonal, a summary of the shifting pattern.",
     "segments": "DIET Fig. 6 (DIET-REL, length 32, second segment from index 16, no token-to-token term): some "
                 "heads attend to one segment, others down-weight the relative position pattern across segments.",
+    "correlations": "TUPE Fig. 2 (a pre-trained BERT): the word-to-position and position-to-word terms look "
+                    "uniform across positions — words and absolute positions hardly correlate — so TUPE drops them. "
+                    "The standard deviation over pairs says how much each term can move attention between keys.",
     "cosine": "DIET Fig. 5: BERT's input position embeddings are spread out (low cosine similarity between far "
               "positions); when DIET-ABS per-head positions are added, the input embeddings collapse — all "
               "pairs become similar, carrying almost no information.",
@@ -248,6 +262,15 @@ def _observations(a: Analysis) -> list[str]:
         out.append(f"- Position-embedding cosine similarity over pairs i < j: mean {float(c.mean()):.3f}, "
                    f"std {float(c.std()):.3f}.")
     return out
+
+
+def _correlation_section(a: Analysis, out: Path, title: str) -> list[str]:
+    plots.plot_correlations(a.correlations, out / "correlations.png",
+                            f"{title}: the first layer's four correlations (TUPE eq. 6), first sequence, mean over heads")
+    return ["## Word and position correlations (TUPE Fig. 2)", "", "![correlations](correlations.png)", "",
+            "| term | mean | std over pairs (i, j) |", "|---|--:|--:|",
+            *[f"| {k} | {v['mean']:.3f} | {v['std']:.3f} |" for k, v in a.correlation_spread.items()], "",
+            f"*Paper:* {PAPER['correlations']}", ""]
 
 
 def write_report(a: Analysis, out_dir: str | Path, title: str, source: str = "") -> Path:
@@ -310,6 +333,9 @@ def write_report(a: Analysis, out_dir: str | Path, title: str, source: str = "")
         md += ["## Cosine similarity of position embeddings (DIET Fig. 5)", "",
                "![cosine similarity](cosine_similarity.png)", "", f"*Paper:* {PAPER['cosine']}", ""]
 
+    if a.correlations is not None:
+        md += _correlation_section(a, out, title)
+
     (out / "summary.json").write_text(json.dumps(a.summary(), indent=1) + "\n")
     index = out / "index.md"
     index.write_text("\n".join(md))
@@ -344,7 +370,8 @@ def report(model: nn.Module, tokenizer_or_batch, out_dir: str | Path, *, data: s
 PICTURES = [("ranks.png", "rank (Fig. 2/8)"), ("position_patterns.png", "position-only attention (Fig. 4/7)"),
             ("offset_profiles.png", "logit per offset i − j"),
             ("segment_attention.png", "segment attention (Fig. 6)"),
-            ("cosine_similarity.png", "position-embedding cosine (Fig. 5)")]
+            ("cosine_similarity.png", "position-embedding cosine (Fig. 5)"),
+            ("correlations.png", "word and position correlations (TUPE Fig. 2)")]
 
 
 def compare_section(indexes: dict[str, str | Path], base: str | Path) -> str:

@@ -106,7 +106,28 @@ class _Tables:
         return text
 
 
+def params_table(args) -> int:
+    """`--params`: DIET Table 6 (dietpe.bench.params), counted on the meta device."""
+    from dietpe.bench import params
+    from dietpe.methods import parse_methods
+
+    for path, option in ((args.json, "--json"), (args.markdown, "--markdown")):
+        if path:
+            V.check_output_file(path, option)
+    methods = parse_methods(",".join(args.methods)) if args.methods else []
+    rows = params.table6_rows(methods)
+    text = params.markdown(rows)
+    if args.markdown:
+        write_text_atomic(args.markdown, text)
+    if args.json:
+        write_text_atomic(args.json, json.dumps({"rows": [asdict(r) for r in rows]}, indent=1))
+    print(text)
+    return 0
+
+
 def run(args) -> int:
+    if getattr(args, "params", False):
+        return params_table(args)
     variants, long_variants, peers = _parse(args)
     set_threads(args.threads)
     device = resolve_device(args.device)

@@ -5,7 +5,8 @@ sentence in column 3), the other tasks with a header whose column names are used
 per-language layout (Hu et al. 2020): `{split}-{lang}.tsv`, no header, `premise, hypothesis, label`.
 SQuAD v1.1 JSON (Rajpurkar et al. 2016) for XQuAD, MLQA and TyDiQA-GoldP. Each task names its official
 metrics (GLUE's: Matthews correlation for CoLA, Pearson/Spearman for STS-B, F1 and accuracy for MRPC and
-QQP, accuracy elsewhere; F1/EM for span QA). The first metric selects the best checkpoint.
+QQP, accuracy elsewhere; F1/EM for span QA). The first metric selects the best checkpoint, unless the
+fine-tuning recipe names another (the papers' recipes score QQP and MRPC by accuracy).
 
 Every malformed line, unknown label or missing file is a `DataError` naming the file and line.
 """

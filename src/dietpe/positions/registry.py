@@ -27,6 +27,7 @@ from transformers import PretrainedConfig
 
 from dietpe.positions.absolute import LearnedAbsolute, NoPosition, Sinusoidal
 from dietpe.positions.alibi import ALiBi
+from dietpe.positions.bert_ad import BertAd
 from dietpe.positions.diet import DietAbs, DietRel
 from dietpe.positions.fields import Field
 from dietpe.positions.fire import Fire
@@ -72,6 +73,7 @@ REGISTRY: dict[str, MethodInfo] = {m.name: m for m in (
     MethodInfo.of(T5),
     MethodInfo.of(TupeA),
     MethodInfo.of(TupeR),
+    MethodInfo.of(BertAd),
     MethodInfo.of(DietAbs),
     MethodInfo.of(DietRel),
     MethodInfo.of(Rotary),

@@ -74,16 +74,16 @@ def claim_rows(rows: list[dict]) -> dict[str, dict]:
             for r in rows}
 
 
-def chance_score(data) -> float:
-    """A task's chance: the best constant predictor's first metric on its evaluation labels (majority-class
-    accuracy, all-positive F1, 0 for Matthews or a correlation), averaged over evaluation sets as `task_score`
-    averages; 0 for span QA (a constant answer matches no span)."""
+def chance_score(data, metric: str | None = None) -> float:
+    """A task's chance: the best constant predictor's score in `metric` (default: the task's first) on its
+    evaluation labels (majority-class accuracy, all-positive F1, 0 for Matthews or a correlation), averaged over
+    evaluation sets as `task_score` averages; 0 for span QA (a constant answer matches no span)."""
     from dietpe.data import metrics as M
 
     spec = data.spec
     if spec.kind == "qa":
         return 0.0
-    primary = spec.metrics[0]
+    primary = metric or spec.metrics[0]
     scores = [M.chance([primary], [ex.label for ex in examples], spec.num_labels)[primary]
               for examples in data.evals.values() if examples]
     return float(np.mean(scores)) if scores else float("nan")

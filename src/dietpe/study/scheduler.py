@@ -23,6 +23,7 @@ from dietpe.positions.registry import REGISTRY
 from dietpe.tasks import finetune as ft
 from dietpe.tasks import pretrain as pt
 from dietpe.tasks.runtime import set_threads, trainer_device_args
+from dietpe.tasks.recipes import STUDY_PLANS
 from dietpe.tasks.settings import FinetuneSettings, PretrainJob, PretrainSettings
 
 
@@ -33,6 +34,16 @@ def budget_defaults(budget: int, builtin: bool) -> dict:
                 ft_recipe=("study-full" if budget >= 2 else "study") if builtin else "cpu",
                 methods=("study+papers" if budget >= 2 else "study") if builtin else "papers",
                 pretrain_seeds=5 if budget >= 3 else 3)
+
+
+def plan_defaults(name: str, builtin: bool, budget: int) -> dict:
+    """What --plan NAME sets unless the command line does; refused on the built-in data and with --budget."""
+    if builtin:
+        raise ConfigError(f"--plan {name} trains on a corpus and tasks you name: give --corpus (e.g. "
+                          f"wikitext:wikitext-103-raw-v1) and --tasks (e.g. nyu-mll/glue:cola nyu-mll/glue:stsb)")
+    if budget != 1:
+        raise ConfigError(f"--plan {name} sets the study's size; --budget {budget} would scale it again: give one")
+    return dict(STUDY_PLANS[name])
 
 
 @dataclass(frozen=True)

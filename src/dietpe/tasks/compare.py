@@ -73,6 +73,9 @@ def study_settings(args, builtin: bool) -> tuple[list[Method], list[int], Pretra
     by method name."""
     budget = args.budget
     defaults = scheduler.budget_defaults(budget, builtin)
+    if getattr(args, "plan", None):
+        defaults.update(scheduler.plan_defaults(args.plan, builtin, budget))
+        args.max_validation = args.max_validation or defaults["max_validation"]
     args.recipe = args.recipe or defaults["recipe"]
     args.ft_recipe = args.ft_recipe or defaults["ft_recipe"]
     methods = parse_methods(defaults["methods"] if args.methods is None else args.methods)  # "" is refused
@@ -87,8 +90,8 @@ def study_settings(args, builtin: bool) -> tuple[list[Method], list[int], Pretra
     configs = {}
     for m in methods:
         # the pre-trained models' tables end at the pre-training length
-        check_length(m.position, s_ft.max_length, s_pre.max_length, "fine-tuning length ",
-                     "lower --ft-max-length or raise --max-length", ConfigError)
+        check_length(m.position, s_ft.max_length, s_pre.positions, "fine-tuning length ",
+                     "lower --ft-max-length or raise --max-length (or --max-positions)", ConfigError)
         configs[m.name] = pt.check_before_work(m, s_pre, args.device_batch_size, args.device,
                                                not args.ignore_memory_check)
     return methods, pretrain_seeds, s_pre, s_ft, configs
@@ -148,7 +151,7 @@ def _main(args) -> int:
     jobs = scheduler.job_count(args.jobs, len(units), args.threads)
     info = dict(command="dietpe " + " ".join(shlex.quote(a) for a in sys.argv[1:]), corpus=corpus, builtin=builtin,
                 tasks={t: d.source for t, d in tasks.items()}, methods=[m.name for m in methods],
-                chance={t: chance_score(d) for t, d in tasks.items()},
+                chance={t: chance_score(d, s_ft.metric_order(d.spec)[0]) for t, d in tasks.items()},
                 pretrain=s_pre.record(), finetune=s_ft.record(), pretrain_seeds=pretrain_seeds,
                 budget=args.budget, seconds=0.0, processes=int(os.environ.get("WORLD_SIZE", "1")),
                 jobs=jobs, threads=args.threads)

@@ -94,7 +94,8 @@ class Scorer:
             else:
                 feats = encode_pairs(examples, tokenizer, s.max_length, self.spec.kind == "regression")
                 self.sets[name] = (ListDataset(feats), np.array([f["labels"] for f in feats]))
-        self.primary = self.spec.metrics[0]
+        self.metrics = s.metric_order(self.spec)  # the recipe's selecting metric first (QQP by accuracy)
+        self.primary = self.metrics[0]
         self.select_on = select_on if select_on in self.sets else None
 
     def score(self, name: str, predictions) -> dict[str, float]:
@@ -187,8 +188,9 @@ def run_one(model_dir: Path, data: TaskData, train_set: ListDataset, scorer: Sco
     per_device, accumulation = batch_layout(s.batch_size, s.batch_size)
     steps_per_epoch = max(1, len(train_set) // s.batch_size)
     args = TrainingArguments(
-        output_dir=str(out), num_train_epochs=s.epochs, learning_rate=lr, warmup_steps=s.warmup,
+        output_dir=str(out), num_train_epochs=s.epochs_for(spec.name), learning_rate=lr, warmup_steps=s.warmup,
         lr_scheduler_type="linear", weight_decay=s.weight_decay, max_grad_norm=s.max_grad_norm,
+        adam_epsilon=s.adam_epsilon,
         per_device_train_batch_size=per_device, per_device_eval_batch_size=128,
         gradient_accumulation_steps=accumulation,
         eval_strategy="steps" if s.eval_steps else "epoch", eval_steps=s.eval_steps,
@@ -211,8 +213,8 @@ def run_one(model_dir: Path, data: TaskData, train_set: ListDataset, scorer: Sco
     trainer.accelerator.wait_for_everyone()
     start = time.time()
     train_resumable(trainer, resume)
-    if not trainer.history:  # fewer steps than one evaluation interval
-        trainer.evaluate()
+    if not trainer.history or trainer.history[-1]["step"] != trainer.state.global_step:
+        trainer.evaluate()  # the last step is a checkpoint too (fewer steps than an interval, or between two)
     best = max(trainer.history, key=lambda h: h["score"])
     if save_model and is_main_process():
         final, tmp = out / "model", out / "model.tmp"
@@ -225,8 +227,10 @@ def run_one(model_dir: Path, data: TaskData, train_set: ListDataset, scorer: Sco
                 train_loss=[(r["step"], r["loss"]) for r in trainer.state.log_history if "loss" in r])
 
 
-def summarise(runs: list[dict], spec, select_on: str | None) -> dict:
-    """Median over seeds per learning rate (each metric of each evaluation set); the best learning rate."""
+def summarise(runs: list[dict], spec, select_on: str | None, metrics: tuple[str, ...] | None = None) -> dict:
+    """Median over seeds per learning rate (each metric of each evaluation set); the best learning rate.
+    `metrics`: the task's metrics, the selecting one first (default: the task's order)."""
+    metrics = tuple(metrics or spec.metrics)
     by_lr: dict[float, list[dict]] = {}
     for r in runs:
         by_lr.setdefault(r["lr"], []).append(r)
@@ -243,8 +247,8 @@ def summarise(runs: list[dict], spec, select_on: str | None) -> dict:
     best = per_lr[best_lr]
     sets = list(best["metrics"])
     # The table's numbers: each metric averaged over the evaluation sets (languages, MNLI m/mm).
-    averaged = {k: float(np.mean([best["metrics"][n][k] for n in sets])) for k in spec.metrics}
-    return dict(task=spec.name, kind=spec.kind, metrics=list(spec.metrics), primary=spec.metrics[0],
+    averaged = {k: float(np.mean([best["metrics"][n][k] for n in sets])) for k in metrics}
+    return dict(task=spec.name, kind=spec.kind, metrics=list(metrics), primary=metrics[0],
                 select_on=select_on, best_lr=best_lr, score=best["score"], averaged=averaged,
                 per_set=best["metrics"], per_lr={str(k): v for k, v in per_lr.items()})
 
@@ -298,11 +302,11 @@ def run_finetune(model_dir: str | Path, data: TaskData, output_dir: str | Path, 
                 for _, folder, _ in checkpoints(out):  # finished: its checkpoints are no longer needed
                     shutil.rmtree(folder, ignore_errors=True)
             runs.append(result)
-    summary = summarise(runs, spec, scorer.select_on)
+    summary = summarise(runs, spec, scorer.select_on, scorer.metrics)
     summary["runs"] = [{k: r[k] for k in ("lr", "seed", "best", "seconds")} for r in runs]
     if is_main_process():
         write_json_atomic(output_dir / SUMMARY, summary)
-    metric_text = " / ".join(f"{k} {summary['averaged'][k]:.2f}" for k in spec.metrics)
+    metric_text = " / ".join(f"{k} {summary['averaged'][k]:.2f}" for k in scorer.metrics)
     log(f"{spec.name}: {metric_text} (median of {s.seeds} seed(s) at lr {summary['best_lr']:g})")
     return summary
 

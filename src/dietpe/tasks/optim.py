@@ -9,6 +9,9 @@ and XLNet's relative embeddings, input segments) does not. Each method names its
 every other parameter is trained as before. Since the tables are stored over `DietConfig.logit_scale` (10 by
 default; `dietpe.positions.method`), one learning rate trains them and this rule is an option, 1 in every
 recipe (evidence: docs/parametrization.md); it multiplies with the stored scale.
+
+The same groups serve LAMB (`--optimizer lamb`, dietpe.tasks.lamb): the groups without weight decay (biases,
+layer norms) take no trust ratio either.
 """
 
 from __future__ import annotations
@@ -33,7 +36,8 @@ def logit_parameter_names(model: nn.Module) -> set[str]:
 def parameter_groups(model: nn.Module, lr: float, weight_decay: float, decay_names: set[str] | list[str],
                      logit_lr_scale: float = 1.0) -> list[dict]:
     """AdamW groups: (decay, no decay) × (other, logit-unit); logit-unit groups carry lr × logit_lr_scale.
-    Empty groups are dropped; the order (and so the optimizer state layout) is fixed."""
+    Empty groups are dropped; the order (and so the optimizer state layout) is fixed. `adapt`: LAMB's trust
+    ratio, for the groups with weight decay (AdamW ignores the key)."""
     logit = logit_parameter_names(model)
     decay_names = set(decay_names)
     groups = []
@@ -43,23 +47,33 @@ def parameter_groups(model: nn.Module, lr: float, weight_decay: float, decay_nam
                       if p.requires_grad and (n in logit) == is_logit and (n in decay_names) == decays]
             if params:
                 groups.append(dict(params=params, weight_decay=weight_decay if decays else 0.0,
-                                   lr=lr * (logit_lr_scale if is_logit else 1.0)))
+                                   lr=lr * (logit_lr_scale if is_logit else 1.0), adapt=decays))
     return groups
 
 
 class LogitLrTrainer(SeededTrainer):
-    """`SeededTrainer` whose AdamW gives logit-unit position parameters `logit_lr_scale` × the learning rate."""
+    """`SeededTrainer` whose AdamW (or LAMB, `optimizer="lamb"`) gives logit-unit position parameters
+    `logit_lr_scale` × the learning rate."""
 
-    def __init__(self, *args, logit_lr_scale: float = 1.0, **kwargs):
+    def __init__(self, *args, logit_lr_scale: float = 1.0, optimizer: str = "adamw", **kwargs):
         super().__init__(*args, **kwargs)
         self.logit_lr_scale = float(logit_lr_scale)
+        self.optimizer_name = optimizer
 
     def create_optimizer(self, model=None):
-        if self.logit_lr_scale == 1.0 or self.optimizer is not None:
+        if (self.logit_lr_scale == 1.0 and self.optimizer_name == "adamw") or self.optimizer is not None:
             return super().create_optimizer(model)
         opt_model = self.model if model is None else model
         groups = parameter_groups(opt_model, self.args.learning_rate, self.args.weight_decay,
                                   self.get_decay_parameter_names(opt_model), self.logit_lr_scale)
+        if self.optimizer_name == "lamb":
+            from dietpe.tasks.lamb import Lamb
+
+            a = self.args
+            self.optimizer = Lamb(groups, lr=a.learning_rate, betas=(a.adam_beta1, a.adam_beta2), eps=a.adam_epsilon)
+            return self.optimizer
+        for group in groups:
+            group.pop("adapt")
         optimizer_cls, optimizer_kwargs = self.get_optimizer_cls_and_kwargs(self.args, opt_model)
         self.optimizer = optimizer_cls(groups, **optimizer_kwargs)
         return self.optimizer

@@ -192,7 +192,9 @@ def build_model(job: PretrainJob, tok, log):
     method = job.method
     if not job.init:
         if job.config is None:
-            config = build_config(method, job.settings.size, len(tok), job.settings.max_length, tok.pad_token_id)
+            s = job.settings
+            config = build_config(method, s.size, len(tok), s.max_length, tok.pad_token_id, s.positions,
+                                  logit_scale=s.logit_scale)
         else:  # validated before the work began: only the tokenizer's sizes are new
             config = copy.deepcopy(job.config)
             config.vocab_size, config.pad_token_id = len(tok), tok.pad_token_id
@@ -210,17 +212,48 @@ def build_model(job: PretrainJob, tok, log):
     return config, model
 
 
+def save_model_folder(model, tok, config, final: Path) -> None:
+    """A model folder (safetensors, config, tokenizer) that `from_pretrained` and `dietpe finetune` take, written
+    whole or not at all."""
+    tmp = final.with_name(final.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    # a learned input table's length bounds the tokenizer's; other methods leave it unbounded
+    save_tokenizer(tok, tmp, config.max_position_embeddings if REGISTRY[config.position].learned_table else None)
+    shutil.rmtree(final, ignore_errors=True)
+    tmp.rename(final)
+
+
+def kept_model_dir(output_dir: Path, step: int) -> Path:
+    """Where the model of a kept step (--keep-steps) lies: OUTPUT/steps/step-N."""
+    return Path(output_dir) / "steps" / f"step-{step}"
+
+
+def keep_steps_callback(keep: tuple[int, ...], tok, config):
+    """Saves a checkpoint at every kept step and writes its model folder (`kept_model_dir`) before
+    `CompleteCheckpoints` marks the checkpoint complete: a kill in between leaves an incomplete checkpoint,
+    which the resume deletes and trains again, so the folder is written again too."""
+    from transformers import TrainerCallback
+
+    class KeepSteps(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step in keep:
+                control.should_save = True
+            return control
+
+        def on_save(self, args, state, control, model=None, **kwargs):
+            if state.global_step in keep and state.is_world_process_zero:
+                save_model_folder(model, tok, config, kept_model_dir(Path(args.output_dir), state.global_step))
+            return control
+
+    return KeepSteps()
+
+
 def save_model(job: PretrainJob, trainer, tok, config, val_loss: float, seconds: float, log) -> dict:
     """The final model (safetensors, with its tokenizer) and the results, each written whole or not at all."""
     method, output_dir = job.method, job.output_dir
     final = output_dir / "model"
-    tmp = output_dir / "model.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    trainer.model.save_pretrained(tmp, safe_serialization=True)
-    # a learned input table's length bounds the tokenizer's; other methods leave it unbounded
-    save_tokenizer(tok, tmp, config.max_position_embeddings if REGISTRY[method.position].learned_table else None)
-    shutil.rmtree(final, ignore_errors=True)
-    tmp.rename(final)
+    save_model_folder(trainer.model, tok, config, final)
     results = dict(method=method.name, position=method.position, segment=method.segment,
                    sharing=method.sharing, val_loss=val_loss, perplexity=math.exp(min(val_loss, 50)),
                    steps=trainer.state.global_step, seconds=seconds, processes=trainer.args.world_size,
@@ -248,7 +281,7 @@ def run_pretrain(job: PretrainJob, prepared=None) -> dict:
         shutil.rmtree(output_dir)
     per_device, accumulation = batch_layout(s.batch_size, job.device_batch_size)
     check_run_settings(output_dir, run_record(job, per_device, accumulation, prepared), "--overwrite",
-                       products=("model", "tokenizer", RESULTS))
+                       products=("model", "tokenizer", RESULTS, "steps"))
     done = output_dir / RESULTS
     if done.is_file() and (output_dir / "model" / "config.json").is_file():
         log(f"{output_dir}: finished earlier, reusing it (--overwrite to redo)")
@@ -271,9 +304,10 @@ def run_pretrain(job: PretrainJob, prepared=None) -> dict:
     config, model = build_model(job, tok, log)
     log(f"{method.name}: {sum(p.numel() for p in model.parameters()):,} parameters, {s.steps:,} steps of "
         f"batch {s.batch_size} ({per_device} x {accumulation} accumulation x {args.world_size} process(es))")
+    kept = [keep_steps_callback(s.keep_steps, tok, config)] if s.keep_steps else []
     trainer = LogitLrTrainer(model=model, args=args, train_dataset=train_set, eval_dataset=val_set,
-                             data_collator=collator, callbacks=[CompleteCheckpoints()],
-                             logit_lr_scale=s.logit_lr_scale)
+                             data_collator=collator, callbacks=[*kept, CompleteCheckpoints()],
+                             logit_lr_scale=s.logit_lr_scale, optimizer=s.optimizer)
     replace_progress(trainer, ProgressBar(job.description or f"pretrain {method.name}"))
     resume = None if job.overwrite else resumable_checkpoint(output_dir, remove_incomplete=is_main_process())
     trainer.accelerator.wait_for_everyone()
@@ -293,7 +327,7 @@ def check_before_work(method: Method, s: PretrainSettings, device_batch_size: in
                       memory_check: bool = True) -> DietConfig:
     """What can be refused without reading data: the model's shape at this size, the batch layout, and a
     model and batch far beyond the memory available. Returns the model's config (`PretrainJob.config`)."""
-    config = build_config(method, s.size, s.vocab_size, s.max_length, 0)
+    config = build_config(method, s.size, s.vocab_size, s.max_length, 0, s.positions, logit_scale=s.logit_scale)
     per_device, _ = batch_layout(s.batch_size, device_batch_size)
     if memory_check:
         check_memory(config, per_device, s.max_length, device,

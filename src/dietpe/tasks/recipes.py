@@ -1,5 +1,8 @@
-"""Model sizes and the papers' recipes (DIET appendix A, Table 7): what `dietpe pretrain`, `dietpe finetune` and
-`dietpe compare` train with unless the command line says otherwise."""
+"""Model sizes and the papers' recipes (DIET appendix A, Table 7; TUPE appendix B, its Table 2): what `dietpe
+pretrain`, `dietpe finetune` and `dietpe compare` train with unless the command line says otherwise.
+
+`paper` and `tupe` are the papers' settings field by field; where a paper is silent the choice is named in
+docs/recipes.md with its reason (tests/tasks/test_recipes.py pins each field to the paper's table)."""
 
 from __future__ import annotations
 
@@ -25,7 +28,8 @@ SIZES: dict[str, tuple[str, dict]] = {
 
 
 def build_config(method: Method, size: str, vocab_size: int, max_length: int, pad_token_id: int,
-                 max_position_embeddings: int | None = None, dropout: float | None = None) -> DietConfig:
+                 max_position_embeddings: int | None = None, dropout: float | None = None,
+                 logit_scale: float | None = None) -> DietConfig:
     from dietpe.config import DietConfig
     from dietpe.positions.encoding import check_length
 
@@ -37,6 +41,8 @@ def build_config(method: Method, size: str, vocab_size: int, max_length: int, pa
                  ConfigError)
     if dropout is not None:
         overrides = {**overrides, "hidden_dropout_prob": dropout, "attention_probs_dropout_prob": dropout}
+    if logit_scale is not None:  # the recipe's parametrization; a spec's own logit_scale= still wins
+        overrides = {**overrides, "logit_scale": logit_scale}
     fields = {**overrides, **method.config_fields()}  # a method's fields override the size preset's
     return DietConfig.from_preset(preset, **fields, vocab_size=vocab_size, max_position_embeddings=max_positions,
                                   pad_token_id=pad_token_id)
@@ -66,6 +72,14 @@ class PretrainRecipe:
     # learning rate of logit-unit position parameters relative to learning_rate, every method alike
     # (dietpe.tasks.optim): an option; the stored scale (DietConfig.logit_scale) makes 1 train them
     logit_lr_scale: float = 1.0
+    optimizer: str = "adamw"          # or "lamb" (dietpe.tasks.lamb)
+    # DietConfig.logit_scale of every model: None keeps the config's default (10); 1 stores the logit-unit
+    # tables as used, the parametrization a paper trains (docs/parametrization.md)
+    logit_scale: float | None = None
+    max_positions: int | None = None  # rows of the position tables; None: max_length
+    # steps whose model is kept besides the last (a convergence study fine-tunes them; TUPE Fig. 5); with
+    # --steps the recipe's are scaled to the new length
+    keep_steps: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -78,11 +92,35 @@ class FinetuneRecipe:
     warmup: float = 0.1
     weight_decay: float = 0.01
     max_grad_norm: float = 1.0
+    eval_steps: int | None = None    # evaluate (and checkpoint) every N steps; None: every epoch
+    # epochs by task name (`TaskSpec.name`), where they differ from `epochs` ("5 or 10 epochs")
+    task_epochs: tuple[tuple[str, float], ...] = ()
+    # the metric that picks the best evaluation and is reported, by task name, where it is not the task's first
+    metrics: tuple[tuple[str, str], ...] = ()
+    adam_epsilon: float = 1e-8
 
+
+# The papers' "5 or 10 epochs": TUPE's Table 2 footnote says which (DIET's Table 7 has the same words):
+# five for the large tasks, ten for the others.
+FIVE_EPOCHS = (("MNLI", 5.0), ("QQP", 5.0), ("QNLI", 5.0))
+# Both papers report QQP (and TUPE MRPC) by accuracy
+ACCURACY = (("QQP", "accuracy"), ("MRPC", "accuracy"))
 
 PRETRAIN_RECIPES = {
-    # DIET appendix A, Table 7 (English): 500k steps, lr 0.0018, warm-up 2.5%, length 128, batch 4096.
-    "paper": PretrainRecipe(1.8e-3, 0.025, 128, 4096, 500_000, 20_000),
+    # DIET appendix A, Table 7 (English): 500k steps, lr 0.0018, warm-up 2.5%, length 128, batch 4096, a
+    # checkpoint every 20k steps, a 30,000-token WordPiece vocabulary (§4.1), BERT-base, 512-row position tables
+    # (Table 6's counts), logit-unit tables stored as used. The optimizer is not named: LAMB, whose BERT recipe at
+    # batch 4096 is this learning rate and warm-up (docs/recipes.md).
+    "paper": PretrainRecipe(1.8e-3, 0.025, 128, 4096, 500_000, 20_000, optimizer="lamb", logit_scale=1.0,
+                            max_positions=512),
+    # TUPE appendix B, Table 2: 1M steps, batch 256, length 512, Adam (eps 1e-6, betas 0.9/0.999), lr 1e-4 with a
+    # 10k-step (1%) warm-up then linear decay, clip 1.0, weight decay 0.01, dropout 0.1, vocabulary 32,768; the
+    # 100k, 300k and 600k checkpoints kept for fine-tuning (Fig. 5, Table 1's "mid" rows).
+    "tupe": PretrainRecipe(1e-4, 0.01, 512, 256, 1_000_000, 20_000, vocab_size=32768, logit_scale=1.0,
+                           max_positions=512, keep_steps=(100_000, 300_000, 600_000)),
+    # `dietpe compare --plan gpu-hour` (docs/recipes.md, "One GPU-hour"): DIET's BERT_SMALL (§3.3: hidden 512, 4
+    # layers, 8 heads), the paper's 128-token blocks, 3,000 steps of 256 blocks (98M tokens), AdamW.
+    "gpu-hour": PretrainRecipe(1e-3, 0.06, 128, 256, 3000, 500, size="bert-small", vocab_size=16000),
     # A budget for a CPU session: same shape, a few hundred steps of bert-mini.
     "cpu": PretrainRecipe(1e-3, 0.06, 128, 32, 600, 100, size="bert-mini", vocab_size=8000),
     # The built-in comparison: the toy size on the generated corpus.
@@ -100,8 +138,19 @@ PRETRAIN_RECIPES = {
 
 
 FINETUNE_RECIPES = {
-    # Table 7: lr grid {1,2,3,4}e-5, warm-up 10%, batch 32, 5 (or 10) epochs, length 128; median of 5 seeds.
-    "paper": FinetuneRecipe((1e-5, 2e-5, 3e-5, 4e-5), 5, 5, 32, 128),
+    # DIET Table 7: lr grid {1,2,3,4}e-5, warm-up 10%, batch 32, length 128, 5 or 10 epochs, a checkpoint every
+    # 3.5k steps; Table 2: "the median of the maximum accuracy over all checkpoints among five runs", QQP by
+    # accuracy. Adam's epsilon 1e-6 as in pre-training (BERT's).
+    "paper": FinetuneRecipe((1e-5, 2e-5, 3e-5, 4e-5), 5, 10, 32, 128, eval_steps=3500, task_epochs=FIVE_EPOCHS,
+                            metrics=ACCURACY, adam_epsilon=1e-6),
+    # TUPE Table 2: lr grid {2,3,4,5}e-5, batch 32, warm-up 6%, length 512, 5 epochs for MNLI, QQP, QNLI and 10
+    # for the others, the pre-training's Adam (eps 1e-6), clip 1.0, weight decay 0.01; the median of five seeds,
+    # the best configuration; accuracy for every task but CoLA (MCC) and STS-B (Pearson).
+    "tupe": FinetuneRecipe((2e-5, 3e-5, 4e-5, 5e-5), 5, 10, 32, 512, warmup=0.06, task_epochs=FIVE_EPOCHS,
+                           metrics=ACCURACY, adam_epsilon=1e-6),
+    # --plan gpu-hour: the papers' protocol (a grid, the median of 5 seeds, QQP by accuracy) at learning rates
+    # for a 4-layer model, 3 epochs, evaluated each epoch
+    "gpu-hour": FinetuneRecipe((1e-4, 3e-4), 5, 3, 32, 128, metrics=ACCURACY, adam_epsilon=1e-6),
     "cpu": FinetuneRecipe((1e-4,), 1, 3, 32, 128),
     "toy": FinetuneRecipe((1e-3,), 2, 3, 32, 32),
     # The built-in study (docs/study.md): 8 epochs, at which 1e-3 is the stable learning rate of the grid
@@ -109,4 +158,14 @@ FINETUNE_RECIPES = {
     "study": FinetuneRecipe((1e-3,), 1, 8, 32, 32),
     # ... and with --budget 2 or more the papers' protocol: the grid, the median of 3 fine-tuning seeds.
     "study-full": FinetuneRecipe((1e-3, 3e-3), 3, 8, 32, 32),
+}
+
+
+# `dietpe compare --plan NAME`: a study sized for a machine, on the user's corpus and tasks (docs/recipes.md
+# states its sizing and time). Any option given on the command line wins.
+STUDY_PLANS = {
+    # one H100-class GPU for about an hour: DIET's BERT_SMALL, 3 pre-training seeds of the claims' main rows, the
+    # papers' fine-tuning protocol (a learning-rate grid, the median of 5 fine-tuning seeds)
+    "gpu-hour": dict(recipe="gpu-hour", ft_recipe="gpu-hour", methods="gpu-hour", pretrain_seeds=3,
+                     max_validation=1000),
 }

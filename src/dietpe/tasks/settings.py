@@ -16,6 +16,9 @@ from dietpe.commands import DOC_STRIDE
 from dietpe.errors import ConfigError
 from dietpe.tasks.recipes import FINETUNE_RECIPES, PRETRAIN_RECIPES
 
+#: --optimizer: AdamW (every recipe but `paper`) or LAMB (dietpe.tasks.lamb)
+OPTIMIZERS = ("adamw", "lamb")
+
 if TYPE_CHECKING:
     from dietpe.config import DietConfig
     from dietpe.methods import Method
@@ -47,11 +50,26 @@ class PretrainSettings:
     adam_epsilon: float = 1e-6
     max_grad_norm: float = 1.0
     logit_lr_scale: float = 1.0  # lr of logit-unit position parameters relative to lr (dietpe.tasks.optim)
+    optimizer: str = "adamw"       # adamw or lamb (dietpe.tasks.lamb)
+    logit_scale: float | None = None   # every model's DietConfig.logit_scale; None: the config's default
+    max_positions: int | None = None   # rows of the position tables; None: max_length
+    keep_steps: tuple[int, ...] = ()   # steps whose model is kept (steps/step-N)
 
     def __post_init__(self):
+        object.__setattr__(self, "keep_steps", tuple(sorted(set(self.keep_steps))))
         scale = self.logit_lr_scale
         if scale != 1 and not (scale > 0 and math.isfinite(scale)):
             raise ConfigError(f"--logit-lr-scale={scale} must be positive and finite")
+        if self.optimizer not in OPTIMIZERS:
+            raise ConfigError(f"--optimizer={self.optimizer!r} is not one of {', '.join(OPTIMIZERS)}")
+        if self.logit_scale is not None and not (self.logit_scale > 0 and math.isfinite(self.logit_scale)):
+            raise ConfigError(f"logit_scale={self.logit_scale} must be positive and finite")
+        if self.max_positions is not None and self.max_positions < self.max_length:
+            raise ConfigError(f"--max-positions={self.max_positions} is below --max-length={self.max_length}: the "
+                              f"position tables must have a row for every position of a block")
+        bad = [k for k in self.keep_steps if not 0 < k <= self.steps]
+        if bad:
+            raise ConfigError(f"--keep-steps {bad[0]} is not a step of this run (1 to --steps={self.steps})")
         for key in ("vocab_size", "max_length", "steps", "batch_size", "save_steps"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"--{key.replace('_', '-')}={getattr(self, key)} must be a positive integer")
@@ -65,20 +83,42 @@ class PretrainSettings:
         """The recipe (--recipe) with the command line's overrides applied."""
         r = PRETRAIN_RECIPES[recipe_name(args)]
         steps = _given(args.steps, r.max_steps)
+        max_length = _given(args.max_length, r.max_length)
+        # the recipe's table rows, unless a longer block needs more
+        max_positions = _given(getattr(args, "max_positions", None),
+                               r.max_positions if r.max_positions and r.max_positions >= max_length else None)
+        keep = getattr(args, "keep_steps", None)
+        if keep is None:  # the recipe's kept steps are fractions of its run: scaled with --steps
+            keep = tuple(max(1, round(k * steps / r.max_steps)) for k in r.keep_steps)
         return cls(size=_given(args.size, r.size), vocab_size=_given(args.vocab_size, r.vocab_size),
-                   max_length=_given(args.max_length, r.max_length), steps=steps,
+                   max_length=max_length, steps=steps,
                    batch_size=_given(args.batch_size, r.batch_size), lr=_given(args.lr, r.learning_rate),
                    warmup=_given(args.warmup, r.warmup),
                    save_steps=_given(args.save_steps, min(r.save_steps, steps)), weight_decay=r.weight_decay,
                    adam_epsilon=r.adam_epsilon, max_grad_norm=r.max_grad_norm,
-                   logit_lr_scale=_given(getattr(args, "logit_lr_scale", None), r.logit_lr_scale))
+                   logit_lr_scale=_given(getattr(args, "logit_lr_scale", None), r.logit_lr_scale),
+                   optimizer=_given(getattr(args, "optimizer", None), r.optimizer), logit_scale=r.logit_scale,
+                   max_positions=max_positions, keep_steps=tuple(keep))
+
+    @property
+    def positions(self) -> int:
+        """Rows of the models' position tables (max_position_embeddings)."""
+        return self.max_positions or self.max_length
 
     def record(self) -> dict:
-        """The saved form; logit_lr_scale only when used, so runs made before the option existed still resume."""
+        """The saved form; the fields added after the first runs only when they differ from their defaults, so
+        runs made before them still resume."""
         d = asdict(self)
-        if d["logit_lr_scale"] == 1:
-            del d["logit_lr_scale"]
+        for key, default in OPTIONAL_PRETRAIN.items():
+            if d[key] == default:
+                del d[key]
         return d
+
+
+# fields recorded only when they differ from these defaults (runs made before them resume)
+OPTIONAL_PRETRAIN = {"logit_lr_scale": 1.0, "optimizer": "adamw", "logit_scale": None, "max_positions": None,
+                     "keep_steps": ()}
+OPTIONAL_FINETUNE = {"task_epochs": (), "metrics": (), "adam_epsilon": 1e-8}
 
 
 @dataclass(frozen=True)
@@ -96,9 +136,14 @@ class FinetuneSettings:
     eval_steps: int | None = None  # evaluate every N steps; None: every epoch
     max_eval: int | None = None    # examples per evaluation set; None: all
     doc_stride: int = 64           # QA context windows' overlap
+    task_epochs: tuple[tuple[str, float], ...] = ()  # epochs by task name where they differ from `epochs`
+    metrics: tuple[tuple[str, str], ...] = ()        # the selecting metric by task name, where not the first
+    adam_epsilon: float = 1e-8
 
     def __post_init__(self):
         object.__setattr__(self, "lrs", tuple(self.lrs))
+        for key in ("task_epochs", "metrics"):  # a saved record reads back lists
+            object.__setattr__(self, key, tuple(tuple(pair) for pair in getattr(self, key)))
         options = dict(seeds="--seeds", batch_size="--ft-batch-size", max_length="--ft-max-length",
                        eval_steps="--eval-steps", max_eval="--max-eval")
         for key, option in options.items():
@@ -118,11 +163,30 @@ class FinetuneSettings:
                    seeds=_given(args.seeds, r.seeds), epochs=_given(args.epochs, r.epochs),
                    batch_size=_given(args.ft_batch_size, r.batch_size),
                    max_length=_given(args.ft_max_length, r.max_length), warmup=r.warmup,
-                   weight_decay=r.weight_decay, max_grad_norm=r.max_grad_norm, eval_steps=args.eval_steps,
-                   max_eval=args.max_eval, doc_stride=_given(args.doc_stride, DOC_STRIDE))
+                   weight_decay=r.weight_decay, max_grad_norm=r.max_grad_norm,
+                   eval_steps=_given(args.eval_steps, r.eval_steps), max_eval=args.max_eval,
+                   doc_stride=_given(args.doc_stride, DOC_STRIDE),
+                   task_epochs=r.task_epochs if args.epochs is None else (),  # --epochs: every task
+                   metrics=r.metrics, adam_epsilon=r.adam_epsilon)
+
+    def epochs_for(self, task: str) -> float:
+        """The epochs of task `task` (a `TaskSpec.name`): the recipe's for that task, else `epochs`."""
+        return float(dict(self.task_epochs).get(task, self.epochs))
+
+    def metric_order(self, spec) -> tuple[str, ...]:
+        """The task's metrics with the one that selects (and is reported) first: the recipe's choice for the
+        task, else the task's own order."""
+        chosen = dict(self.metrics).get(spec.name)
+        if chosen is None or chosen not in spec.metrics:
+            return tuple(spec.metrics)
+        return (chosen, *(m for m in spec.metrics if m != chosen))
 
     def record(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        for key, default in OPTIONAL_FINETUNE.items():
+            if d[key] == default:
+                del d[key]
+        return d
 
 
 def parse_lrs(text: str) -> tuple[float, ...]:
