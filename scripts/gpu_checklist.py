@@ -40,8 +40,7 @@ PY = sys.executable
 class Step:
     """One step: shell commands run in order within `limit_s` seconds, their output in OUT/<output>.
 
-    phase "check" runs side by side with the other checks, "time" alone afterwards; `gpu` False runs without
-    CUDA too. `probe` is a command that only has to start (exit 0) in a dry run: the step's entry point."""
+    phase "check" runs side by side with the other checks, "time" alone afterwards. `probe` is a command that only has to start (exit 0) in a dry run: the step's entry point."""
 
     name: str
     phase: str
@@ -49,8 +48,10 @@ class Step:
     output: str
     commands: tuple[str, ...]
     probe: str
-    gpu: bool = True
     env: dict = field(default_factory=dict)
+    #: what the step runs on a machine without CUDA instead of a dry run (the GPU paths as the CPU and the
+    #: `meta` device see them)
+    cpu_commands: tuple[str, ...] = ()
 
 
 def _dietpe(args: str) -> str:
@@ -59,29 +60,27 @@ def _dietpe(args: str) -> str:
 
 CUDA_TESTS = ("tests/attention tests/positions/test_references.py tests/models/test_compile.py "
               "tests/tasks/test_pipeline.py")
+CPU_TESTS = "tests/attention/test_gpu_paths.py tests/bench/test_cost.py"
 PRE = "--recipe cpu --steps 300 --batch-size 64 --device-batch-size 64 --threads 4"
 
 
 def steps() -> list[Step]:
     """The checklist. Paths under {work} are working files, {out} the outputs that come back."""
     return [
-        Step("preflight", "check", 120, "preflight.txt",
-             (f"{PY} -m pytest -q -p no:cacheprovider tests/attention/test_gpu_paths.py tests/bench/test_cost.py "
-              "tests/test_gpu_checklist.py",),
-             f"{PY} -m pytest --version", gpu=False),
-        Step("tests", "check", 300, "tests.txt",
+        Step("tests", "check", 240, "tests.txt",
              (f"{PY} -m pytest -q -p no:cacheprovider -o console_output_style=classic {CUDA_TESTS}",),
-             f"{PY} -m pytest --version", env={"DIET_TEST_DEVICE": "cuda"}),
+             f"{PY} -m pytest --version", env={"DIET_TEST_DEVICE": "cuda"},
+             cpu_commands=(f"{PY} -m pytest -q -p no:cacheprovider {CPU_TESTS}",)),
         Step("kernels", "check", 240, "kernels.txt",
              (f"{PY} -m dietpe.attention.kernels.selftest",
               f"{PY} -m dietpe.attention.flexcheck"),
              f"{PY} -m dietpe.attention.flexcheck --help"),
-        Step("compare", "check", 300, "compare.txt",
+        Step("compare", "check", 240, "compare.txt",
              (_dietpe("compare -o {work}/compare --methods none,absolute,diet-rel,diet-abs,t5 --pretrain-seeds 2 "
                       "--steps 150 --builtin-size 300 --epochs 2 --device cuda --precision bf16 --jobs 4"),
               "cat {work}/compare/report.md"),
              _dietpe("compare --help")),
-        Step("train", "check", 300, "train.txt",
+        Step("train", "check", 240, "train.txt",
              (f"{PY} -c \"from dietpe.data.synthetic import write_builtin; write_builtin('{{work}}/data', seed=0)\"",
               _dietpe("pretrain {work}/data/corpus --method diet-rel:segment=per-head --device cuda "
                       f"--precision bf16 {PRE} -o {{work}}/bf16"),
@@ -91,13 +90,16 @@ def steps() -> list[Step]:
               _dietpe(f"pretrain {{work}}/data/corpus --method t5 --device cuda --deterministic {PRE} -o {{work}}/det_b"),
               f"{PY} {ROOT}/scripts/gpu_checklist.py --compare-runs {{work}}"),
              _dietpe("pretrain --help")),
-        Step("bench", "time", 120, "bench.md",
+        Step("bench", "time", 110, "bench.md",
              (_dietpe("bench --device cuda --precision bf16 --shapes bert-base --lengths 512 --batch 8 "
                       "--methods diet-rel,diet-rel+seg,diet-abs,diet-abs+seg,t5,tupe-a,tupe-r,alibi,kerple,fire,rotary "
                       "--backends fused,sdpa,flex --repeats 10 --warmup 3 --no-memory"),),
              _dietpe("bench --help")),
-        Step("attach", "time", 150, "attach.md",
-             (f"{PY} -m dietpe.bench.attach --device cuda --dtype bfloat16 --shapes 8x2048 --budget 120",),
+        Step("study_time", "time", 60, "study_time.txt",
+             (f"{PY} -m dietpe.bench.study_time --plan gpu-hour --device cuda --precision bf16",),
+             f"{PY} -m dietpe.bench.study_time --help"),
+        Step("attach", "time", 130, "attach.md",
+             (f"{PY} -m dietpe.bench.attach --device cuda --dtype bfloat16 --shapes 8x2048 --budget 100",),
              f"{PY} -m dietpe.bench.attach --help"),
     ]
 
@@ -112,13 +114,14 @@ def outputs(chosen: list[Step]) -> list[str]:
     return ["summary.txt", *dict.fromkeys(s.output for s in chosen)]
 
 
-def _run_step(step: Step, out: Path, work: Path, dry: bool) -> tuple[int, float, str]:
-    """Run one step; its output goes to OUT/<output> (appended: steps may share a file, checks never do).
+def _run_step(step: Step, out: Path, work: Path, dry: bool, cuda: bool = True) -> tuple[int, float, str]:
+    """Run one step (without CUDA: its CPU commands, else its probe); its output goes to OUT/<output>.
     Returns (exit status, seconds, one-line result). 124: killed at its limit."""
     log = out / step.output
-    env = {**os.environ, **step.env, "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, **(step.env if cuda else {}), "PYTHONUNBUFFERED": "1"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), str(ROOT), env.get("PYTHONPATH")]))
-    commands = (step.probe,) if dry else step.commands
+    commands = step.commands if cuda and not dry else step.cpu_commands if not cuda and not dry and \
+        step.cpu_commands else (step.probe,)
     start, rc, last = time.monotonic(), 0, ""
     deadline = start + step.limit_s
     with open(log, "a") as f:
@@ -187,8 +190,8 @@ def run(out: Path, names: list[str] | None, dry: bool) -> int:
     results: dict[str, tuple[int, float, str, bool]] = {}
 
     def one(step: Step):
-        step_dry = dry or (step.gpu and not cuda)
-        rc, seconds, line = _run_step(step, out, work, step_dry)
+        step_dry = dry or (not cuda and not step.cpu_commands)
+        rc, seconds, line = _run_step(step, out, work, dry, cuda)
         results[step.name] = (rc, seconds, line, step_dry)
         with open(summary, "a") as f:
             f.write(f"{step.name}{' (dry run)' if step_dry else ''} rc={rc} {seconds:.0f}s/{step.limit_s}s: {line}\n")

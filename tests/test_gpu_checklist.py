@@ -32,14 +32,14 @@ def test_the_plan_fits_one_window_and_eight_files(checklist):
 def test_the_plan_holds_what_the_window_must_show(checklist):
     commands = " ".join(c for s in checklist.steps() for c in s.commands)
     for needed in ("dietpe.bench.attach", "8x2048", " compare ", "--deterministic", "selftest", "flexcheck",
-                   "DIET_TEST_DEVICE"):
+                   "DIET_TEST_DEVICE", "study_time"):
         assert needed in commands or any(needed in str(s.env) for s in checklist.steps()), needed
 
 
 def test_a_step_past_its_limit_is_killed_and_summarised(checklist, tmp_path, monkeypatch):
     slow = checklist.Step("slow", "check", 1, "slow.txt",
                           (f"{sys.executable} -c \"print('started', flush=True); import time; time.sleep(30)\"",),
-                          "true", gpu=False)
+                          "true")
     rc, seconds, line = checklist._run_step(slow, tmp_path, tmp_path, dry=False)
     assert rc == 124 and seconds < 10 and "time limit" in line
     assert "started" in (tmp_path / "slow.txt").read_text()
@@ -47,8 +47,7 @@ def test_a_step_past_its_limit_is_killed_and_summarised(checklist, tmp_path, mon
 
 def test_a_summary_line_is_the_steps_own(checklist, tmp_path):
     step = checklist.Step("say", "check", 30, "say.txt",
-                          (f"{sys.executable} -c \"print('SUMMARY: 3 of 3 equal'); print('done')\"",), "true",
-                          gpu=False)
+                          (f"{sys.executable} -c \"print('SUMMARY: 3 of 3 equal'); print('done')\"",), "true")
     assert checklist._run_step(step, tmp_path, tmp_path, dry=False) == (0, pytest.approx(0, abs=30),
                                                                        "3 of 3 equal")
 
@@ -58,7 +57,7 @@ def test_without_cuda_the_gpu_steps_dry_run(checklist, tmp_path, monkeypatch):
     import torch
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA: the dry run is the CPU's check")
-    names = [s.name for s in checklist.steps() if s.gpu]
+    names = [s.name for s in checklist.steps() if not s.cpu_commands]
     assert checklist.run(tmp_path / "out", names, dry=False) == 0, (tmp_path / "out" / "summary.txt").read_text()
     summary = (tmp_path / "out" / "summary.txt").read_text()
     assert all(f"{n} (dry run) rc=0" in summary for n in names), summary
