@@ -43,6 +43,9 @@ from torch import Tensor
 from dietpe.attention.kernels import interpreting
 
 LOG2E = 1.4426950408889634
+# Triton's interpreter multiplies bfloat16 dot operands wrongly (numpy has no bfloat16): it gets them as float32,
+# which is what a GPU's bfloat16 dot computes (exact products, float32 sums)
+UPCAST_DOT = tl.constexpr(interpreting())
 # blocked entries of an additive mask are finfo.min, whose product with log2(e) overflows float32: clamped
 MASK_FLOOR = -1e30
 
@@ -96,11 +99,19 @@ def _store_rows(base, rows, stride, n_rows, cols, n_cols, x):
 
 
 @triton.jit
+def _dot(a, b, PREC: tl.constexpr):
+    """a @ b in float32."""
+    if UPCAST_DOT:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32))
+    return tl.dot(a, b, input_precision=PREC)
+
+
+@triton.jit
 def _scores(q1, q2, k1, k2, D2: tl.constexpr, PREC: tl.constexpr):
     """q·kᵀ over both parts of the head size, float32."""
-    s = tl.dot(q1, tl.trans(k1), input_precision=PREC)
+    s = _dot(q1, tl.trans(k1), PREC)
     if D2 > 0:
-        s += tl.dot(q2, tl.trans(k2), input_precision=PREC)
+        s += _dot(q2, tl.trans(k2), PREC)
     return s
 
 
@@ -151,7 +162,7 @@ def _forward_kernel(Q, K, V, O, LSE, TAB, KEEPQ, KEEPK, SEGT, QSEG, KSEG, MASK,
         alpha = tl.math.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
         v = _load_rows(v_base, offs_n, svn, LK, dv, DV)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
+        acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, PREC)
         m_i = m_new
     acc = acc / l_i[:, None]
     _store_rows(O + b * sob + h * soh, offs_m, som, LQ, dv, DV, acc.to(O.dtype.element_ty))
@@ -231,7 +242,7 @@ def _backward_kv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, PART, SPART, TAB, KEEPQ
         if D2 > 0:
             q2 = _load_rows(q_base, offs_m, sqm, LQ, d2, DQ)
         do = _load_rows(do_base, offs_m, sdm, LQ, dv_cols, DV_)
-        lse = tl.load(LSE + bh * LQ + offs_m, mask=offs_m < LQ, other=0.0)
+        lse = tl.load(LSE + bh * LQ + offs_m, mask=offs_m < LQ, other=float("inf"))  # rows past Lq: p = 0
         delta = tl.load(DELTA + bh * LQ + offs_m, mask=offs_m < LQ, other=0.0)
         ok = (offs_m[:, None] < LQ) & (offs_n[None, :] < LK)
         s = _scores(q1, q2, k1, k2, D2, PREC) * qk_scale
@@ -241,12 +252,12 @@ def _backward_kv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, PART, SPART, TAB, KEEPQ
         if CAUSAL:
             see = see & (offs_m[:, None] >= offs_n[None, :])
         p = tl.where(see, tl.math.exp2(s - lse[:, None]), 0.0)
-        dv += tl.dot(tl.trans(p.to(v.dtype)), do, input_precision=PREC)
-        dp = tl.dot(do, tl.trans(v), input_precision=PREC)
+        dv += _dot(tl.trans(p.to(v.dtype)), do, PREC)
+        dp = _dot(do, tl.trans(v), PREC)
         ds = p * (dp - delta[:, None])  # dL/dS_ij
-        dk1 += tl.dot(tl.trans(ds.to(q1.dtype)), q1, input_precision=PREC)
+        dk1 += _dot(tl.trans(ds.to(q1.dtype)), q1, PREC)
         if D2 > 0:
-            dk2 += tl.dot(tl.trans(ds.to(q2.dtype)), q2, input_precision=PREC)
+            dk2 += _dot(tl.trans(ds.to(q2.dtype)), q2, PREC)
         if HAS_TAB:
             dt = ds
             if HAS_KEEP:
@@ -290,7 +301,7 @@ def _backward_q_kernel(Q, K, V, DO, LSE, DELTA, DQ_, TAB, KEEPQ, KEEPK, SEGT, QS
         d2 = D1 + tl.arange(0, D2)
         q2 = _load_rows(q_base, offs_m, sqm, LQ, d2, DQ)
     do = _load_rows(DO + b * sdb + h * sdh, offs_m, sdm, LQ, dv_cols, DV_)
-    lse = tl.load(LSE + bh * LQ + offs_m, mask=offs_m < LQ, other=0.0)
+    lse = tl.load(LSE + bh * LQ + offs_m, mask=offs_m < LQ, other=float("inf"))  # rows past Lq: p = 0
     delta = tl.load(DELTA + bh * LQ + offs_m, mask=offs_m < LQ, other=0.0)
     dq1 = tl.zeros([BLK, D1], tl.float32)
     dq2 = dq1
@@ -314,11 +325,11 @@ def _backward_q_kernel(Q, K, V, DO, LSE, DELTA, DQ_, TAB, KEEPQ, KEEPK, SEGT, QS
         if CAUSAL:
             see = see & (offs_m[:, None] >= offs_n[None, :])
         p = tl.where(see, tl.math.exp2(s - lse[:, None]), 0.0)
-        dp = tl.dot(do, tl.trans(v), input_precision=PREC)
+        dp = _dot(do, tl.trans(v), PREC)
         ds = p * (dp - delta[:, None])
-        dq1 += tl.dot(ds.to(k1.dtype), k1, input_precision=PREC)
+        dq1 += _dot(ds.to(k1.dtype), k1, PREC)
         if D2 > 0:
-            dq2 += tl.dot(ds.to(k2.dtype), k2, input_precision=PREC)
+            dq2 += _dot(ds.to(k2.dtype), k2, PREC)
     _store_rows(DQ_ + b * sqb + h * sqh, offs_m, sqm, LQ, d1, DQ, (dq1 * scale).to(DQ_.dtype.element_ty))
     if D2 > 0:
         _store_rows(DQ_ + b * sqb + h * sqh, offs_m, sqm, LQ, d2, DQ, (dq2 * scale).to(DQ_.dtype.element_ty))
