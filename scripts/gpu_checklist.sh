@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU checklist of docs/gpu.md in one go; every output goes under OUT (default gpu-checklist-<UTC time>).
 #
-#   scripts/gpu_checklist.sh [OUT] [STEP ...]      steps: env preflight tests flex bench pretrain determinism
+#   scripts/gpu_checklist.sh [OUT] [STEP ...]      steps: env preflight tests fused flex bench pretrain determinism
 #
 # Without a GPU it runs what needs none (environment, the CPU/meta preflight tests), then stops in one line.
 # Each step writes OUT/<step>.txt (and its own files); OUT/summary.txt lists what ran and its exit status.
@@ -9,7 +9,7 @@ set -u
 cd "$(dirname "$0")/.."
 OUT=${1:-gpu-checklist-$(date -u +%Y%m%dT%H%M%SZ)}
 shift || true
-STEPS=${*:-env preflight tests flex bench pretrain determinism}
+STEPS=${*:-env preflight tests fused flex bench pretrain determinism}
 mkdir -p "$OUT"
 : > "$OUT/summary.txt"
 PY=${PYTHON:-python}
@@ -52,6 +52,16 @@ fi
 if wants tests; then  # backend, reference, flex (head size 16, backward), compile and pipeline tests on the GPU
     step tests env DIET_TEST_DEVICE=cuda $PY -m pytest -q -p no:cacheprovider tests/attention \
         tests/positions/test_references.py tests/models/test_compile.py tests/tasks/test_pipeline.py
+fi
+if wants fused; then  # the fused kernel: selftest (about a minute), then its bench (docs/kernels.md)
+    step fused_selftest $PY -m dietpe.attention.kernels.selftest
+    step fused_bench_bert dietpe bench --device cuda --precision bf16 --shapes bert-base --lengths 512 --batch 8 \
+        --methods diet-rel,diet-rel+seg,diet-abs,diet-abs+seg,t5,tupe-a,tupe-r,alibi,kerple,rotary,none \
+        --backends fused,sdpa --attention-dropout 0 --repeats 10 --warmup 3 --no-memory \
+        --markdown "$OUT/fused_bench_bert.md" --json "$OUT/fused_bench_bert.json"
+    step fused_bench_lm dietpe bench --device cuda --precision bf16 --shapes lm-bert-base --lengths 2048,8192 \
+        --batch 8,2 --methods diet-rel,t5,alibi,kerple,rotary --backends fused,sdpa --attention-dropout 0 \
+        --repeats 5 --warmup 2 --markdown "$OUT/fused_bench_lm.md" --json "$OUT/fused_bench_lm.json"
 fi
 if wants flex; then  # flex forward and backward against eager at bert-small, 512 tokens: errors and times
     step flex $PY - <<'EOF'
