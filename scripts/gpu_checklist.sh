@@ -57,10 +57,10 @@ if wants fused; then  # the fused kernel: selftest (about a minute), then its be
     step fused_selftest $PY -m dietpe.attention.kernels.selftest
     step fused_bench_bert dietpe bench --device cuda --precision bf16 --shapes bert-base --lengths 512 --batch 8 \
         --methods diet-rel,diet-rel+seg,diet-abs,diet-abs+seg,t5,tupe-a,tupe-r,alibi,kerple,rotary,none \
-        --backends fused,sdpa --attention-dropout 0 --repeats 10 --warmup 3 --no-memory \
+        --backends fused,sdpa --repeats 10 --warmup 3 --no-memory \
         --markdown "$OUT/fused_bench_bert.md" --json "$OUT/fused_bench_bert.json"
     step fused_bench_lm dietpe bench --device cuda --precision bf16 --shapes lm-bert-base --lengths 2048,8192 \
-        --batch 8,2 --methods diet-rel,t5,alibi,kerple,rotary --backends fused,sdpa --attention-dropout 0 \
+        --batch 8,2 --methods diet-rel,t5,alibi,kerple,rotary --backends fused,sdpa \
         --repeats 5 --warmup 2 --markdown "$OUT/fused_bench_lm.md" --json "$OUT/fused_bench_lm.json"
 fi
 if wants flex; then  # flex forward and backward against eager at bert-small, 512 tokens: errors and times

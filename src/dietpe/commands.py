@@ -423,8 +423,8 @@ def register_bench(subparsers) -> None:
                         "row is method@backend, and `none` stays on sdpa (flash on a GPU); a method a backend "
                         "refuses is left out with a log line")
     p.add_argument("--attention-dropout", type=float, default=None,
-                   help="attention_probs_dropout_prob of every model (default: the preset's 0.1; the fused "
-                        "kernel has no dropout: give 0 to time it)")
+                   help="attention_probs_dropout_prob of every model (default: the preset's 0.1; flex has "
+                        "no dropout: give 0 to time it)")
     p.add_argument("--modes", type=V.names, default=["train", "infer"], help="train, infer or both")
     p.add_argument("--repeats", type=V.positive_int, default=15, help="timed cycles (default: 15)")
     p.add_argument("--warmup", type=V.non_negative_int, default=2, help="untimed cycles first (default: 2)")

@@ -12,7 +12,8 @@ the diagonal skipped), padding (one value per key), any other 4-D mask read tile
 
 Served on CUDA, and on CPU tensors under Triton's interpreter (TRITON_INTERPRET=1, the tests). A call it
 cannot serve raises `NotServed` (a ConfigError) naming why: per-example or gapped positions (no offset
-table), a term of another kind, value terms, attention dropout. `attn_backend="auto"` picks it on CUDA for
+table), a term of another kind, value terms. Attention dropout is drawn in the kernel (Philox, the same mask
+again in the backward). `attn_backend="auto"` picks it on CUDA for
 every method whose terms are of these kinds (`Traits.tile_terms`) and runs sdpa for such calls instead;
 asked for by name, a method it cannot serve is refused when the model is built.
 """
@@ -80,9 +81,6 @@ def fused(q: Tensor, k: Tensor, v: Tensor, terms: LayerTerms, mask: Tensor | Cau
         raise NotServed(f"attn_backend='fused': {problem}; use attn_backend='auto' or 'sdpa'")
     if terms.values:
         raise NotServed("attn_backend='fused' cannot add value terms (Shaw's); use attn_backend='eager'")
-    if dropout_p > 0:
-        raise NotServed(f"attn_backend='fused' has no attention dropout (p={dropout_p}); set "
-                        f"attention_probs_dropout_prob=0 or use attn_backend='sdpa'")
     table, segments, fold = plan(terms.logits)
     from dietpe.attention.kernels.attention import Extras, fused_attention, head_parts
 
@@ -93,6 +91,8 @@ def fused(q: Tensor, k: Tensor, v: Tensor, terms: LayerTerms, mask: Tensor | Cau
         raise NotServed(f"attn_backend='fused' takes head sizes up to {MAX_HEAD_PART} (+ folded channels), got "
                         f"{q.shape[-1]} and {v.shape[-1]}; use attn_backend='sdpa'")
     extras = Extras(causal=isinstance(mask, CausalMask), mask=None if isinstance(mask, CausalMask) else mask)
+    if dropout_p > 0:  # a seed from torch's CPU generator: no wait for the GPU, and a seeded run repeats
+        extras.dropout, extras.seed = dropout_p, int(torch.randint(0, 2**62, ()).item())
     if table is not None and table.q_keep is not None:
         extras.q_keep, extras.k_keep = table.q_keep.float().contiguous(), table.k_keep.float().contiguous()
     if segments is not None:

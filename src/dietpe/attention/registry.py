@@ -16,7 +16,7 @@ positions) runs the next one for those calls.
     eager    the reference, straight from the equation (`dietpe.attention.backends.eager`)
     sdpa     torch's scaled_dot_product_attention, the bias built the cheapest way the shapes allow
     flex     FlexAttention: terms as score_mods, padding and causality as a block mask (no dropout)
-    fused    one Triton kernel, position terms read in the tile (`dietpe.attention.fused`; CUDA, no dropout)
+    fused    one Triton kernel, position terms read in the tile (`dietpe.attention.fused`; CUDA)
     banded   Shaw's banded paths at inference on CPU (`dietpe.attention.banded`), the reference otherwise
 
 `banded` is its own entry rather than a choice inside `eager`: the reference stays one plain function the fast
@@ -161,7 +161,7 @@ register_backend("eager", eager, value_terms=True)
 register_backend("sdpa", sdpa)
 register_backend("flex", flex, dropout=False)
 register_backend("banded", band_or_eager, value_terms=True)
-register_backend("fused", fused_backend.fused, dropout=False, method_refusal=fused_backend.method_refusal,
+register_backend("fused", fused_backend.fused, method_refusal=fused_backend.method_refusal,
                  skip=fused_backend.skip_call)
 
 #: the global table

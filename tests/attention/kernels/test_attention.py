@@ -10,8 +10,9 @@ from tests.attention.kernels.conftest import NO_TRITON, sizes
 pytest.importorskip("triton", reason=NO_TRITON)
 
 
-def reference(q, k, v, scale, table=None, segments=None, extras=None):
-    """softmax(s·q·kᵀ + T[h, i - j + Lk - 1]·a_i·c_j + Ŝ[h, σ_i, τ_j] + mask)·v in float32, from indices."""
+def reference(q, k, v, scale, table=None, segments=None, extras=None, keep=None):
+    """softmax(s·q·kᵀ + T[h, i - j + Lk - 1]·a_i·c_j + Ŝ[h, σ_i, τ_j] + mask)·v in float32, from indices;
+    with dropout's keep mask Z (B, H, Lq, Lk): (softmax(...) ∘ Z / (1 - p))·v."""
     lq, lk = q.shape[2], k.shape[2]
     scores = scale * q.float() @ k.float().transpose(-1, -2)
     i, j = torch.arange(lq, device=q.device)[:, None], torch.arange(lk, device=q.device)[None, :]
@@ -27,7 +28,10 @@ def reference(q, k, v, scale, table=None, segments=None, extras=None):
         scores = scores + extras.mask.float()
     if extras is not None and extras.causal:
         scores = scores.masked_fill(j > i, float("-inf"))
-    return (scores.softmax(-1) @ v.float()).to(v.dtype)
+    probs = scores.softmax(-1)
+    if keep is not None:
+        probs = probs * keep / (1 - extras.dropout)
+    return (probs @ v.float()).to(v.dtype)
 
 
 def _case(device, dtype, b, h, lq, lk, dq, dv, table_heads=None, nseg=0, keep=False, mask=None, causal=False):
@@ -68,9 +72,9 @@ def _run(inputs, ex, scale=0.3):
     return out, grads
 
 
-def _reference_run(inputs, ex, scale=0.3):
+def _reference_run(inputs, ex, scale=0.3, keep=None):
     q, k, v, table, segments = inputs
-    out = reference(q, k, v, scale, table, segments, ex)
+    out = reference(q, k, v, scale, table, segments, ex, keep)
     w = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(out.device, out.dtype)
     grads = torch.autograd.grad((out.float() * w.float()).sum(), [x for x in inputs if x is not None])
     return out, grads
@@ -133,3 +137,20 @@ def test_head_parts_cover_the_folded_widths():
 
     assert [head_parts(d) for d in (8, 16, 24, 64, 72, 96, 128, 130, 192)] == [
         (16, 0), (16, 0), (16, 16), (64, 0), (64, 16), (64, 32), (128, 0), (128, 16), (128, 64)]
+
+
+def test_dropout_is_the_equation_with_the_kernels_own_mask(device):
+    """The kernel drops P's entries by Philox at each pair's index; the backward draws the same mask again."""
+    from dietpe.attention.kernels.attention import dropout_keep
+
+    inputs, ex = _case(device, torch.float32, b=2, h=2, lq=L, lk=L + 3, dq=16, dv=16, table_heads=2, nseg=2,
+                       mask="padding")
+    ex.dropout, ex.seed = 0.3, 12345
+    keep = dropout_keep(ex.seed, ex.dropout, 2, 2, L, L + 3, device)
+    assert 0.6 < keep.float().mean().item() < 0.8
+    assert not torch.equal(keep, dropout_keep(ex.seed + 1, ex.dropout, 2, 2, L, L + 3, device))
+    out, grads = _run(inputs, ex)
+    want, want_grads = _reference_run(inputs, ex, keep=keep)
+    torch.testing.assert_close(out, want, atol=2e-5, rtol=1e-4)
+    for got, ref in zip(grads, want_grads):
+        torch.testing.assert_close(got, ref, atol=1e-5 * max(ref.abs().max().item(), 1), rtol=1e-4)

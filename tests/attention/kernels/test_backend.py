@@ -98,12 +98,23 @@ def test_two_training_steps_give_the_same_bits(device):
     assert all(torch.equal(first[1][n], second[1][n]) for n in first[1])
 
 
-def test_methods_and_dropout_it_cannot_serve_are_refused_when_built():
+def test_methods_it_cannot_serve_are_refused_when_built():
     for position in ("fire", "xlnet", "shaw"):
         with pytest.raises(ConfigError, match="attn_backend='fused' cannot serve"):
             tiny(16, position=position, attn_backend="fused")
-    with pytest.raises(ConfigError, match="no attention dropout"):
-        DietConfig.from_preset("bert-tiny", position="t5", attn_backend="fused")
+    assert DietConfig.from_preset("bert-tiny", position="t5", attn_backend="fused").attention_probs_dropout_prob > 0
+
+
+def test_attention_dropout_repeats_with_the_seed(device):
+    _, fused = _pair(lambda **kw: DietModel(tiny(16, **kw)), device, position="diet-rel", segment="per-head",
+                     attention_probs_dropout_prob=0.3)
+    ids, mask, seg = batch(L, device=device)
+    runs = []
+    for seed in (0, 0, 1):
+        torch.manual_seed(seed)  # the kernel's Philox seed comes from torch's generator
+        runs.append(_step(fused, ids, mask, seg))
+    assert torch.equal(runs[0][0], runs[1][0]) and all(torch.equal(runs[0][1][n], runs[1][1][n]) for n in runs[0][1])
+    assert not torch.equal(runs[0][0], runs[2][0])
 
 
 def test_per_example_positions_are_declined_per_call_and_auto_runs_sdpa(device):

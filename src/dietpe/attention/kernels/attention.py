@@ -16,6 +16,10 @@ memory. The position terms are read in the tile from small tables:
     M   the additive mask: padding (one value per key), a dense (Lq, Lk) one, or causality (a flag: blocks
         above the diagonal are skipped)
 
+Attention dropout multiplies P by Z / (1 - p) before P·V, Z drawn by Philox at each pair's flat index from a
+seed per call, so the backward draws the same Z again (FlashAttention's way; its normaliser counts dropped
+weights too, as `F.dropout` after the softmax does).
+
 Low-rank terms (DIET-ABS eq. 1, TUPE's correlation eq. 10) arrive folded into extra query/key channels, so
 the query/key head size may differ from the values'. Head sizes are loaded in two power-of-two parts
 (64 + 16 for 72), values padded to a power of two, both with masked loads.
@@ -87,6 +91,14 @@ def _keep(offs_m, offs_n, valid, KEEPQ, KEEPK):
 
 
 @triton.jit
+def _kept(seed, bh, offs_m, offs_n, LQ, LK, p_drop):
+    """Attention dropout's keep mask for a tile: Philox at the pair's flat index (b, h, i, j), so the backward
+    draws the same mask again."""
+    flat = (bh.to(tl.int64) * LQ + offs_m[:, None]) * LK + offs_n[None, :]
+    return tl.rand(seed, flat) >= p_drop
+
+
+@triton.jit
 def _load_rows(base, rows, stride, n_rows, cols, n_cols):
     return tl.load(base + rows[:, None] * stride + cols[None, :], mask=(rows[:, None] < n_rows)
                    & (cols[None, :] < n_cols), other=0.0)
@@ -115,14 +127,14 @@ def _scores(q1, q2, k1, k2, D2: tl.constexpr, PREC: tl.constexpr):
     return s
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["seed"])
 def _forward_kernel(Q, K, V, O, LSE, TAB, KEEPQ, KEEPK, SEGT, QSEG, KSEG, MASK,
                     sqb, sqh, sqm, skb, skh, skn, svb, svh, svn, sob, soh, som,
                     stab, sseg, sqs, sks, smb, smh, smm, smn,
-                    H, LQ, LK, DQ, DV, qk_scale,
+                    H, LQ, LK, DQ, DV, qk_scale, seed, p_drop, inv_keep,
                     BM: tl.constexpr, BN: tl.constexpr, D1: tl.constexpr, D2: tl.constexpr, DVP: tl.constexpr,
                     HAS_TAB: tl.constexpr, HAS_KEEP: tl.constexpr, NSEG: tl.constexpr,
-                    MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr):
+                    MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr, PREC: tl.constexpr):
     """One block of BM queries of one (batch row, head) against every key block: FlashAttention-2's forward."""
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
@@ -162,6 +174,8 @@ def _forward_kernel(Q, K, V, O, LSE, TAB, KEEPQ, KEEPK, SEGT, QSEG, KSEG, MASK,
         alpha = tl.math.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
         v = _load_rows(v_base, offs_n, svn, LK, dv, DV)
+        if DROPOUT:  # the normaliser l_i sums the kept and the dropped alike
+            p = tl.where(_kept(seed, bh, offs_m, offs_n, LQ, LK, p_drop), p * inv_keep, 0.0)
         acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, PREC)
         m_i = m_new
     acc = acc / l_i[:, None]
@@ -195,14 +209,15 @@ def _segment_sums(ds, sq, sk, NSEG: tl.constexpr, NSEG2P: tl.constexpr):
     return out
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["seed"])
 def _backward_kv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, PART, SPART, TAB, KEEPQ, KEEPK, SEGT, QSEG, KSEG, MASK,
                         sqb, sqh, sqm, skb, skh, skn, svb, svh, svn, sdb, sdh, sdm,
                         stab, sseg, sqs, sks, smb, smh, smm, smn,
-                        H, LQ, LK, DQ, DV_, qk_scale, scale, NM, W,
+                        H, LQ, LK, DQ, DV_, qk_scale, scale, seed, p_drop, inv_keep, NM, W,
                         BLK: tl.constexpr, D1: tl.constexpr, D2: tl.constexpr, DVP: tl.constexpr,
                         HAS_TAB: tl.constexpr, HAS_KEEP: tl.constexpr, NSEG: tl.constexpr, NSEG2P: tl.constexpr,
-                        MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr):
+                        MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr,
+                        PREC: tl.constexpr):
     """dK, dV of one key block of one (batch row, head), and its partial sums of dS per offset and segment pair."""
     pid_n = tl.program_id(0)
     bh = tl.program_id(1)
@@ -252,8 +267,13 @@ def _backward_kv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, PART, SPART, TAB, KEEPQ
         if CAUSAL:
             see = see & (offs_m[:, None] >= offs_n[None, :])
         p = tl.where(see, tl.math.exp2(s - lse[:, None]), 0.0)
-        dv += _dot(tl.trans(p.to(v.dtype)), do, PREC)
         dp = _dot(do, tl.trans(v), PREC)
+        if DROPOUT:  # O = (P ∘ Z / (1 - p)) V: dV sees the dropped P, dP the mask
+            kept = _kept(seed, bh, offs_m, offs_n, LQ, LK, p_drop)
+            dv += _dot(tl.trans(tl.where(kept, p * inv_keep, 0.0).to(v.dtype)), do, PREC)
+            dp = tl.where(kept, dp * inv_keep, 0.0)
+        else:
+            dv += _dot(tl.trans(p.to(v.dtype)), do, PREC)
         ds = p * (dp - delta[:, None])  # dL/dS_ij
         dk1 += _dot(tl.trans(ds.to(q1.dtype)), q1, PREC)
         if D2 > 0:
@@ -278,14 +298,14 @@ def _backward_kv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, PART, SPART, TAB, KEEPQ
         tl.store(SPART + (bh.to(tl.int64) * n_blocks + pid_n) * NSEG2P + tl.arange(0, NSEG2P), seg)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["seed"])
 def _backward_q_kernel(Q, K, V, DO, LSE, DELTA, DQ_, TAB, KEEPQ, KEEPK, SEGT, QSEG, KSEG, MASK,
                        sqb, sqh, sqm, skb, skh, skn, svb, svh, svn, sdb, sdh, sdm,
                        stab, sseg, sqs, sks, smb, smh, smm, smn,
-                       H, LQ, LK, DQ, DV_, qk_scale, scale,
+                       H, LQ, LK, DQ, DV_, qk_scale, scale, seed, p_drop, inv_keep,
                        BLK: tl.constexpr, D1: tl.constexpr, D2: tl.constexpr, DVP: tl.constexpr,
                        HAS_TAB: tl.constexpr, HAS_KEEP: tl.constexpr, NSEG: tl.constexpr,
-                       MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr):
+                       MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr, PREC: tl.constexpr):
     """dQ of one query block of one (batch row, head), by FlashAttention-2's second backward loop."""
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
@@ -326,6 +346,8 @@ def _backward_q_kernel(Q, K, V, DO, LSE, DELTA, DQ_, TAB, KEEPQ, KEEPK, SEGT, QS
             see = see & (offs_m[:, None] >= offs_n[None, :])
         p = tl.where(see, tl.math.exp2(s - lse[:, None]), 0.0)
         dp = _dot(do, tl.trans(v), PREC)
+        if DROPOUT:
+            dp = tl.where(_kept(seed, bh, offs_m, offs_n, LQ, LK, p_drop), dp * inv_keep, 0.0)
         ds = p * (dp - delta[:, None])
         dq1 += _dot(ds.to(k1.dtype), k1, PREC)
         if D2 > 0:
@@ -350,6 +372,24 @@ def _offset_sum_kernel(PART, OUT, B, H, NN, W, NOFF, LK, BLK: tl.constexpr, RB: 
     tl.store(OUT + h * NOFF + o, acc, mask=o < NOFF)
 
 
+@triton.jit
+def _keep_mask_kernel(OUT, seed, p_drop, LQ, LK, BM: tl.constexpr, BN: tl.constexpr):
+    """The dropout mask the attention kernels draw, written out (for tests)."""
+    bh = tl.program_id(2)
+    offs_m = tl.program_id(0) * BM + tl.arange(0, BM)
+    offs_n = tl.program_id(1) * BN + tl.arange(0, BN)
+    ok = (offs_m[:, None] < LQ) & (offs_n[None, :] < LK)
+    kept = _kept(seed, bh, offs_m, offs_n, LQ, LK, p_drop)
+    tl.store(OUT + (bh.to(tl.int64) * LQ + offs_m[:, None]) * LK + offs_n[None, :], kept.to(tl.int8), mask=ok)
+
+
+def dropout_keep(seed: int, p: float, b: int, h: int, lq: int, lk: int, device) -> Tensor:
+    """(B, H, Lq, Lk) booleans: which pairs the kernels keep under dropout p with this seed."""
+    out = torch.empty(b, h, lq, lk, dtype=torch.int8, device=device)
+    _keep_mask_kernel[(triton.cdiv(lq, 16), triton.cdiv(lk, 16), b * h)](out, seed, p, lq, lk, BM=16, BN=16)
+    return out.bool()
+
+
 # -- the host side ------------------------------------------------------------------------------------------
 
 
@@ -367,6 +407,9 @@ class Extras:
     k_segments: Tensor | None = None
     mask: Tensor | None = None
     causal: bool = False
+    #: attention dropout: the probability and the Philox seed (the backward draws the same mask)
+    dropout: float = 0.0
+    seed: int = 0
 
 
 def _pow2(n: int) -> int:
@@ -448,11 +491,16 @@ def _aux_args(table: Tensor | None, segments: Tensor | None, ex: Extras, dummy: 
     return pointers, strides
 
 
+def _dropout_args(ex: Extras) -> tuple[int, float, float]:
+    """(seed, p, 1 / (1 - p))."""
+    return ex.seed, ex.dropout, 1.0 / (1.0 - ex.dropout)
+
+
 def _flags(table, segments, ex: Extras, q: Tensor) -> dict:
     nseg = segments.shape[-1] if segments is not None else 0
     kind = 0 if ex.mask is None else (1 if ex.mask.shape[2] == 1 else 2)
     return dict(HAS_TAB=table is not None, HAS_KEEP=ex.q_keep is not None, NSEG=nseg, MASK_KIND=kind,
-                CAUSAL=ex.causal, PREC=_precision(q))
+                CAUSAL=ex.causal, DROPOUT=ex.dropout > 0, PREC=_precision(q))
 
 
 def attention_forward(q: Tensor, k: Tensor, v: Tensor, scale: float, table: Tensor | None,
@@ -471,7 +519,7 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, scale: float, table: Tens
         bm, bn, warps, stages = config or (INTERPRETER_BLOCK, INTERPRETER_BLOCK, 4, 1)
         grid = (triton.cdiv(lq, bm), b * h)
         _forward_kernel[grid](q, k, v, out, lse, *pointers, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
-                              *out.stride()[:3], *strides, h, lq, lk, dq, dv, scale * LOG2E, BM=bm, BN=bn, D1=d1,
+                              *out.stride()[:3], *strides, h, lq, lk, dq, dv, scale * LOG2E, *_dropout_args(ex), BM=bm, BN=bn, D1=d1,
                               D2=d2, DVP=dvp, num_warps=warps, num_stages=stages, **flags)
 
     _launch(("fwd", d1, d2, dvp, q.dtype, tuple(flags.items())), _configs(FORWARD_CONFIGS, max(d1, dvp)), launch)
@@ -501,7 +549,7 @@ def attention_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
         part = torch.zeros(b * h, nn, width, dtype=torch.float32, device=q.device) if table is not None else lse
         spart = torch.empty(b * h, nn, nseg2p, dtype=torch.float32, device=q.device) if nseg else lse
         common = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3], *strides, h, lq, lk,
-                  dq_width, dv_width, scale * LOG2E, scale)
+                  dq_width, dv_width, scale * LOG2E, scale, *_dropout_args(ex))
         _backward_kv_kernel[(nn, b * h)](q, k, v, do, lse, delta, dk, dv, part, spart, *pointers, *common, nm,
                                          width, BLK=blk, D1=d1, D2=d2, DVP=dvp, NSEG2P=nseg2p, num_warps=warps,
                                          num_stages=stages, **flags)
