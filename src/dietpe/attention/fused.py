@@ -2,7 +2,8 @@
 read inside the tile (`dietpe.attention.kernels.attention`, FlashAttention-2's tiling, Dao 2023), so neither
 the forward nor the backward holds an (Lq, Lk) tensor, and the tables' gradients are summed without atomics.
 
-    scores = (q'·k'ᵀ) · scale · score_scale + T[h, i - j] · a_i · c_j + Ŝ[h, σ_i, τ_j] + [fq/s, fk] folded + mask
+    scores = (q'·k'ᵀ) · scale · score_scale + T[h, i - j] · a_i · c_j + Ŝ[h, σ_i, τ_j] + mask
+    (low-rank terms fq·fkᵀ folded in: q' = [q', fq / s], k' = [k', fk])
 
 Each logit term says how it can be read (`dietpe.positions.terms.LogitTerm`): as an offset table T (DIET-REL,
 T5 and TUPE-R's buckets, ALiBi, KERPLE, over consecutive positions; TUPE's reset as the 0/1 vectors a, c), a

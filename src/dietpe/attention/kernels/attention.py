@@ -184,6 +184,21 @@ def _forward_kernel(Q, K, V, O, LSE, TAB, KEEPQ, KEEPK, SEGT, QSEG, KSEG, MASK,
 
 
 @triton.jit
+def _probabilities(q1, q2, k1, k2, lse, b, h, offs_m, offs_n, ok, LQ, LK, qk_scale, TAB, stab, KEEPQ, KEEPK, SEGT,
+                   sseg, QSEG, sqs, KSEG, sks, MASK, smb, smh, smm, smn, D2: tl.constexpr, HAS_TAB: tl.constexpr,
+                   HAS_KEEP: tl.constexpr, NSEG: tl.constexpr, MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr,
+                   PREC: tl.constexpr):
+    """P of one tile recomputed from the saved log-sum-exp (log2 units); 0 outside the tile's pairs."""
+    s = _scores(q1, q2, k1, k2, D2, PREC) * qk_scale
+    s += _tile_bias(b, h, offs_m, offs_n, ok, LQ, LK, TAB, stab, KEEPQ, KEEPK, SEGT, sseg, QSEG, sqs, KSEG, sks,
+                    MASK, smb, smh, smm, smn, HAS_TAB, HAS_KEEP, NSEG, MASK_KIND) * 1.4426950408889634
+    see = ok
+    if CAUSAL:
+        see = see & (offs_m[:, None] >= offs_n[None, :])
+    return tl.where(see, tl.math.exp2(s - lse[:, None]), 0.0)
+
+
+@triton.jit
 def _diagonal_sums(x, BLK: tl.constexpr):
     """Sums of a (BLK, BLK) tile along its diagonals r - c: (lower, upper), lower[t] on r - c = t - BLK + 1 and
     upper[t] on r - c = t + 1 (the diagonals the next query block's tile continues). Each row is sheared by
@@ -260,13 +275,9 @@ def _backward_kv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, PART, SPART, TAB, KEEPQ
         lse = tl.load(LSE + bh * LQ + offs_m, mask=offs_m < LQ, other=float("inf"))  # rows past Lq: p = 0
         delta = tl.load(DELTA + bh * LQ + offs_m, mask=offs_m < LQ, other=0.0)
         ok = (offs_m[:, None] < LQ) & (offs_n[None, :] < LK)
-        s = _scores(q1, q2, k1, k2, D2, PREC) * qk_scale
-        s += _tile_bias(b, h, offs_m, offs_n, ok, LQ, LK, TAB, stab, KEEPQ, KEEPK, SEGT, sseg, QSEG, sqs, KSEG, sks,
-                        MASK, smb, smh, smm, smn, HAS_TAB, HAS_KEEP, NSEG, MASK_KIND) * 1.4426950408889634
-        see = ok
-        if CAUSAL:
-            see = see & (offs_m[:, None] >= offs_n[None, :])
-        p = tl.where(see, tl.math.exp2(s - lse[:, None]), 0.0)
+        p = _probabilities(q1, q2, k1, k2, lse, b, h, offs_m, offs_n, ok, LQ, LK, qk_scale, TAB, stab, KEEPQ,
+                           KEEPK, SEGT, sseg, QSEG, sqs, KSEG, sks, MASK, smb, smh, smm, smn, D2, HAS_TAB,
+                           HAS_KEEP, NSEG, MASK_KIND, CAUSAL, PREC)
         dp = _dot(do, tl.trans(v), PREC)
         if DROPOUT:  # O = (P ∘ Z / (1 - p)) V: dV sees the dropped P, dP the mask
             kept = _kept(seed, bh, offs_m, offs_n, LQ, LK, p_drop)
@@ -338,13 +349,9 @@ def _backward_q_kernel(Q, K, V, DO, LSE, DELTA, DQ_, TAB, KEEPQ, KEEPK, SEGT, QS
             k2 = _load_rows(k_base, offs_n, skn, LK, d2, DQ)
         v = _load_rows(v_base, offs_n, svn, LK, dv_cols, DV_)
         ok = (offs_m[:, None] < LQ) & (offs_n[None, :] < LK)
-        s = _scores(q1, q2, k1, k2, D2, PREC) * qk_scale
-        s += _tile_bias(b, h, offs_m, offs_n, ok, LQ, LK, TAB, stab, KEEPQ, KEEPK, SEGT, sseg, QSEG, sqs, KSEG, sks,
-                        MASK, smb, smh, smm, smn, HAS_TAB, HAS_KEEP, NSEG, MASK_KIND) * 1.4426950408889634
-        see = ok
-        if CAUSAL:
-            see = see & (offs_m[:, None] >= offs_n[None, :])
-        p = tl.where(see, tl.math.exp2(s - lse[:, None]), 0.0)
+        p = _probabilities(q1, q2, k1, k2, lse, b, h, offs_m, offs_n, ok, LQ, LK, qk_scale, TAB, stab, KEEPQ,
+                           KEEPK, SEGT, sseg, QSEG, sqs, KSEG, sks, MASK, smb, smh, smm, smn, D2, HAS_TAB,
+                           HAS_KEEP, NSEG, MASK_KIND, CAUSAL, PREC)
         dp = _dot(do, tl.trans(v), PREC)
         if DROPOUT:
             dp = tl.where(_kept(seed, bh, offs_m, offs_n, LQ, LK, p_drop), dp * inv_keep, 0.0)
@@ -519,8 +526,8 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, scale: float, table: Tens
         bm, bn, warps, stages = config or (INTERPRETER_BLOCK, INTERPRETER_BLOCK, 4, 1)
         grid = (triton.cdiv(lq, bm), b * h)
         _forward_kernel[grid](q, k, v, out, lse, *pointers, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
-                              *out.stride()[:3], *strides, h, lq, lk, dq, dv, scale * LOG2E, *_dropout_args(ex), BM=bm, BN=bn, D1=d1,
-                              D2=d2, DVP=dvp, num_warps=warps, num_stages=stages, **flags)
+                              *out.stride()[:3], *strides, h, lq, lk, dq, dv, scale * LOG2E, *_dropout_args(ex),
+                              BM=bm, BN=bn, D1=d1, D2=d2, DVP=dvp, num_warps=warps, num_stages=stages, **flags)
 
     _launch(("fwd", d1, d2, dvp, q.dtype, tuple(flags.items())), _configs(FORWARD_CONFIGS, max(d1, dvp)), launch)
     return out, lse

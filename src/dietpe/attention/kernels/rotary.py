@@ -97,7 +97,8 @@ class RotaryQK(torch.autograd.Function):
         return dq, dk, None, None, None, None
 
 
-def rotary_qk(q: Tensor, k: Tensor, cos_q: Tensor, sin_q: Tensor, cos_k: Tensor, sin_k: Tensor) -> tuple[Tensor, Tensor]:
+def rotary_qk(q: Tensor, k: Tensor, cos_q: Tensor, sin_q: Tensor, cos_k: Tensor,
+              sin_k: Tensor) -> tuple[Tensor, Tensor]:
     """`apply_rotary` of q and of k in one kernel (last dimension contiguous; the head size even)."""
     q, k = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k))
     return RotaryQK.apply(q, k, cos_q, sin_q, cos_k, sin_k)

@@ -1,11 +1,14 @@
-"""A short check of the fused kernels on a real GPU (no interpreter): `python -m dietpe.attention.kernels.selftest`.
+"""A short check of the fused kernels on a real GPU (no interpreter):
+
+    python -m dietpe.attention.kernels.selftest
 
 For every method the fused backend serves (the registry's), a one-layer model with four heads of 64, two
 segments and a padded row, at 300 tokens (several tiles, cut at the edge): the output and every parameter's
-gradient against the eager reference in float32 (TF32 off), in bfloat16 no further from float32's reference than
-twice the eager reference's own bfloat16 run (its rounding is bfloat16's), the causal LM, and two backward passes that must give the same bits. Then the rotary
-kernel against `apply_rotary`. Prints one line per check and ends with `selftest: OK` (exit 0) or
-`selftest: FAILED n of m` (exit 1). Most of its time (about a minute) is Triton compiling each kernel variant.
+gradient against the eager reference in float32 (TF32 off); in bfloat16, no further from float32's reference
+than twice the eager reference's own bfloat16 run; two backward passes that must give the same bits; the causal
+LM; then the rotary kernel against `apply_rotary`. Prints one line per check and ends with `selftest: OK`
+(exit 0) or `selftest: FAILED n of m: ...` (exit 1). Most of its time (about a minute) is Triton compiling
+each kernel variant.
 """
 
 from __future__ import annotations
