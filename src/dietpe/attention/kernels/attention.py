@@ -524,6 +524,7 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, scale: float, table: Tens
 
     def launch(config):
         bm, bn, warps, stages = config or (INTERPRETER_BLOCK, INTERPRETER_BLOCK, 4, 1)
+        bm = min(bm, max(16, _pow2(lq)))  # a few queries (a decoding step): no rows of padding
         grid = (triton.cdiv(lq, bm), b * h)
         _forward_kernel[grid](q, k, v, out, lse, *pointers, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
                               *out.stride()[:3], *strides, h, lq, lk, dq, dv, scale * LOG2E, *_dropout_args(ex),
