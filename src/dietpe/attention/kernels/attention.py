@@ -51,7 +51,7 @@ LOG2E = 1.4426950408889634
 # which is what a GPU's bfloat16 dot computes (exact products, float32 sums)
 UPCAST_DOT = tl.constexpr(interpreting())
 # blocked entries of an additive mask are finfo.min, whose product with log2(e) overflows float32: clamped
-MASK_FLOOR = -1e30
+MASK_FLOOR = tl.constexpr(-1e30)
 
 
 @triton.jit
