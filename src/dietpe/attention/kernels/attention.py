@@ -131,7 +131,7 @@ def _scores(q1, q2, k1, k2, D2: tl.constexpr, PREC: tl.constexpr):
 def _forward_kernel(Q, K, V, O, LSE, TAB, KEEPQ, KEEPK, SEGT, QSEG, KSEG, MASK,
                     sqb, sqh, sqm, skb, skh, skn, svb, svh, svn, sob, soh, som,
                     stab, sseg, sqs, sks, smb, smh, smm, smn,
-                    H, LQ, LK, DQ, DV, qk_scale, seed, p_drop, inv_keep,
+                    H, LQ, LK, DQ, DV_, qk_scale, seed, p_drop, inv_keep,
                     BM: tl.constexpr, BN: tl.constexpr, D1: tl.constexpr, D2: tl.constexpr, DVP: tl.constexpr,
                     HAS_TAB: tl.constexpr, HAS_KEEP: tl.constexpr, NSEG: tl.constexpr,
                     MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr, PREC: tl.constexpr):
@@ -173,13 +173,13 @@ def _forward_kernel(Q, K, V, O, LSE, TAB, KEEPQ, KEEPK, SEGT, QSEG, KSEG, MASK,
         p = tl.math.exp2(s - m_new[:, None])
         alpha = tl.math.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = _load_rows(v_base, offs_n, svn, LK, dv, DV)
+        v = _load_rows(v_base, offs_n, svn, LK, dv, DV_)
         if DROPOUT:  # the normaliser l_i sums the kept and the dropped alike
             p = tl.where(_kept(seed, bh, offs_m, offs_n, LQ, LK, p_drop), p * inv_keep, 0.0)
         acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, PREC)
         m_i = m_new
     acc = acc / l_i[:, None]
-    _store_rows(O + b * sob + h * soh, offs_m, som, LQ, dv, DV, acc.to(O.dtype.element_ty))
+    _store_rows(O + b * sob + h * soh, offs_m, som, LQ, dv, DV_, acc.to(O.dtype.element_ty))
     tl.store(LSE + bh * LQ + offs_m, m_i + tl.math.log2(l_i), mask=offs_m < LQ)
 
 
@@ -432,25 +432,33 @@ def head_parts(d: int) -> tuple[int, int]:
     return d1, (0 if rest == 0 else max(16, _pow2(rest)))
 
 
-# Tile configurations tried in order until one compiles within the GPU's shared memory (BM, BN, warps, stages)
-# for the forward, (BLK, warps, stages) for the backward (whose diagonal carry needs square tiles); keyed by the
-# widest loaded head part.
-FORWARD_CONFIGS = {64: [(128, 64, 4, 3), (64, 64, 4, 2), (32, 32, 4, 1)],
-                   128: [(128, 64, 8, 3), (64, 64, 4, 2), (32, 32, 4, 1)],
-                   256: [(64, 32, 4, 2), (32, 32, 4, 1), (16, 16, 4, 1)]}
-BACKWARD_CONFIGS = {64: [(64, 4, 2), (32, 4, 1), (16, 4, 1)],
-                    128: [(64, 8, 2), (32, 4, 1), (16, 4, 1)],
-                    256: [(32, 4, 1), (16, 4, 1)]}
+# Tile configurations tried in order until one fits the GPU's shared memory, by the bytes of an element (2: bf16
+# and fp16, 4: fp32) and the widest loaded head part: (BM, BN, warps, stages) for the forward, (BLK, warps,
+# stages) for each backward kernel (dK/dV's diagonal carry needs square tiles). Chosen by compiling for sm_90
+# (Hopper) and reading the cubins' registers and spills: the first of each list spills nothing, or a few bytes
+# with every term on (dK/dV at 64 rows spills hundreds of bytes; fp32's exact dots spill in any tile).
+FORWARD_CONFIGS = {2: {64: [(128, 64, 8, 2), (64, 64, 4, 2), (32, 32, 4, 1)],
+                       128: [(64, 64, 4, 2), (64, 32, 4, 2), (32, 32, 4, 1)],
+                       256: [(64, 32, 4, 2), (32, 32, 4, 1), (16, 16, 4, 1)]},
+                   4: {64: [(32, 32, 4, 2), (16, 16, 4, 1)], 128: [(32, 32, 4, 2), (16, 16, 4, 1)],
+                       256: [(16, 16, 4, 1)]}}
+BACKWARD_KV_CONFIGS = {2: {64: [(32, 8, 2), (32, 4, 1), (16, 4, 1)], 128: [(32, 8, 2), (16, 4, 1)],
+                           256: [(32, 8, 1), (16, 4, 1)]},
+                       4: {64: [(16, 4, 2), (16, 4, 1)], 128: [(16, 4, 1)], 256: [(16, 4, 1)]}}
+BACKWARD_Q_CONFIGS = {2: {64: [(64, 8, 2), (32, 4, 1), (16, 4, 1)], 128: [(64, 8, 2), (32, 4, 1), (16, 4, 1)],
+                          256: [(32, 8, 1), (16, 4, 1)]},
+                      4: {64: [(32, 4, 2), (16, 4, 1)], 128: [(32, 4, 2), (16, 4, 1)], 256: [(16, 4, 1)]}}
 #: tile size under Triton's interpreter (the CPU tests), where smaller tiles run faster
 INTERPRETER_BLOCK = 16
 _chosen: dict[tuple, int] = {}
 
 
-def _configs(table: dict, width: int) -> list:
-    for bound in sorted(table):
+def _configs(configs: dict, dtype: torch.dtype, width: int) -> list:
+    by_width = configs[2 if dtype.itemsize <= 2 else 4]
+    for bound in sorted(by_width):
         if width <= bound:
-            return table[bound]
-    return table[max(table)]
+            return by_width[bound]
+    return by_width[max(by_width)]
 
 
 def _launch(key: tuple, configs: list, launch) -> None:
@@ -530,7 +538,8 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, scale: float, table: Tens
                               *out.stride()[:3], *strides, h, lq, lk, dq, dv, scale * LOG2E, *_dropout_args(ex),
                               BM=bm, BN=bn, D1=d1, D2=d2, DVP=dvp, num_warps=warps, num_stages=stages, **flags)
 
-    _launch(("fwd", d1, d2, dvp, q.dtype, tuple(flags.items())), _configs(FORWARD_CONFIGS, max(d1, dvp)), launch)
+    _launch(("fwd", d1, d2, dvp, q.dtype, tuple(flags.items())), _configs(FORWARD_CONFIGS, q.dtype, max(d1, dvp)),
+            launch)
     return out, lse
 
 
@@ -546,26 +555,33 @@ def attention_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
     dvp = max(16, _pow2(dv_width))
     pointers, strides = _aux_args(table, segments, ex, lse)
     flags = _flags(table, segments, ex, q)
+    common = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3], *strides, h, lq, lk, dq_width,
+              dv_width, scale * LOG2E, scale, *_dropout_args(ex))
+    key = (d1, d2, dvp, q.dtype, tuple(flags.items()))
+    width = max(d1, dvp)
     nseg = flags["NSEG"]
     nseg2p = _pow2(max(1, nseg * nseg))
     result = {}
 
-    def launch(config):
+    def launch_kv(config):
         blk, warps, stages = config or (INTERPRETER_BLOCK, 4, 1)
         nm, nn = triton.cdiv(lq, blk), triton.cdiv(lk, blk)
-        width = (nm + 1) * blk
-        part = torch.zeros(b * h, nn, width, dtype=torch.float32, device=q.device) if table is not None else lse
+        row = (nm + 1) * blk
+        part = torch.zeros(b * h, nn, row, dtype=torch.float32, device=q.device) if table is not None else lse
         spart = torch.empty(b * h, nn, nseg2p, dtype=torch.float32, device=q.device) if nseg else lse
-        common = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3], *strides, h, lq, lk,
-                  dq_width, dv_width, scale * LOG2E, scale, *_dropout_args(ex))
-        _backward_kv_kernel[(nn, b * h)](q, k, v, do, lse, delta, dk, dv, part, spart, *pointers, *common, nm,
-                                         width, BLK=blk, D1=d1, D2=d2, DVP=dvp, NSEG2P=nseg2p, num_warps=warps,
+        _backward_kv_kernel[(nn, b * h)](q, k, v, do, lse, delta, dk, dv, part, spart, *pointers, *common, nm, row,
+                                         BLK=blk, D1=d1, D2=d2, DVP=dvp, NSEG2P=nseg2p, num_warps=warps,
                                          num_stages=stages, **flags)
-        _backward_q_kernel[(nm, b * h)](q, k, v, do, lse, delta, dq, *pointers, *common, BLK=blk, D1=d1, D2=d2,
-                                        DVP=dvp, num_warps=warps, num_stages=stages, **flags)
-        result.update(part=part, spart=spart, blk=blk, nn=nn, width=width)
+        result.update(part=part, spart=spart, blk=blk, nn=nn, width=row)
 
-    _launch(("bwd", d1, d2, dvp, q.dtype, tuple(flags.items())), _configs(BACKWARD_CONFIGS, max(d1, dvp)), launch)
+    def launch_q(config):
+        blk, warps, stages = config or (INTERPRETER_BLOCK, 4, 1)
+        _backward_q_kernel[(triton.cdiv(lq, blk), b * h)](q, k, v, do, lse, delta, dq, *pointers, *common, BLK=blk,
+                                                          D1=d1, D2=d2, DVP=dvp, num_warps=warps,
+                                                          num_stages=stages, **flags)
+
+    _launch(("kv", *key), _configs(BACKWARD_KV_CONFIGS, q.dtype, width), launch_kv)
+    _launch(("q", *key), _configs(BACKWARD_Q_CONFIGS, q.dtype, width), launch_q)
     d_table = d_segments = None
     if table is not None:
         d_table = _offset_sums(result["part"], b, h, result["nn"], result["width"], lq + lk - 1, lk, result["blk"])
