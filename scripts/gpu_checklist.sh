@@ -53,15 +53,18 @@ if wants tests; then  # backend, reference, flex (head size 16, backward), compi
     step tests env DIET_TEST_DEVICE=cuda $PY -m pytest -q -p no:cacheprovider tests/attention \
         tests/positions/test_references.py tests/models/test_compile.py tests/tasks/test_pipeline.py
 fi
-if wants fused; then  # the fused kernel: selftest (about a minute), then its bench (docs/kernels.md)
+if wants fused; then  # the fused kernel (docs/kernels.md): selftest, then bench (time; peak memory at 8,192)
     step fused_selftest $PY -m dietpe.attention.kernels.selftest
     step fused_bench_bert dietpe bench --device cuda --precision bf16 --shapes bert-base --lengths 512 --batch 8 \
         --methods diet-rel,diet-rel+seg,diet-abs,diet-abs+seg,t5,tupe-a,tupe-r,alibi,kerple,rotary,none \
         --backends fused,sdpa --repeats 10 --warmup 3 --no-memory \
         --markdown "$OUT/fused_bench_bert.md" --json "$OUT/fused_bench_bert.json"
     step fused_bench_lm dietpe bench --device cuda --precision bf16 --shapes lm-bert-base --lengths 2048,8192 \
-        --batch 8,2 --methods diet-rel,t5,alibi,kerple,rotary --backends fused,sdpa \
-        --repeats 5 --warmup 2 --markdown "$OUT/fused_bench_lm.md" --json "$OUT/fused_bench_lm.json"
+        --batch 8,2 --methods diet-rel,t5,alibi,kerple,rotary --backends fused,sdpa --repeats 5 --warmup 2 \
+        --no-memory --markdown "$OUT/fused_bench_lm.md" --json "$OUT/fused_bench_lm.json"
+    step fused_memory_lm dietpe bench --device cuda --precision bf16 --shapes lm-bert-base --lengths 8192 \
+        --batch 2 --methods diet-rel,t5,alibi --backends fused,sdpa --modes train --repeats 1 --warmup 1 \
+        --markdown "$OUT/fused_memory_lm.md" --json "$OUT/fused_memory_lm.json"
 fi
 if wants flex; then  # flex forward and backward against eager at bert-small, 512 tokens: errors and times
     step flex $PY - <<'EOF'
