@@ -6,18 +6,22 @@ For every method the fused backend serves (the registry's), a one-layer model wi
 segments and a padded row, at 300 tokens (several tiles, cut at the edge): the output and every parameter's
 gradient against the eager reference in float32 (TF32 off); in bfloat16, no further from float32's reference
 than twice the eager reference's own bfloat16 run; two backward passes that must give the same bits; the causal
-LM; then the rotary kernel against `apply_rotary`. Prints one line per check and ends with `selftest: OK`
+LM; attention dropout against the equation with the kernel's own mask; the rotary kernel against
+`apply_rotary`. Prints one line per check and ends with `selftest: OK`
 (exit 0) or `selftest: FAILED n of m: ...` (exit 1). Most of its time (about a minute) is Triton compiling
-each kernel variant.
+each kernel variant. `--device cpu --length 24` runs the same checks under Triton's interpreter
+(TRITON_INTERPRET=1), slowly: a check of this script itself.
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 import time
 
 import torch
 
+DEVICE = "cuda"
 #: float32 tolerances: output absolute, gradients relative to each gradient's largest entry
 FP32_OUT, FP32_GRAD = 1e-4, 1e-3
 
@@ -34,23 +38,27 @@ def _model(position: str, segment: str, backend: str, causal: bool = False):
     with torch.no_grad():  # position terms large enough that a wrong one shows
         for p in model.positions.parameters():
             p.add_(torch.randn_like(p) * 0.5 / getattr(model.positions.method, "logit_scale", 1.0))
-    return model.cuda().train()
+    return model.to(DEVICE).train()
 
 
 def _step(model, inputs, dtype=torch.float32):
     model.zero_grad()
-    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
+    with torch.autocast(torch.device(DEVICE).type, dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
         out = model(**inputs).last_hidden_state.float()
-    w = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).cuda()
+    w = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(DEVICE)
     (out * w).sum().backward()
     return out.detach(), {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
 def _worst(got, want) -> tuple[float, float, str]:
+    """(max abs output difference, worst gradient difference, its parameter). A gradient's difference is
+    relative to its own size plus 1e-3 of the largest gradient's: some are zero up to rounding (a key
+    projection's bias: softmax ignores a shift of a row), where their own size is noise."""
     out = (got[0] - want[0]).abs().max().item()
+    floor = 1e-3 * max(g.abs().max().item() for g in want[1].values())
     name, rel = "", 0.0
     for n, g in want[1].items():
-        r = ((got[1][n] - g).abs().max() / g.abs().max().clamp_min(1e-6)).item()
+        r = (got[1][n] - g).abs().max().item() / (g.abs().max().item() + floor)
         if r > rel:
             name, rel = n, r
     return out, rel, name
@@ -60,12 +68,12 @@ def _inputs(length: int, causal: bool):
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(1, 100, (2, length), generator=g)
     if causal:
-        return {"input_ids": ids.cuda()}
+        return {"input_ids": ids.to(DEVICE)}
     mask = torch.ones_like(ids)
-    mask[1, -37:] = 0
+    mask[1, -(length // 8):] = 0
     seg = torch.zeros_like(ids)
     seg[:, length // 2:] = 1
-    return {"input_ids": ids.cuda(), "attention_mask": mask.cuda(), "token_type_ids": seg.cuda()}
+    return {"input_ids": ids.to(DEVICE), "attention_mask": mask.to(DEVICE), "token_type_ids": seg.to(DEVICE)}
 
 
 def check_method(position: str, segment: str, causal: bool, length: int) -> list[tuple[str, bool]]:
@@ -87,13 +95,35 @@ def check_method(position: str, segment: str, causal: bool, length: int) -> list
             (f"{label} deterministic", same)]
 
 
-def check_rotary() -> list[tuple[str, bool]]:
+def check_dropout(n: int) -> list[tuple[str, bool]]:
+    """The kernel with attention dropout against the equation with the kernel's own mask (`dropout_keep`)."""
+    from dietpe.attention.kernels.attention import Extras, dropout_keep, fused_attention
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 4, n, 64, generator=g).to(DEVICE).requires_grad_() for _ in range(3))
+    table = torch.randn(4, 2 * n - 1, generator=g).to(DEVICE).requires_grad_()
+    ex = Extras(dropout=0.1, seed=1234)
+    keep = dropout_keep(ex.seed, ex.dropout, 2, 4, n, n, DEVICE)
+    i, j = torch.arange(n, device=DEVICE)[:, None], torch.arange(n, device=DEVICE)[None, :]
+    probs = (0.125 * q @ k.transpose(-1, -2) + table[:, i - j + n - 1]).softmax(-1)
+    want = (probs * keep / 0.9) @ v
+    got = fused_attention(q, k, v, 0.125, table, None, ex)
+    w = torch.randn(want.shape, generator=g).to(DEVICE)
+    grads = torch.autograd.grad((got * w).sum(), (q, k, v, table))
+    want_grads = torch.autograd.grad((want * w).sum(), (q, k, v, table))
+    err = max(((a - b).abs().max() / b.abs().max()).item() for a, b in zip((got, *grads), (want, *want_grads)))
+    print(f"{'dropout 0.1':>22}: kept {keep.float().mean().item():.3f}, max relative difference {err:.1e}",
+          flush=True)
+    return [("dropout", err <= FP32_GRAD and abs(keep.float().mean().item() - 0.9) < 0.05)]
+
+
+def check_rotary(n: int) -> list[tuple[str, bool]]:
     from dietpe.attention.kernels.rotary import rotary_qk
     from dietpe.positions.functional import apply_rotary, rotary_angles
 
-    q = torch.randn(2, 300, 4, 64, device="cuda").transpose(1, 2).requires_grad_()
-    k = torch.randn(2, 4, 300, 64, device="cuda", requires_grad=True)
-    angles = rotary_angles(torch.arange(300, device="cuda"), 64)
+    q = torch.randn(2, n, 4, 64, device=DEVICE).transpose(1, 2).requires_grad_()
+    k = torch.randn(2, 4, n, 64, device=DEVICE, requires_grad=True)
+    angles = rotary_angles(torch.arange(n, device=DEVICE), 64)
     got, want = rotary_qk(q, k, *angles, *angles), (apply_rotary(q, *angles), apply_rotary(k, *angles))
     w = torch.randn_like(want[0]), torch.randn_like(want[1])
     g = torch.autograd.grad((got[0] * w[0]).sum() + (got[1] * w[1]).sum(), (q, k))
@@ -103,10 +133,21 @@ def check_rotary() -> list[tuple[str, bool]]:
     return [("rotary", err <= 1e-5)]
 
 
-def main() -> int:
-    if not torch.cuda.is_available():
-        print("selftest: CUDA is not available on this machine; the kernels' CPU tests run under Triton's "
-              "interpreter: python -m pytest tests/attention/kernels", file=sys.stderr)
+def main(argv=None) -> int:
+    global DEVICE
+    parser = argparse.ArgumentParser(prog="python -m dietpe.attention.kernels.selftest", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"), help="cpu: under the interpreter")
+    parser.add_argument("--length", type=int, default=300, help="tokens per row (default: 300)")
+    args = parser.parse_args(argv)
+    DEVICE, n = args.device, args.length
+    from dietpe.attention.kernels import device_problem
+
+    problem = device_problem(torch.empty(0, device="meta" if DEVICE == "cuda" and not torch.cuda.is_available()
+                                         else DEVICE))
+    if problem:
+        print(f"selftest: {problem}; without a GPU: --device cpu under TRITON_INTERPRET=1, or python -m pytest "
+              f"tests/attention/kernels", file=sys.stderr)
         return 2
     from dietpe.attention.registry import ALL_BACKENDS
     from dietpe.positions.registry import REGISTRY
@@ -114,15 +155,17 @@ def main() -> int:
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     start = time.perf_counter()
-    print(f"selftest: {torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
+    name = torch.cuda.get_device_name() if DEVICE == "cuda" else "CPU, Triton's interpreter"
+    print(f"selftest: {name}, torch {torch.__version__}", flush=True)
     results = []
     fused = ALL_BACKENDS["fused"]
     for name, info in REGISTRY.items():
         if fused.refusal(value_terms=info.probabilities, dropout=0.0, method=info) is None:
-            results += check_method(name, "per-head" if info.shareable else "input", False, 300)
+            results += check_method(name, "per-head" if info.shareable else "input", False, n)
     for name in ("diet-rel", "alibi", "t5"):
-        results += check_method(name, "none", True, 300)
-    results += check_rotary()
+        results += check_method(name, "none", True, n)
+    results += check_dropout(n)
+    results += check_rotary(n)
     failed = [label for label, ok in results if not ok]
     print(f"selftest: {'OK' if not failed else f'FAILED {len(failed)} of {len(results)}: ' + ', '.join(failed)} "
           f"({time.perf_counter() - start:.0f} s)")
