@@ -5,7 +5,7 @@
 For every method the fused backend serves (the registry's), a one-layer model with four heads of 64, two
 segments and a padded row, at 300 tokens (several tiles, cut at the edge): the output and every parameter's
 gradient against the eager reference in float32 (TF32 off); in bfloat16, no further from float32's reference
-than twice the eager reference's own bfloat16 run; two backward passes that must give the same bits; the causal
+than three times the eager reference's own bfloat16 run (a sanity check: both round differently); two backward passes that must give the same bits; the causal
 LM; attention dropout against the equation with the kernel's own mask; the rotary kernel against
 `apply_rotary`. Prints one line per check and ends with `selftest: OK`
 (exit 0) or `selftest: FAILED n of m: ...` (exit 1). Most of its time (about a minute) is Triton compiling
@@ -50,12 +50,12 @@ def _step(model, inputs, dtype=torch.float32):
     return out.detach(), {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
-def _worst(got, want) -> tuple[float, float, str]:
+def _worst(got, want, floor: float = 1e-3) -> tuple[float, float, str]:
     """(max abs output difference, worst gradient difference, its parameter). A gradient's difference is
-    relative to its own size plus 1e-3 of the largest gradient's: some are zero up to rounding (a key
+    relative to its own size plus `floor` of the largest gradient's: some are zero up to rounding (a key
     projection's bias: softmax ignores a shift of a row), where their own size is noise."""
     out = (got[0] - want[0]).abs().max().item()
-    floor = 1e-3 * max(g.abs().max().item() for g in want[1].values())
+    floor = floor * max(g.abs().max().item() for g in want[1].values())
     name, rel = "", 0.0
     for n, g in want[1].items():
         r = (got[1][n] - g).abs().max().item() / (g.abs().max().item() + floor)
@@ -85,13 +85,13 @@ def check_method(position: str, segment: str, causal: bool, length: int) -> list
     half, ref_half = _step(fused, inputs, torch.bfloat16), _step(ref, inputs, torch.bfloat16)
     label = f"{'causal ' if causal else ''}{position}{'+seg' if segment == 'per-head' else ''}"
     out, rel, name = _worst(got, want)
-    hout, hrel, hname = _worst(half, want)
-    rout, rrel, _ = _worst(ref_half, want)
+    hout, hrel, hname = _worst(half, want, 1e-2)  # bfloat16 rounds at 4e-3
+    rout, rrel, _ = _worst(ref_half, want, 1e-2)
     same = torch.equal(got[0], again[0]) and all(torch.equal(got[1][n], again[1][n]) for n in got[1])
     print(f"{label:>22}: fp32 out {out:.1e} grad {rel:.1e} ({name}) | bf16 out {hout:.1e} grad {hrel:.1e} "
           f"({hname}; eager bf16: {rout:.1e}, {rrel:.1e}) | two runs same bits: {same}", flush=True)
     return [(f"{label} fp32", out <= FP32_OUT and rel <= FP32_GRAD),
-            (f"{label} bf16", hout <= 2 * rout + 1e-3 and hrel <= 2 * rrel + 1e-2),
+            (f"{label} bf16", hout <= 3 * rout + 1e-3 and hrel <= 3 * rrel + 2e-2),
             (f"{label} deterministic", same)]
 
 
