@@ -226,34 +226,6 @@ def toeplitz(diagonals: Tensor, lq: int, lk: int) -> Tensor:
     return _Toeplitz.apply(diagonals, lq, lk)
 
 
-class _GatherColumns(torch.autograd.Function):
-    """values[..., index] whose gradient sums each column's entries in a fixed order (a stable sort of the
-    index, a cumulative sum in float64, differences at the runs' ends), where `index_select`'s backward on a
-    GPU adds them atomically, in whatever order the threads arrive."""
-
-    @staticmethod
-    def forward(ctx, values: Tensor, index: Tensor) -> Tensor:
-        ctx.save_for_backward(index)
-        ctx.columns = values.shape[-1]
-        return values.index_select(-1, index)
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        (index,) = ctx.saved_tensors
-        order = torch.sort(index, stable=True)
-        sums = grad.index_select(-1, order.indices).double().cumsum(-1)
-        sums = torch.cat([sums.new_zeros(*sums.shape[:-1], 1), sums], -1)  # sums[..., n]: the first n entries
-        columns = torch.arange(ctx.columns, device=index.device)
-        ends = torch.searchsorted(order.values, columns, right=True)  # entries of columns <= m
-        starts = torch.searchsorted(order.values, columns)
-        return (sums.index_select(-1, ends) - sums.index_select(-1, starts)).to(grad.dtype), None
-
-
-def gather_columns(values: Tensor, index: Tensor) -> Tensor:
-    """values (..., M) read at index (N,) into M: (..., N), with a deterministic gradient (see _GatherColumns)."""
-    return _GatherColumns.apply(values, index)
-
-
 def take_rows(table: Tensor, positions: Tensor, start: int | None = None) -> Tensor:
     """Rows of a per-head table (H, N, r) at positions (L,) or per example (B, L): (1, H, L, r) or (B, H, L, r).
     `start`: the positions are known to be start, start + 1, ...: a view of the table, no copy."""

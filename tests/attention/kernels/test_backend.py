@@ -4,6 +4,7 @@ documents; two training steps give the same bits; what it cannot serve is refuse
 per call for per-example positions), and "auto" runs sdpa for those calls and everywhere off CUDA."""
 
 import dataclasses
+import warnings
 
 import pytest
 import torch
@@ -96,6 +97,25 @@ def test_two_training_steps_give_the_same_bits(device):
     first, second = _step(fused, ids, mask, seg), _step(fused, ids, mask, seg)
     assert torch.equal(first[0], second[0])
     assert all(torch.equal(first[1][n], second[1][n]) for n in first[1])
+
+
+@pytest.mark.parametrize("position,segment", [("tupe-r", "input"), ("diet-rel", "per-head")])
+def test_nothing_on_the_path_is_flagged_nondeterministic(position, segment, device):
+    """Under torch.use_deterministic_algorithms no op of the fused path warns (on a GPU: index_select's or a
+    float cumsum's backward would); cuBLAS's own warning about its workspace is torch's, not ours."""
+    _, fused = _pair(lambda **kw: DietModel(tiny(16, **kw)), device, position=position, segment=segment,
+                     num_hidden_layers=1)
+    ids, mask, seg = batch(L, device=device)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            _step(fused, ids, mask, seg)
+    finally:
+        torch.use_deterministic_algorithms(False)
+    flagged = [str(w.message) for w in caught if "determinis" in str(w.message).lower()
+               and "cublas" not in str(w.message).lower()]
+    assert not flagged, flagged
 
 
 def test_methods_it_cannot_serve_are_refused_when_built():

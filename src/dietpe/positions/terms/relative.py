@@ -9,7 +9,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from dietpe.positions.functional import OneHot, gather_columns, relative_gather, relative_offsets, toeplitz
+from dietpe.positions.functional import OneHot, relative_gather, relative_offsets, toeplitz
 from dietpe.positions.terms.logit import ALL, Band, LogitTerm, OffsetTable, ScoreMod, head_at, position_at
 from dietpe.positions.terms.position import PositionBias
 
@@ -84,13 +84,14 @@ class TableBias(LazyIndex, PositionBias):
         return bias if keep is None else bias * keep.to(bias.dtype)
 
     def offset_table(self) -> OffsetTable | None:
-        """values read at the diagonals' buckets (a gather with a deterministic gradient); the keep as two
-        vectors when it is a `SeparableKeep`. None without diagonals or with another keep."""
+        """values read at the diagonals' buckets, by advanced indexing, whose gradient on CUDA sorts the
+        indices and adds each bucket's entries in order (`index_select`'s would add them atomically); the keep as
+        two vectors when it is a `SeparableKeep`. None without diagonals or with another keep."""
         if self.diagonals is None or not (self.keep is None or isinstance(self.keep, SeparableKeep)):
             return None
 
         def build():
-            values = gather_columns(self.values, self.diagonals)  # (H|1, Lq + Lk - 1)
+            values = self.values[:, self.diagonals]  # (H|1, Lq + Lk - 1)
             if self.keep is None:
                 return OffsetTable(values)
             return OffsetTable(values, self.keep.query(self.q_pos).to(values.dtype),
