@@ -53,7 +53,11 @@ def compile_for(fn, dtype: str, constexprs: dict, warps: int, stages: int, arch:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    source = ASTSource(fn=fn, signature=_signature(fn, dtype, constexprs), constexprs=constexprs)
+    signature = _signature(fn, dtype, constexprs)
+    try:
+        source = ASTSource(fn=fn, signature=signature, constexprs=constexprs)
+    except TypeError:  # Triton before 3.3 names them `constants`
+        source = ASTSource(fn=fn, signature=signature, constants=constexprs)
     kernel = triton.compile(source, target=GPUTarget("cuda", arch, 32),
                             options={"num_warps": warps, "num_stages": stages})
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
