@@ -10,8 +10,8 @@ Every backend is an `AttentionFunction` (one signature, below) registered under 
 (`AttentionBackend`): value terms (Shaw's, which read the probabilities), attention dropout, and the methods
 it refuses by their traits. `DietConfig` allows `attn_backend` = "auto" or any registered name and refuses,
 when the model is built, a backend that cannot serve the configuration. "auto" is the first of `AUTO` that
-can; a backend that may decline single calls (`skip`: the fused kernel off CUDA, or with per-example
-positions) runs the next one for those calls.
+can; for the calls a backend declines (the fused kernel: off CUDA, with per-example positions) it runs the
+next one.
 
     eager    the reference, straight from the equation (`dietpe.attention.backends.eager`)
     sdpa     torch's scaled_dot_product_attention, the bias built the cheapest way the shapes allow
