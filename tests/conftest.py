@@ -1,7 +1,13 @@
 import os
 
-import pytest
-import torch
+# Off the GPU the Triton kernels (tests/attention/kernels) run on CPU tensors under Triton's interpreter, which
+# must be switched on before triton is first imported (torch imports it): so here, before torch. Nothing else
+# reads it: "auto" never picks the fused kernel off CUDA.
+if os.environ.get("DIET_TEST_DEVICE", "cpu") != "cuda":
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 from dietpe import DietConfig
 from dietpe.positions.registry import FIELDS, REGISTRY

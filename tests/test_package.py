@@ -3,6 +3,7 @@ they run."""
 
 import ast
 import re
+import subprocess
 import sys
 import tomllib
 from pathlib import Path
@@ -31,10 +32,17 @@ def test_every_extra_module_is_declared_in_its_extra():
         assert module.replace("_", "-") in {n.replace("_", "-") for n in names(extras[extra])}, (module, extra)
 
 
+#: the Triton kernels' modules import triton at the top (a kernel is decorated when its module loads); nothing
+#: imports them before a kernel runs (`test_import_dietpe_needs_no_triton`)
+KERNELS = ROOT / "src" / "dietpe" / "attention" / "kernels"
+KERNEL_MODULES = {KERNELS / "attention.py", KERNELS / "rotary.py"}
+
+
 def test_no_module_imports_an_extra_at_import_time():
     # an extra imported at the top of a module would break `import dietpe` (and every command) without it
     stdlib = set(sys.stdlib_module_names)
     for path in (ROOT / "src" / "dietpe").rglob("*.py"):
+        allowed = {"triton"} if path in KERNEL_MODULES else set()
         for node in ast.parse(path.read_text()).body:
             if isinstance(node, ast.Import):
                 mods = [a.name for a in node.names]
@@ -44,7 +52,20 @@ def test_no_module_imports_an_extra_at_import_time():
                 continue
             for mod in mods:
                 top = mod.split(".")[0]
-                assert top in stdlib | CORE | {"dietpe", "__future__"}, f"{path.relative_to(ROOT)} imports {mod}"
+                assert top in stdlib | CORE | allowed | {"dietpe", "__future__"}, \
+                    f"{path.relative_to(ROOT)} imports {mod}"
+
+
+def test_import_dietpe_needs_no_triton():
+    """Without Triton a model still builds and runs (auto runs sdpa off CUDA) and no kernel module is loaded."""
+    code = ("import sys; sys.modules['triton'] = None\n"
+            "import torch, dietpe\n"
+            "from dietpe import DietConfig, DietModel\n"
+            "m = DietModel(DietConfig.from_preset('bert-tiny', vocab_size=20, position='rotary'))\n"
+            "m(torch.randint(1, 20, (1, 5)))\n"
+            "assert not [n for n in sys.modules if n.startswith('dietpe.attention.kernels.')], sys.modules\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
 
 
 def test_a_missing_extra_names_the_extra(monkeypatch):

@@ -436,7 +436,8 @@ def register_bench(subparsers) -> None:
     p = subparsers.add_parser("bench", help="time and memory of every position method against `none`",
                               description=_doc("dietpe.bench.cli"), formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shapes", type=V.names, default=["bert-small", "bert-base"],
-                   help="model presets (default: bert-small,bert-base)")
+                   help="model presets, or lm-<preset> for the causal LM at its sizes (default: "
+                        "bert-small,bert-base)")
     p.add_argument("--lengths", type=_ints, default=[128, 512], help="sequence lengths (default: 128,512)")
     p.add_argument("--batch", type=_ints, default=None,
                    help="batch size, one for all lengths or one per length (default: 8 at 128, 2 at 512, "
@@ -444,6 +445,13 @@ def register_bench(subparsers) -> None:
     p.add_argument("--methods", type=V.names, default=None,
                    help="position methods, `+seg` for per-head segments (default: all, with diet-abs+seg and "
                         "diet-rel+seg); `none` is always added as the baseline")
+    p.add_argument("--backends", type=V.names, default=["auto"],
+                   help="attention backends to run each method on, e.g. fused,sdpa,flex (default: auto); each "
+                        "row is method@backend, and `none` stays on sdpa (flash on a GPU); a method a backend "
+                        "refuses is left out with a log line")
+    p.add_argument("--attention-dropout", type=float, default=None,
+                   help="attention_probs_dropout_prob of every model (default: the preset's 0.1; flex has "
+                        "no dropout: give 0 to time it)")
     p.add_argument("--modes", type=V.names, default=["train", "infer"], help="train, infer or both")
     p.add_argument("--repeats", type=V.positive_int, default=15, help="timed cycles (default: 15)")
     p.add_argument("--warmup", type=V.non_negative_int, default=2, help="untimed cycles first (default: 2)")

@@ -197,7 +197,8 @@ class DietConfig(PretrainedConfig):
                 raise ConfigError(f"linformer_k={self.linformer_k} exceeds max_position_embeddings="
                                   f"{self.max_position_embeddings}")
         resolve_backend(self.attn_backend, value_terms=self.position in NEEDS_PROBABILITIES,
-                        dropout=self.attention_probs_dropout_prob, subject=f"position={self.position!r}")
+                        dropout=self.attention_probs_dropout_prob, subject=f"position={self.position!r}",
+                        method=REGISTRY[self.position])
 
     def validate_method(self) -> None:
         """The method fields: each value by its field's check, a non-default value only for a method that

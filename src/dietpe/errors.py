@@ -9,6 +9,11 @@ class ConfigError(DietError):
     """An invalid model or run configuration (unknown name, nonsensical combination)."""
 
 
+class NotServed(ConfigError):
+    """A backend cannot serve this call (its device, its inputs, its terms): `attn_backend="auto"` then runs
+    the next backend that can; a backend asked for by name reports it."""
+
+
 class InputError(DietError):
     """Model inputs outside what the configuration allows (token ids, lengths, segment ids)."""
 

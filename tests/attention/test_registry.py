@@ -10,6 +10,7 @@ from dietpe import ConfigError, DietConfig, DietForMaskedLM
 from dietpe.attention import backends
 from dietpe.attention.registry import (ALL_BACKENDS, AttentionBackend, AttentionBackends, AttentionFunction,
                                        backend_names, register_backend, resolve_backend, serving_backend)
+from dietpe.positions.registry import REGISTRY
 from tests.conftest import batch, tiny
 
 
@@ -69,7 +70,10 @@ def test_what_a_backend_cannot_serve_is_refused_at_build_time(registered):
 
 
 def test_auto_picks_the_first_backend_that_serves():
-    assert resolve_backend("auto", value_terms=False, dropout=0.1).name == "sdpa"
+    auto = resolve_backend("auto", value_terms=False, dropout=0.1)
+    assert (auto.name, auto.fallback.name) == ("fused", "sdpa")  # the kernel on CUDA, sdpa for what it declines
+    assert resolve_backend("auto", value_terms=False, method=REGISTRY["fire"]).name == "sdpa"
+    assert resolve_backend("auto", value_terms=False, method=REGISTRY["xlnet"]).name == "sdpa"
     assert resolve_backend("auto", value_terms=True, dropout=0.1).name == "banded"
     assert serving_backend("flex", value_terms=True).name == "banded"  # a model attached to before its method
     assert serving_backend("flex", value_terms=False).name == "flex"

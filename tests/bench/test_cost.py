@@ -170,3 +170,43 @@ def test_bench_runs_in_bfloat16_on_the_cpu():
     rows = cost.measure("bert-small", 8, 1, [cost.Variant.parse("alibi")], repeats=1, warmup=0, modes=("train",),
                         max_length=16, precision="bf16")
     assert [r.method for r in rows] == ["none", "alibi"] and all(r.train_ms > 0 for r in rows)
+
+
+def test_variants_on_backends_and_the_baseline_on_sdpa():
+    v = cost.Variant.parse("diet-rel+seg@fused")
+    assert (v.position, v.segment, v.backend, v.label) == ("diet-rel", "per-head", "fused", "diet-rel+seg@fused")
+    assert cost.Variant.parse("t5").on("sdpa").label == "t5@sdpa" and cost.Variant.parse("t5").backend == "auto"
+    assert cost.Variant.parse("none") == cost.BASELINE and cost.BASELINE.backend == "sdpa"  # flash on a GPU
+    assert cost.BASELINE.on("fused") == cost.BASELINE and cost.Variant.parse("none@fused").label == "none@fused"
+    assert cost.model_config("bert-tiny", v, attention_probs_dropout_prob=0.0).attn_backend == "fused"
+    with pytest.raises(ConfigError, match="not one of"):
+        cost.Variant.parse("t5@fast")
+
+
+def test_lm_shapes_are_the_causal_lm_without_segments():
+    from dietpe.models.causal import DietCausalConfig
+
+    config = cost.model_config("lm-bert-tiny", cost.Variant.parse("alibi"), 2048)
+    assert isinstance(config, DietCausalConfig) and config.max_position_embeddings == 2048
+    assert type(cost.build_model(config)).__name__ == "DietCausalModel"
+    with pytest.raises(ConfigError, match="no segments"):
+        cost.model_config("lm-bert-tiny", cost.Variant.parse("diet-rel+seg"))
+    with pytest.raises(ConfigError, match="lm-"):
+        cost.model_config("lm-bert-huge", cost.BASELINE)
+
+
+def test_candidates_a_backend_refuses_are_left_out_with_a_log_line():
+    logs = []
+    methods = [cost.Variant.parse(m) for m in ("alibi@sdpa", "fire@fused", "diet-rel+seg")]
+    rows = cost.measure("lm-bert-tiny", 8, 1, methods, repeats=1, warmup=0, modes=("infer",), log=logs.append)
+    assert [r.method for r in rows] == ["none", "alibi@sdpa"]
+    assert any("fire@fused left out" in m and "tile" in m for m in logs)  # FIRE is no table of offsets
+    assert any("diet-rel+seg left out" in m and "segments" in m for m in logs)
+
+
+def test_cli_refuses_the_fused_backend_off_cuda(capsys):
+    assert main(["bench", "--shapes", "bert-tiny", "--backends", "fused", "--attention-dropout", "0",
+                 "--no-memory", "--device", "cpu"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "--device cuda" in err
+    assert main(["bench", "--attention-dropout", "1.5", "--no-memory"]) == 2

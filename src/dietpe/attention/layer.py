@@ -15,6 +15,7 @@ from torch import Tensor, nn
 from dietpe.attention.backends import eager
 from dietpe.attention.registry import resolve_backend
 from dietpe.config import NEEDS_PROBABILITIES, DietConfig
+from dietpe.positions.registry import REGISTRY
 from dietpe.positions.terms import EMPTY, LayerTerms
 
 
@@ -26,7 +27,8 @@ class MultiHeadAttention(nn.Module):
         self.query, self.key, self.value = nn.Linear(d, d), nn.Linear(d, d), nn.Linear(d, d)
         self.dropout_p = config.attention_probs_dropout_prob
         self.backend = resolve_backend(config.attn_backend, value_terms=config.position in NEEDS_PROBABILITIES,
-                                       dropout=config.attention_probs_dropout_prob)
+                                       dropout=config.attention_probs_dropout_prob,
+                                       method=REGISTRY[config.position])
         self.scale = 1.0 / math.sqrt(self.head_size)
         if linformer:
             # E, F: (k, n), shared by heads (Linformer's headwise sharing); sliced to the input length

@@ -7,13 +7,16 @@
 Notation: B batch, H heads, Lq queries, Lk keys, Dh the query/key head size, Dv the value head size.
 
 Every backend is an `AttentionFunction` (one signature, below) registered under a name with what it can serve
-(`AttentionBackend`): value terms (Shaw's, which read the probabilities) and attention dropout. `DietConfig`
-allows `attn_backend` = "auto" or any registered name and refuses, when the model is built, a backend that
-cannot serve the configuration. "auto" is the first of `AUTO` that can.
+(`AttentionBackend`): value terms (Shaw's, which read the probabilities), attention dropout, and the methods
+it refuses by their traits. `DietConfig` allows `attn_backend` = "auto" or any registered name and refuses,
+when the model is built, a backend that cannot serve the configuration. "auto" is the first of `AUTO` that
+can; for the calls a backend declines (the fused kernel: off CUDA, with per-example positions) it runs the
+next one.
 
     eager    the reference, straight from the equation (`dietpe.attention.backends.eager`)
     sdpa     torch's scaled_dot_product_attention, the bias built the cheapest way the shapes allow
     flex     FlexAttention: terms as score_mods, padding and causality as a block mask (no dropout)
+    fused    one Triton kernel, position terms read in the tile (`dietpe.attention.fused`; CUDA)
     banded   Shaw's banded paths at inference on CPU (`dietpe.attention.banded`), the reference otherwise
 
 `banded` is its own entry rather than a choice inside `eager`: the reference stays one plain function the fast
@@ -27,15 +30,16 @@ paths are held to, and what `auto` picks for Shaw is a name a run records.
 from __future__ import annotations
 
 from collections.abc import Iterator, MutableMapping
-from dataclasses import dataclass
-from typing import Protocol
+from dataclasses import dataclass, replace
+from typing import Callable, Protocol
 
 from torch import Tensor
 
+from dietpe.attention import fused as fused_backend
 from dietpe.attention.backends import eager, flex, sdpa
 from dietpe.attention.banded import band_or_eager
 from dietpe.attention.masks import CausalMask
-from dietpe.errors import ConfigError
+from dietpe.errors import ConfigError, NotServed
 from dietpe.positions.terms import LayerTerms
 
 
@@ -62,17 +66,34 @@ class AttentionBackend:
     value_terms: bool = False
     #: applies attention dropout
     dropout: bool = True
+    #: why it cannot serve a method, from its registry entry (`MethodInfo`: the traits), or None
+    method_refusal: Callable[[object], str | None] | None = None
+    #: set for a backend that may decline a call (raising NotServed): the calls "auto" leaves to the next
+    #: backend without trying, a test on the query (the fused kernel: off CUDA)
+    skip: Callable[[Tensor], bool] | None = None
+    #: what "auto" runs for the calls this backend declines (set on what `resolve_backend("auto")` returns)
+    fallback: "AttentionBackend | None" = None
 
     def __call__(self, q: Tensor, k: Tensor, v: Tensor, terms: LayerTerms, mask: Tensor | CausalMask | None,
                  scale: float, dropout_p: float, need_probs: bool) -> tuple[Tensor, Tensor | None]:
-        return self.forward(q, k, v, terms, mask, scale, dropout_p, need_probs)
+        if self.fallback is None:
+            return self.forward(q, k, v, terms, mask, scale, dropout_p, need_probs)
+        if self.skip(q):
+            return self.fallback(q, k, v, terms, mask, scale, dropout_p, need_probs)
+        try:
+            return self.forward(q, k, v, terms, mask, scale, dropout_p, need_probs)
+        except NotServed:
+            return self.fallback(q, k, v, terms, mask, scale, dropout_p, need_probs)
 
-    def refusal(self, *, value_terms: bool, dropout: float) -> str | None:
-        """Why this backend cannot serve a model with value terms and this attention dropout, or None."""
+    def refusal(self, *, value_terms: bool, dropout: float, method=None) -> str | None:
+        """Why this backend cannot serve a model with value terms, this attention dropout and this method
+        (its `MethodInfo`, when given), or None."""
         if value_terms and not self.value_terms:
             return "the method's value term needs the attention probabilities"
         if dropout > 0 and not self.dropout:
             return f"it has no attention dropout, but attention_probs_dropout_prob={dropout}"
+        if method is not None and self.method_refusal is not None:
+            return self.method_refusal(method)
         return None
 
 
@@ -88,12 +109,13 @@ class AttentionBackends(MutableMapping):
 
     @classmethod
     def register(cls, name: str, forward: AttentionFunction, *, value_terms: bool = False,
-                 dropout: bool = True) -> AttentionBackend:
+                 dropout: bool = True, method_refusal: Callable[[object], str | None] | None = None,
+                 skip: Callable[[Tensor], bool] | None = None) -> AttentionBackend:
         if not isinstance(name, str) or not name or name == "auto":
             raise ConfigError(f"backend name {name!r}: give a non-empty name other than 'auto'")
         if not callable(forward):
             raise ConfigError(f"backend {name!r}: {forward!r} is not callable")
-        backend = AttentionBackend(name, forward, value_terms, dropout)
+        backend = AttentionBackend(name, forward, value_terms, dropout, method_refusal, skip)
         cls._global_mapping[name] = backend
         return backend
 
@@ -126,20 +148,26 @@ class AttentionBackends(MutableMapping):
 
 
 def register_backend(name: str, forward: AttentionFunction, *, value_terms: bool = False,
-                     dropout: bool = True) -> AttentionBackend:
-    """Make `forward` available as `attn_backend=name` in every model built afterwards."""
-    return AttentionBackends.register(name, forward, value_terms=value_terms, dropout=dropout)
+                     dropout: bool = True, method_refusal: Callable[[object], str | None] | None = None,
+                     skip: Callable[[Tensor], bool] | None = None) -> AttentionBackend:
+    """Make `forward` available as `attn_backend=name` in every model built afterwards. method_refusal(info)
+    says why it cannot serve a method (its `MethodInfo`), or None; skip(q), for a backend whose forward may
+    raise NotServed, which calls "auto" gives to the next backend without trying."""
+    return AttentionBackends.register(name, forward, value_terms=value_terms, dropout=dropout,
+                                      method_refusal=method_refusal, skip=skip)
 
 
 register_backend("eager", eager, value_terms=True)
 register_backend("sdpa", sdpa)
 register_backend("flex", flex, dropout=False)
 register_backend("banded", band_or_eager, value_terms=True)
+register_backend("fused", fused_backend.fused, method_refusal=fused_backend.method_refusal,
+                 skip=fused_backend.skip_call)
 
 #: the global table
 ALL_BACKENDS = AttentionBackends()
-#: what "auto" tries, in order: the first that can serve the configuration
-AUTO = ("sdpa", "banded")
+#: what "auto" tries, in order: the first that can serve the configuration (the next runs the calls it declines)
+AUTO = ("fused", "sdpa", "banded")
 
 
 def backend_names() -> tuple[str, ...]:
@@ -147,17 +175,19 @@ def backend_names() -> tuple[str, ...]:
     return ("auto", *ALL_BACKENDS)
 
 
-def resolve_backend(name: str, *, value_terms: bool, dropout: float = 0.0,
-                    subject: str = "this model") -> AttentionBackend:
-    """The backend `attn_backend=name` means for a model with (or without) value terms and this attention
-    dropout; ConfigError naming `subject` when it cannot serve them."""
+def resolve_backend(name: str, *, value_terms: bool, dropout: float = 0.0, subject: str = "this model",
+                    method=None) -> AttentionBackend:
+    """The backend `attn_backend=name` means for a model with (or without) value terms, this attention dropout
+    and this method (its `MethodInfo`, when given); ConfigError naming `subject` when it cannot serve them."""
     if name == "auto":
-        for candidate in AUTO:
-            if ALL_BACKENDS[candidate].refusal(value_terms=value_terms, dropout=dropout) is None:
-                return ALL_BACKENDS[candidate]
-        return ALL_BACKENDS["eager"]
+        serving = [ALL_BACKENDS[c] for c in AUTO
+                   if ALL_BACKENDS[c].refusal(value_terms=value_terms, dropout=dropout, method=method) is None]
+        chosen = ALL_BACKENDS["eager"]
+        for backend in reversed(serving):  # a backend that may decline calls hands them to the next
+            chosen = replace(backend, fallback=chosen) if backend.skip is not None else backend
+        return chosen
     backend = ALL_BACKENDS[name]
-    reason = backend.refusal(value_terms=value_terms, dropout=dropout)
+    reason = backend.refusal(value_terms=value_terms, dropout=dropout, method=method)
     if reason:
         raise ConfigError(f"attn_backend={name!r} cannot serve {subject}: {reason}; use attn_backend='eager' or "
                           f"'auto'")

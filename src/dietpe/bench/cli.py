@@ -3,6 +3,9 @@
     dietpe bench                                    bert-small and bert-base at 128 and 512 tokens
     dietpe bench --shapes bert-small --peers        add Hugging Face BertModel (SDPA) and T5EncoderModel
     dietpe bench --long                             inference memory at 8,192 tokens, relative methods only
+    dietpe bench --device cuda --precision bf16 --backends fused,sdpa --attention-dropout 0
+                                                    every method on each backend, beside `none` on flash
+    dietpe bench --shapes lm-bert-base --lengths 2048,8192 --batch 8,2 ...   the causal LM at bert-base's sizes
 """
 
 from __future__ import annotations
@@ -38,13 +41,18 @@ def _parse(args) -> tuple[list[cost.Variant], list[cost.Variant], list[str]]:
     if args.repeats < 1 or args.warmup < 0 or args.threads < 1:
         raise ConfigError(f"--repeats ({args.repeats}) and --threads ({args.threads}) must be >= 1, "
                           f"--warmup ({args.warmup}) >= 0")
+    if args.attention_dropout is not None and not 0 <= args.attention_dropout < 1:
+        raise ConfigError(f"--attention-dropout {args.attention_dropout}: give a probability in [0, 1)")
     for path, option in ((args.json, "--json"), (args.markdown, "--markdown")):
         if path:
             V.check_output_file(path, option)  # before the timings, not after
     for mode in args.modes:
         if mode not in ("train", "infer"):
             raise ConfigError(f"--modes: {mode!r} is not one of 'train', 'infer'")
-    variants = [cost.Variant.parse(m) for m in (args.methods or cost.DEFAULT_METHODS)]
+    for backend in args.backends:
+        cost.Variant.parse(f"none@{backend}")  # the backend's name checked before any timing
+    variants = list(dict.fromkeys(cost.Variant.parse(m).on(b) for m in (args.methods or cost.DEFAULT_METHODS)
+                                  for b in args.backends))
     long_variants = [cost.Variant.parse(m) for m in args.long_methods] if args.long else []
     for v in long_variants:
         if v.label not in cost.LENGTH_FREE:
@@ -133,8 +141,11 @@ def run(args) -> int:
     device = resolve_device(args.device)
     if args.precision == "fp16" and device.type != "cuda":
         raise ConfigError("--precision fp16 needs CUDA; use bf16 or fp32 on the CPU")
+    if "fused" in args.backends and device.type != "cuda":
+        raise ConfigError("--backends fused: the fused kernel runs on CUDA; give --device cuda")
     cost.available_memory(device)  # read before any model exists: the memory groups of every phase use it
-    on = {"device": device.type, "precision": args.precision}
+    overrides = {} if args.attention_dropout is None else {"attention_probs_dropout_prob": args.attention_dropout}
+    on = {"device": device.type, "precision": args.precision, "overrides": overrides}
     # one phase per shape, length and mode (and memory, and long inputs)
     phases = [(shape, length, batch, mode) for shape in args.shapes
               for length, batch in zip(args.lengths, _batches(args)) for mode in args.modes]
@@ -142,7 +153,7 @@ def run(args) -> int:
     tables = _Tables(args, device, total)
     for i, (shape, length, batch, mode) in enumerate(phases):
         tables.add(cost.measure(shape, length, batch, variants, args.repeats, args.warmup, (mode,), peers,
-                                log=_log, **on), mode)
+                                max_length=cost.max_length_for(length), log=_log, **on), mode)
         tables.done += 1
         tables.write(final=False)
         last_of_length = i + 1 == len(phases) or phases[i + 1][:2] != (shape, length)

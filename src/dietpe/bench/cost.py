@@ -7,6 +7,11 @@ Each cycle runs one step of every candidate (in a rotated order), so load from o
 machine hits all candidates of a cycle alike and cancels in the per-cycle ratio; the median discards
 cycles that a burst of load hit unevenly. Warm-up steps run first and are not timed.
 
+A candidate is a method on a backend (`diet-rel@fused`; no `@`: the default, "auto"); the baseline `none`
+always runs on sdpa, which is FlashAttention's kernel on a GPU (no bias, no mask). Shapes are the encoder
+presets, or `lm-<preset>`: the causal LM at that preset's sizes (decoder-only, causal, no segments; the
+Llama-shaped case at bert-base's 12 layers of 12 heads of 64).
+
 A training step is forward, loss, backward and an AdamW step on the encoder (`DietModel`: embeddings,
 position encoding, the layers, BERT's pooler); the loss is the mean square of the last hidden states, so no
 task head dilutes the encoder's cost. Inference is a forward pass under `torch.inference_mode`. Inputs are
@@ -26,6 +31,7 @@ from typing import Callable
 import torch
 from torch import Tensor, nn
 
+from dietpe.attention.registry import backend_names
 from dietpe.config import POSITIONS, PRESETS, DietConfig
 from dietpe.errors import ConfigError
 from dietpe.positions.registry import REGISTRY
@@ -33,26 +39,40 @@ from dietpe.positions.registry import REGISTRY
 
 @dataclass(frozen=True)
 class Variant:
-    """One row of the table: a position method and where segments enter. `+seg` in a label: per-head segments
-    (DIET eq. 2) instead of BERT's input segment embedding."""
+    """One row of the table: a position method, where segments enter, and the attention backend. `+seg` in a
+    label: per-head segments (DIET eq. 2) instead of BERT's input segment embedding; `@fused`: the backend."""
 
     position: str
     segment: str = "input"
+    backend: str = "auto"
 
     @property
     def label(self) -> str:
-        return self.position + ("+seg" if self.segment == "per-head" else "")
+        name = self.position + ("+seg" if self.segment == "per-head" else "")
+        return name if self.backend == "auto" or self == BASELINE else f"{name}@{self.backend}"
 
     @classmethod
     def parse(cls, label: str) -> "Variant":
-        position, plus, rest = label.partition("+")
+        spec, at, backend = label.partition("@")
+        position, plus, rest = spec.partition("+")
         if position not in POSITIONS or (plus and rest != "seg"):
             raise ConfigError(f"method {label!r} is not a position method, optionally with '+seg' (per-head "
-                              f"segments); allowed: {', '.join(POSITIONS)}")
-        return cls(position, "per-head" if plus else "input")
+                              f"segments) and '@backend'; allowed: {', '.join(POSITIONS)}")
+        if at and backend not in backend_names():
+            raise ConfigError(f"method {label!r}: backend {backend!r} is not one of {', '.join(backend_names())}")
+        if spec == "none" and backend in ("", "sdpa"):
+            return BASELINE
+        return cls(position, "per-head" if plus else "input", backend or "auto")
+
+    def on(self, backend: str) -> "Variant":
+        """This method on `backend` (the baseline stays itself)."""
+        return self if self == BASELINE else Variant(self.position, self.segment, backend)
 
 
-BASELINE = Variant("none")
+#: the baseline every ratio divides by: no position term, on SDPA (FlashAttention's kernel on a GPU)
+BASELINE = Variant("none", backend="sdpa")
+#: shape prefix of the causal LM at a preset's sizes
+LM = "lm-"
 # every method of the registry; DIET's (shareable, per-head) ones also with per-head segments (`+seg`)
 DEFAULT_METHODS = tuple(label for name, m in REGISTRY.items()
                         for label in ((name, name + "+seg") if m.shareable else (name,)))
@@ -61,17 +81,33 @@ LENGTH_FREE = tuple(label for label in DEFAULT_METHODS if not REGISTRY[label.spl
 
 
 def model_config(shape: str, variant: Variant, max_length: int = 512, **overrides) -> DietConfig:
-    if shape not in PRESETS:
-        raise ConfigError(f"shape {shape!r} is not one of {', '.join(map(repr, PRESETS))}")
-    return DietConfig.from_preset(shape, position=variant.position, segment=variant.segment,
-                                  max_position_embeddings=max_length, **overrides)
+    """The encoder preset `shape`, or for `lm-<preset>` the causal LM at its sizes, with the variant's method,
+    segments and backend; ConfigError for what the model refuses (e.g. segments in a causal LM)."""
+    preset = shape[len(LM):] if shape.startswith(LM) else shape
+    if preset not in PRESETS:
+        raise ConfigError(f"shape {shape!r} is not one of {', '.join(map(repr, PRESETS))}, or one of them after "
+                          f"{LM!r} (the causal LM)")
+    kw = dict(position=variant.position, max_position_embeddings=max_length, attn_backend=variant.backend)
+    if shape.startswith(LM):
+        from dietpe.models.causal import DietCausalConfig
+
+        if variant.segment == "per-head":
+            raise ConfigError(f"{variant.label}: a causal LM has no segments")
+        return DietCausalConfig.from_preset(preset, **kw, **overrides)
+    return DietConfig.from_preset(preset, segment=variant.segment, **kw, **overrides)
+
+
+def max_length_for(length: int) -> int:
+    """max_position_embeddings of the models timed at `length`: 512, or the length beyond it."""
+    return max(512, length)
 
 
 def build_model(config: DietConfig, seed: int = 0) -> nn.Module:
+    from dietpe.models.causal import DietCausalConfig, DietCausalModel
     from dietpe.models.modeling import DietModel
 
     torch.manual_seed(seed)
-    return DietModel(config)
+    return DietCausalModel(config) if isinstance(config, DietCausalConfig) else DietModel(config)
 
 
 def make_inputs(batch: int, length: int, vocab_size: int, seed: int = 0) -> dict[str, Tensor]:
@@ -209,31 +245,55 @@ def candidate_groups(labels: list[str], bytes_each: int, budget: int | None) -> 
     return [list(labels[i:i + per_group]) for i in range(0, len(labels), per_group)]
 
 
+def servable(shape: str, methods: list[Variant], max_length: int, overrides: dict,
+             log: Callable[[str], None] | None = None) -> list[Variant]:
+    """The methods whose model `shape` builds (a backend refuses what it cannot serve when the model is
+    built); the others are left out, each with a log line saying why."""
+    out = []
+    for v in methods:
+        try:
+            model_config(shape, v, max_length, **overrides)
+            out.append(v)
+        except ConfigError as e:
+            if log:
+                log(f"{shape}: {v.label} left out: {e}")
+    return out
+
+
 def measure(shape: str, length: int, batch: int, methods: list[Variant], repeats: int, warmup: int,
             modes: tuple[str, ...] = ("train", "infer"), peers: list[str] | None = None,
             max_length: int = 512, log: Callable[[str], None] | None = None,
-            memory_budget: int | None = None, device: str = "cpu", precision: str = "fp32") -> list[Row]:
-    """Time every method (and peer) at one shape and length, interleaved; ratios to `none`.
+            memory_budget: int | None = None, device: str = "cpu", precision: str = "fp32",
+            overrides: dict | None = None) -> list[Row]:
+    """Time every method (and peer) at one shape and length, interleaved; ratios to `none`. overrides: config
+    fields for every candidate (e.g. attention_probs_dropout_prob).
 
     Every candidate of a group is alive at once (weights, and AdamW's two moments when training): 17
     bert-base candidates need about 22 GiB, so candidates are timed in groups that fit half the available
     memory (`memory_budget` bytes), each group beside its own `none`."""
     from dietpe.bench.peers import build_peer
 
+    overrides = overrides or {}
     if BASELINE not in methods:
         methods = [BASELINE, *methods]
+    methods = servable(shape, methods, max_length, overrides, log)
     dev = torch.device(device)
     builders: dict[str, Callable[[], nn.Module]] = {
-        v.label: (lambda v=v: build_model(model_config(shape, v, max_length)).to(dev)) for v in methods}
-    for peer in peers or []:
+        v.label: (lambda v=v: build_model(model_config(shape, v, max_length, **overrides)).to(dev))
+        for v in methods}
+    if shape.startswith(LM) and peers and log:
+        log(f"{shape}: no peers for the causal LM")
+    for peer in (peers or []) if not shape.startswith(LM) else []:
         builders[peer] = lambda peer=peer: build_peer(peer, shape, max_length).to(dev)
     baseline = builders.pop("none")()
     weights = sum(p.numel() * p.element_size() for p in baseline.parameters())
     each = weights * (3 if "train" in modes else 1)  # + AdamW's exp_avg and exp_avg_sq
     budget = memory_budget if memory_budget is not None else _half(available_memory(dev))
     groups = candidate_groups(list(builders), each, budget)
-    vocab = DietConfig.from_preset(shape).vocab_size
+    vocab = model_config(shape, BASELINE).vocab_size
     inputs = {k: t.to(dev) for k, t in make_inputs(batch, length, vocab).items()}
+    if shape.startswith(LM):
+        inputs = {"input_ids": inputs["input_ids"]}  # a causal LM has no token types
     sync = torch.cuda.synchronize if dev.type == "cuda" else None
     base_count = parameter_count(baseline)
     rows = {"none": Row(shape, "none", length, batch, base_count, 0.0)}
@@ -291,9 +351,9 @@ class LongRow:
 
 def measure_long(shape: str, length: int, methods: list[Variant], repeats: int, warmup: int,
                  log: Callable[[str], None] | None = None, device: str = "cpu",
-                 precision: str = "fp32") -> list[LongRow]:
+                 precision: str = "fp32", overrides: dict | None = None) -> list[LongRow]:
     """Inference at `length` tokens, batch 1, for methods without an absolute-position table (memory:
     `dietpe.bench.memory.add_long_memory`)."""
     rows = measure(shape, length, 1, methods, repeats, warmup, modes=("infer",), log=log, device=device,
-                   precision=precision)
+                   precision=precision, overrides=overrides)
     return [LongRow(shape, r.method, length, r.infer_ms, r.infer_ratio) for r in rows]

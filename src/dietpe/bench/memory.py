@@ -56,8 +56,11 @@ def step_peak(spec: dict) -> dict:
     if label.startswith("hf-"):
         model = build_peer(label, shape, spec["max_length"])
     else:
-        model = cost.build_model(cost.model_config(shape, cost.Variant.parse(label), spec["max_length"]))
+        model = cost.build_model(cost.model_config(shape, cost.Variant.parse(label), spec["max_length"],
+                                                   **spec.get("overrides", {})))
     inputs = cost.peer_inputs(label, cost.make_inputs(spec["batch"], spec["length"], 30522))
+    if shape.startswith(cost.LM):
+        inputs = {"input_ids": inputs["input_ids"]}  # a causal LM has no token types
     make = cost.training_step if spec["mode"] == "train" else cost.inference_step
     device = torch.device(spec.get("device", "cpu"))
     if device.type == "cuda":
@@ -98,29 +101,32 @@ def measure_peak(spec: dict, timeout: float = 1800) -> dict:
 
 
 def _spec(shape: str, method: str, length: int, batch: int, mode: str, threads: int, device: str,
-          precision: str) -> dict:
-    return {"shape": shape, "method": method, "length": length, "batch": batch, "mode": mode, "max_length": 512,
-            "threads": threads, "device": device, "precision": precision}
+          precision: str, overrides: dict | None = None, max_length: int = 512) -> dict:
+    return {"shape": shape, "method": method, "length": length, "batch": batch, "mode": mode,
+            "max_length": max_length, "threads": threads, "device": device, "precision": precision,
+            "overrides": overrides or {}}
 
 
 def add_memory(rows: list[cost.Row], modes, threads: int, log: Callable[[str], None] | None = None,
-               device: str = "cpu", precision: str = "fp32") -> None:
+               device: str = "cpu", precision: str = "fp32", overrides: dict | None = None) -> None:
     """Fill each row's step peak memory, one fresh process per (method, mode)."""
     for row in rows:
         for mode in modes:
             if log:
                 log(f"memory {row.shape} {row.method} L={row.length} {mode}")
-            spec = _spec(row.shape, row.method, row.length, row.batch, mode, threads, device, precision)
+            spec = _spec(row.shape, row.method, row.length, row.batch, mode, threads, device, precision, overrides,
+                         cost.max_length_for(row.length))
             setattr(row, f"{mode}_peak_mib", measure_peak(spec)["step_mib"])
 
 
 def add_long_memory(rows: list[cost.LongRow], threads: int, log: Callable[[str], None] | None = None,
-                    device: str = "cpu", precision: str = "fp32") -> None:
+                    device: str = "cpu", precision: str = "fp32", overrides: dict | None = None) -> None:
     """Fill each long row's step peak and process peak, and both against `none`'s."""
     for row in rows:
         if log:
             log(f"memory {row.shape} {row.method} L={row.length} infer")
-        m = measure_peak(_spec(row.shape, row.method, row.length, 1, "infer", threads, device, precision))
+        m = measure_peak(_spec(row.shape, row.method, row.length, 1, "infer", threads, device, precision,
+                               overrides))
         row.peak_mib, row.rss_mib = m["step_mib"], m["peak_mib"]
     base = next(r for r in rows if r.method == "none")
     for row in rows:  # a tiny model's step may stay within memory the process already had: no ratio then

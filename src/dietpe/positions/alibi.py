@@ -16,7 +16,7 @@ from dietpe.positions.terms import DistanceBias, LayerTerms
 
 class ALiBi(PositionMethod):
     name = "alibi"
-    traits = Traits(entry=("logits",), key_positions=True, relative=True, paper_row="alibi")
+    traits = Traits(entry=("logits",), key_positions=True, relative=True, paper_row="alibi", tile_terms=True)
 
     @classmethod
     def from_config(cls, c):

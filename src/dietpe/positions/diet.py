@@ -41,7 +41,7 @@ def _table(config, layer: int, head: int) -> tuple[int, int]:
 class DietAbs(PositionMethod):
     name = "diet-abs"
     traits = Traits(entry=("logits",), learned_table=True, shareable=True, segment="per-head",
-                    paper_row="diet-abs:sharing=layer")
+                    paper_row="diet-abs:sharing=layer", tile_terms=True)
     fields = (POSITION_RANK,)
     logit_parameters = ("p_q", "p_k")
 
@@ -83,7 +83,7 @@ class DietAbs(PositionMethod):
 class DietRel(PositionMethod):
     name = "diet-rel"
     traits = Traits(entry=("logits",), key_positions=True, relative=True, shareable=True, segment="per-head",
-                    paper_row="diet-rel")
+                    paper_row="diet-rel", tile_terms=True)
     fields = (DIET_REL_MAX_DISTANCE,)
     profile_name = "R[i-j]"
     logit_parameters = ("r",)

@@ -28,7 +28,7 @@ EPS = 0.01  # the authors' lower bound on r1, r2
 
 class Kerple(PositionMethod):
     name = "kerple"
-    traits = Traits(entry=("logits",), key_positions=True, relative=True)
+    traits = Traits(entry=("logits",), key_positions=True, relative=True, tile_terms=True)
 
     @classmethod
     def from_config(cls, c):

@@ -60,6 +60,9 @@ class Traits:
     cls_reset       resets the terms of position 0 as [CLS]'s (TUPE's reset_θ): an encoder's device, refused
                     in a causal LM unless switched off (tupe_reset=False)
     bert_table      its `weight` is BERT's learned input position table (`from_bert` / `to_bert` map it as is)
+    tile_terms      its logit terms are per-offset tables, low-rank factors or segment tables
+                    (`LogitTerm.offset_table`, `factors`, `segment_table`), which the fused kernel reads inside
+                    its tile (`attn_backend="fused"`); a method with logit terms and without it is refused there
     """
 
     entry: tuple[str, ...] = ()
@@ -74,6 +77,7 @@ class Traits:
     causal_ok: bool = True
     cls_reset: bool = False
     bert_table: bool = False
+    tile_terms: bool = False
 
     @property
     def per_head(self) -> bool:

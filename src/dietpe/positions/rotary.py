@@ -7,8 +7,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import torch
 from torch import Tensor
 
+from dietpe.attention.kernels import triton_problem
 from dietpe.errors import ConfigError
 from dietpe.positions.context import CacheKey, Context
 from dietpe.positions.fields import Field, positive_float
@@ -46,6 +48,10 @@ class Rotate:
         self.q_angles, self.k_angles = q_angles, k_angles
 
     def __call__(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+        if q.is_cuda and not torch.compiler.is_compiling() and triton_problem() is None:
+            # both in one Triton kernel, forward and backward (a compiled forward fuses apply_rotary itself)
+            from dietpe.attention.kernels.rotary import rotary_qk
+            return rotary_qk(q, k, *self.q_angles, *self.k_angles)
         return apply_rotary(q, *self.q_angles), apply_rotary(k, *self.k_angles)
 
 

@@ -93,7 +93,7 @@ def t5_diagonals(ctx: Context, num_buckets: int, max_distance: int, causal: bool
 
 class T5(PositionMethod):
     name = "t5"
-    traits = Traits(entry=("logits",), key_positions=True, relative=True, paper_row="t5")
+    traits = Traits(entry=("logits",), key_positions=True, relative=True, paper_row="t5", tile_terms=True)
     fields = (T5_NUM_BUCKETS, T5_MAX_DISTANCE)
     logit_parameters = ("bias",)
 

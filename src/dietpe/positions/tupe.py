@@ -35,7 +35,7 @@ from dietpe.positions.t5 import (
     t5_offset_bucket,
     t5_range,
 )
-from dietpe.positions.terms import LayerTerms, LowRankBias, TableBias
+from dietpe.positions.terms import LayerTerms, LowRankBias, SeparableKeep, TableBias
 
 # in a causal LM position 0 is an ordinary token, not [CLS]
 TUPE_RESET = Field("tupe_reset", True, boolean, "reset_θ on position 0 ([CLS]); false: TUPE^tie-cls",
@@ -145,7 +145,7 @@ class TUPE(PositionMethod):
                 terms = [LowRankBias(fq, fk, lambda: product)]
             if self.relative:
                 # on [CLS]'s row and column b_{j-i} gives way to the [CLS] buckets in θ
-                keep = (lambda qp, kp: (qp != 0) & (kp != 0)) if self.reset else None
+                keep = SeparableKeep(_not_cls, _not_cls) if self.reset else None
                 n, dist, causal = self.num_buckets, self.max_distance, self.causal
                 terms.append(self.keep(ctx, "tupe_r", (self.bias,), TableBias(
                     self.logit("bias"), ctx.q_pos, ctx.k_pos, t5_offset_bucket(n, dist, causal),
@@ -155,15 +155,21 @@ class TUPE(PositionMethod):
         return ctx.cached(Built(self), build)  # shared by all layers: computed once per forward
 
 
+def _not_cls(pos: Tensor) -> Tensor:
+    return pos != 0
+
+
 class TupeA(TUPE):
     name = "tupe-a"
-    traits = Traits(entry=("logits",), learned_table=True, key_positions=True, paper_row="tupe-a", cls_reset=True)
+    traits = Traits(entry=("logits",), learned_table=True, key_positions=True, paper_row="tupe-a", cls_reset=True,
+                    tile_terms=True)
     fields = (TUPE_RESET,)
     logit_parameters = ()  # no buckets: p, U_Q, U_K are in embedding units
 
 
 class TupeR(TUPE):
     name = "tupe-r"
-    traits = Traits(entry=("logits",), learned_table=True, key_positions=True, paper_row="tupe-r", cls_reset=True)
+    traits = Traits(entry=("logits",), learned_table=True, key_positions=True, paper_row="tupe-r", cls_reset=True,
+                    tile_terms=True)
     fields = (TUPE_RESET, T5_NUM_BUCKETS, T5_MAX_DISTANCE)  # T5's buckets, declared in t5.py
     buckets = True

@@ -32,6 +32,28 @@ def head_at(values: Tensor, h: Tensor):
 
 
 @dataclass(frozen=True)
+class OffsetTable:
+    """A position-only term over consecutive positions as one value per head and offset, which a fused kernel
+    reads inside its tile: term[h, i, j] = values[h, i - j + Lk - 1] · q_keep[i] · k_keep[j].
+
+    values (H|1, Lq + Lk - 1), differentiable in the method's parameters; q_keep (Lq,), k_keep (Lk,) 0/1
+    float (TUPE's reset of [CLS]'s row and column), or None: the table applies everywhere."""
+
+    values: Tensor
+    q_keep: Tensor | None = None
+    k_keep: Tensor | None = None
+
+
+@dataclass(frozen=True)
+class SegmentTable:
+    """term[b, h, i, j] = table[h, q_ids[b, i], k_ids[b, j]]: table (H|1, K, K), ids (B, Lq) and (B, Lk)."""
+
+    table: Tensor
+    q_ids: Tensor
+    k_ids: Tensor
+
+
+@dataclass(frozen=True)
 class Band:
     """Relative offsets of consecutive positions, clipped: pos_i - pos_j = i + delta - j, clipped to
     ±max_distance, bucket = clip + max_distance (Shaw's rows of a^K and a^V)."""
@@ -66,6 +88,9 @@ class LogitTerm(abc.ABC):
         score_mod(q) -> ScoreMod | None: the term pair by pair from (b, h, q_idx, kv_idx), for FlexAttention
         band: Band | None: Shaw's key term over consecutive positions, dense == by_offset(q) read at the
             clipped offset, which `dietpe.attention.banded` serves with the fused kernel
+        offset_table() -> OffsetTable | None: the term as one value per head and offset i - j (consecutive
+            positions), which the fused kernel reads in its tile (`dietpe.attention.kernels.attention`)
+        segment_table() -> SegmentTable | None: the term as a per-head table read at two tokens' ids
     """
 
     #: "position" or "segment"
@@ -105,3 +130,20 @@ class LogitTerm(abc.ABC):
     def by_offset(self, q: Tensor) -> Tensor:
         """(B, H, Lq, M): the term of each query at each of the M clipped offsets; only where `band` is set."""
         raise NotImplementedError(f"{type(self).__name__} has no band")
+
+    def offset_table(self) -> OffsetTable | None:
+        """The term as an `OffsetTable`, or None: it is no function of i - j alone (or the positions are no runs)."""
+        return None
+
+    def segment_table(self) -> SegmentTable | None:
+        """The term as a `SegmentTable`, or None."""
+        return None
+
+    def per_forward(self, name: str, build: Callable[[], object]):
+        """build(), kept on the term for the layers of the forward that share it while `reuse` is on."""
+        if not self.reuse:
+            return build()
+        store = self.__dict__.setdefault("_per_forward", {})
+        if name not in store:
+            store[name] = build()
+        return store[name]

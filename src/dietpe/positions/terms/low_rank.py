@@ -9,7 +9,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from dietpe.positions.terms.logit import ALL, LogitTerm, ScoreMod, head_at
+from dietpe.positions.terms.logit import ALL, LogitTerm, ScoreMod, SegmentTable, head_at
 
 
 class LowRankBias(LogitTerm):
@@ -40,6 +40,9 @@ class SegmentBias(LowRankBias):
         fk = torch.nn.functional.one_hot(k_segments, table.shape[-1]).to(table.dtype).unsqueeze(1)  # (B, 1, Lk, k)
         super().__init__(fq, fk)
         self.table, self.q_segments, self.k_segments = table, q_segments, k_segments
+
+    def segment_table(self) -> SegmentTable:
+        return SegmentTable(self.table, self.q_segments, self.k_segments)
 
     def score_mod(self, q: Tensor | None = None) -> ScoreMod:
         table, qs, ks = self.table, self.q_segments, self.k_segments

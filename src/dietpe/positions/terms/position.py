@@ -14,7 +14,7 @@ from typing import Callable
 from torch import Tensor
 
 from dietpe.positions.functional import toeplitz
-from dietpe.positions.terms.logit import LogitTerm, ScoreMod, position_at
+from dietpe.positions.terms.logit import LogitTerm, OffsetTable, ScoreMod, position_at
 
 
 class PositionBias(LogitTerm):
@@ -64,6 +64,13 @@ class DistanceBias(PositionBias):
         dist = self.diagonals[start:stop + lk - 1].abs()  # (rows + Lk - 1,)
         per_diagonal = self.distance_f(dist, *(p[:, None] for p in self.params))  # (H, rows + Lk - 1)
         return toeplitz(per_diagonal, stop - start, lk).unsqueeze(0)  # (1, H, rows, Lk)
+
+    def offset_table(self) -> OffsetTable | None:
+        """f of each diagonal's distance, per head: (H, Lq + Lk - 1); None without diagonals."""
+        if self.diagonals is None:
+            return None
+        return self.per_forward("offset_table", lambda: OffsetTable(
+            self.distance_f(self.diagonals.abs(), *(p[:, None] for p in self.params))))
 
     def score_mod(self, q: Tensor | None = None) -> ScoreMod:
         f, params, q_pos, k_pos = self.distance_f, self.params, self.q_pos, self.k_pos

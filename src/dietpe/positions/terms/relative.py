@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from dietpe.positions.functional import OneHot, relative_gather, relative_offsets, toeplitz
-from dietpe.positions.terms.logit import ALL, Band, LogitTerm, ScoreMod, head_at, position_at
+from dietpe.positions.terms.logit import ALL, Band, LogitTerm, OffsetTable, ScoreMod, head_at, position_at
 from dietpe.positions.terms.position import PositionBias
 
 
@@ -31,6 +31,17 @@ class LazyIndex:
         if not isinstance(self._index, Tensor):
             self._index = self._index()
         return self._index
+
+
+class SeparableKeep:
+    """keep(pos_i, pos_j) = query(pos_i) & key(pos_j), elementwise: a keep of a query part and a key part
+    (TUPE's reset: neither position is [CLS]'s), which a fused kernel reads as two vectors."""
+
+    def __init__(self, query: Callable[[Tensor], Tensor], key: Callable[[Tensor], Tensor]):
+        self.query, self.key = query, key
+
+    def __call__(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        return self.query(q_pos) & self.key(k_pos)
 
 
 class TableBias(LazyIndex, PositionBias):
@@ -71,6 +82,22 @@ class TableBias(LazyIndex, PositionBias):
             bias = toeplitz(self.values[:, self.diagonals[start:stop + lk - 1]], stop - start, lk).unsqueeze(0)
         keep = self._keep(rows)
         return bias if keep is None else bias * keep.to(bias.dtype)
+
+    def offset_table(self) -> OffsetTable | None:
+        """values read at the diagonals' buckets, by advanced indexing, whose gradient on CUDA sorts the
+        indices and adds each bucket's entries in order (`index_select`'s would add them atomically); the keep as
+        two vectors when it is a `SeparableKeep`. None without diagonals or with another keep."""
+        if self.diagonals is None or not (self.keep is None or isinstance(self.keep, SeparableKeep)):
+            return None
+
+        def build():
+            values = self.values[:, self.diagonals]  # (H|1, Lq + Lk - 1)
+            if self.keep is None:
+                return OffsetTable(values)
+            return OffsetTable(values, self.keep.query(self.q_pos).to(values.dtype),
+                               self.keep.key(self.k_pos).to(values.dtype))
+
+        return self.per_forward("offset_table", build)
 
     def score_mod(self, q: Tensor | None = None) -> ScoreMod:
         values, q_pos, k_pos, bucket, keep = self.values, self.q_pos, self.k_pos, self.bucket, self.keep

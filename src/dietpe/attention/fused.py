@@ -1,0 +1,104 @@
+"""The `fused` backend: the one attention equation in one Triton kernel, with every position-only logit term
+read inside the tile (`dietpe.attention.kernels.attention`, FlashAttention-2's tiling, Dao 2023), so neither
+the forward nor the backward holds an (Lq, Lk) tensor, and the tables' gradients are summed without atomics.
+
+    scores = (q'·k'ᵀ) · scale · score_scale + T[h, i - j] · a_i · c_j + Ŝ[h, σ_i, τ_j] + mask
+    (low-rank terms fq·fkᵀ folded in: q' = [q', fq / s], k' = [k', fk])
+
+Each logit term says how it can be read (`dietpe.positions.terms.LogitTerm`): as an offset table T (DIET-REL,
+T5 and TUPE-R's buckets, ALiBi, KERPLE, over consecutive positions; TUPE's reset as the 0/1 vectors a, c), a
+segment table Ŝ (DIET's per-head segments), or low-rank factors folded into extra query/key channels
+(DIET-ABS, TUPE's correlation). qk terms (rotary) are applied before. Masks: causality (a flag; blocks above
+the diagonal skipped), padding (one value per key), any other 4-D mask read tile by tile.
+
+Served on CUDA, and on CPU tensors under Triton's interpreter (TRITON_INTERPRET=1, the tests). A call it
+cannot serve raises `NotServed` (a ConfigError) naming why: per-example or gapped positions (no offset
+table), a term of another kind, value terms. Attention dropout is drawn in the kernel (Philox, the same mask
+again in the backward). `attn_backend="auto"` picks it on CUDA for
+every method whose terms are of these kinds (`Traits.tile_terms`) and runs sdpa for such calls instead;
+asked for by name, a method it cannot serve is refused when the model is built.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from dietpe.attention.backends import apply_qk, fold_low_rank
+from dietpe.attention.kernels import device_problem
+from dietpe.attention.masks import CausalMask
+from dietpe.errors import NotServed
+from dietpe.positions.terms import LayerTerms, LogitTerm, OffsetTable, SegmentTable
+
+#: widest query/key head part the kernel's tiles are sized for (the folded width loads as two parts)
+MAX_HEAD_PART = 256
+
+
+def method_refusal(method) -> str | None:
+    """Why a method (its registry entry's traits) cannot be served, or None: checked when a model is built."""
+    if "logits" in method.entry and not method.tile_terms:
+        return ("its logit term is not a per-offset table, a segment table or low-rank factors, which the kernel "
+                "reads in its tile")
+    return None
+
+
+def skip_call(q: Tensor) -> bool:
+    """Calls "auto" leaves to the next backend without trying: off CUDA, and while compiling (the kernels are
+    opaque to the compiler, which fuses sdpa's surroundings instead)."""
+    return not q.is_cuda or torch.compiler.is_compiling()
+
+
+def plan(terms: list[LogitTerm]) -> tuple[OffsetTable | None, SegmentTable | None, list[LogitTerm]]:
+    """The logit terms as (offset table, segment table, low-rank terms to fold); NotServed for any other."""
+    tables, segments, fold = [], [], []
+    for term in terms:
+        table = term.offset_table()
+        segment = None if table is not None else term.segment_table()
+        if table is not None:
+            tables.append(table)
+        elif segment is not None:
+            segments.append(segment)
+        elif term.factors() is not None:
+            fold.append(term)
+        else:
+            raise NotServed(f"attn_backend='fused' cannot serve the logit term {type(term).__name__} here: it gives "
+                            f"no offset table (per-example or gapped position_ids), segment table or low-rank "
+                            f"factors; use attn_backend='sdpa'")
+    if len(segments) > 1 or (len(tables) > 1 and any(t.q_keep is not None for t in tables)):
+        raise NotServed("attn_backend='fused' reads one segment table and one offset table with a keep; use "
+                        "attn_backend='sdpa'")
+    table = None
+    if tables:
+        table = OffsetTable(sum((t.values for t in tables[1:]), tables[0].values), tables[0].q_keep,
+                            tables[0].k_keep)
+    return table, (segments[0] if segments else None), fold
+
+
+def fused(q: Tensor, k: Tensor, v: Tensor, terms: LayerTerms, mask: Tensor | CausalMask | None, scale: float,
+          dropout_p: float, need_probs: bool = False) -> tuple[Tensor, None]:
+    """The equation by the fused kernel; NotServed (before any work) for a call it cannot serve."""
+    problem = device_problem(q)
+    if problem:
+        raise NotServed(f"attn_backend='fused': {problem}; use attn_backend='auto' or 'sdpa'")
+    if terms.values:
+        raise NotServed("attn_backend='fused' cannot add value terms (Shaw's); use attn_backend='eager'")
+    table, segments, fold = plan(terms.logits)
+    from dietpe.attention.kernels.attention import Extras, fused_attention, head_parts
+
+    s = scale * terms.score_scale
+    q, k = apply_qk(q, k, terms)
+    q, k = fold_low_rank(q, k, fold, s)
+    if max(head_parts(q.shape[-1])[0], v.shape[-1]) > MAX_HEAD_PART:
+        raise NotServed(f"attn_backend='fused' takes head sizes up to {MAX_HEAD_PART} (+ folded channels), got "
+                        f"{q.shape[-1]} and {v.shape[-1]}; use attn_backend='sdpa'")
+    extras = Extras(causal=isinstance(mask, CausalMask), mask=None if isinstance(mask, CausalMask) else mask)
+    if dropout_p > 0:  # a seed from torch's CPU generator: no wait for the GPU, and a seeded run repeats
+        extras.dropout, extras.seed = dropout_p, int(torch.randint(0, 2**62, ()).item())
+    if table is not None and table.q_keep is not None:
+        extras.q_keep, extras.k_keep = table.q_keep.float().contiguous(), table.k_keep.float().contiguous()
+    if segments is not None:
+        extras.q_segments = segments.q_ids.to(torch.int32).contiguous()
+        extras.k_segments = segments.k_ids.to(torch.int32).contiguous()
+    out = fused_attention(q, k, v, s, table.values if table is not None else None,
+                          segments.table if segments is not None else None, extras)
+    return out, None

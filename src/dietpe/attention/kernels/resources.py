@@ -1,0 +1,128 @@
+"""The kernels compiled for a GPU without one: shared memory, registers and spills per tile configuration.
+
+    python -m dietpe.attention.kernels.resources            every configuration of every list, Hopper (sm_90)
+    python -m dietpe.attention.kernels.resources --check    the first of each list, every term on; exit 1 if
+                                                            one fails to compile or exceeds shared memory
+
+Triton compiles a kernel to a cubin with the ptxas it ships, for any target, with no GPU and no driver; the
+cubin's resource usage (`cuobjdump --dump-resource-usage`) says what a GPU would allocate. This is how the
+tile lists of `dietpe.attention.kernels.attention` were chosen, and a compile error only a GPU build shows (a
+kernel reading a non-constexpr global: the interpreter allows it) fails here too. Needs Triton's interpreter
+off (TRITON_INTERPRET unset), which this module checks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+#: Hopper's shared memory per block (227 KiB)
+SHARED_LIMIT = {90: 232448}
+#: every term on: the offset table with its reset, two segments, padding, dropout
+EVERY_TERM = dict(HAS_TAB=True, HAS_KEEP=True, NSEG=2, MASK_KIND=1, CAUSAL=False, DROPOUT=True)
+FLOATS = ("qk_scale", "scale", "p_drop", "inv_keep", "sign")
+ELEMENT_POINTERS = ("Q", "K", "V", "O", "DO", "DK", "DV", "DQ_", "QO", "KO")
+INT_POINTERS = ("QSEG", "KSEG")
+FLOAT_POINTERS = ("LSE", "DELTA", "TAB", "KEEPQ", "KEEPK", "SEGT", "PART", "SPART", "MASK", "OUT", "CQ", "SQ", "CK",
+                  "SK")
+
+
+def _signature(fn, dtype: str, constexprs: dict) -> dict:
+    sig = {}
+    for name in fn.arg_names:
+        if name in constexprs:
+            sig[name] = "constexpr"
+        elif name in ELEMENT_POINTERS:
+            sig[name] = f"*{dtype}"
+        elif name in INT_POINTERS:
+            sig[name] = "*i32"
+        elif name in FLOAT_POINTERS:
+            sig[name] = "*fp32"
+        else:
+            sig[name] = "fp32" if name in FLOATS else ("i64" if name == "seed" else "i32")
+    return sig
+
+
+def compile_for(fn, dtype: str, constexprs: dict, warps: int, stages: int, arch: int = 90) -> dict:
+    """{shared, registers, spill bytes} of `fn` compiled for sm_`arch` (dtype: "bf16", "fp32", ...)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    signature = _signature(fn, dtype, constexprs)
+    try:
+        source = ASTSource(fn=fn, signature=signature, constexprs=constexprs)
+    except TypeError:  # Triton before 3.3 names them `constants`
+        source = ASTSource(fn=fn, signature=signature, constants=constexprs)
+    kernel = triton.compile(source, target=GPUTarget("cuda", arch, 32),
+                            options={"num_warps": warps, "num_stages": stages})
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(kernel.asm["cubin"])
+        f.flush()
+        usage = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
+    number = lambda key: int(m.group(1)) if (m := re.search(key + r":(\d+)", usage)) else None  # noqa: E731
+    return {"shared": kernel.metadata.shared, "registers": number("REG"), "spills": number("STACK")}
+
+
+def cases(first_only: bool):
+    """(label, kernel, dtype, constexprs, warps, stages) for the attention kernels' tile lists."""
+    from dietpe.attention.kernels import attention as A
+
+    widths = [(64, 0, 64), (128, 0, 128), (128, 16, 64)]
+    for dtype, (d1, d2, dvp) in [(t, w) for t in ("bf16", "fp32") for w in widths]:
+        if first_only and (dtype, d1, d2) != ("bf16", 64, 0):
+            continue
+        size = 2 if dtype == "bf16" else 4
+        flags = dict(EVERY_TERM, PREC="ieee" if dtype == "fp32" else "tf32", D1=d1, D2=d2, DVP=dvp)
+        lists = [(A._forward_kernel, A.FORWARD_CONFIGS, lambda c: dict(BM=c[0], BN=c[1]), 2),
+                 (A._backward_kv_kernel, A.BACKWARD_KV_CONFIGS, lambda c: dict(BLK=c[0], NSEG2P=4), 1),
+                 (A._backward_q_kernel, A.BACKWARD_Q_CONFIGS, lambda c: dict(BLK=c[0]), 1)]
+        for kernel, configs, tiles, rest in lists:
+            for config in A._configs(configs, _torch_dtype(size), max(d1, dvp))[:1 if first_only else None]:
+                label = f"{kernel.__name__} {dtype} {d1}+{d2}/{dvp} {config}"
+                yield label, kernel, dtype, {**flags, **tiles(config)}, *config[rest:]
+
+
+def _torch_dtype(size: int):
+    import torch
+
+    return torch.bfloat16 if size == 2 else torch.float32
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m dietpe.attention.kernels.resources", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--check", action="store_true", help="the first configuration of each list only")
+    parser.add_argument("--arch", type=int, default=90, choices=sorted(SHARED_LIMIT), help="sm_ARCH")
+    args = parser.parse_args(argv)
+    if os.environ.get("TRITON_INTERPRET", "0") == "1":
+        print("resources: unset TRITON_INTERPRET (the interpreter compiles nothing)", file=sys.stderr)
+        return 2
+    from dietpe.attention.kernels import attention as A, rotary as R
+
+    failed = 0
+    todo = list(cases(args.check)) + [
+        ("_offset_sum_kernel", A._offset_sum_kernel, "fp32", dict(BLK=32, RB=256), 4, 1),
+        ("_rotary_kernel bf16", R._rotary_kernel, "bf16", dict(ROWS=R.ROWS, HALF=32), 4, 1)]
+    for label, kernel, dtype, constexprs, warps, stages in todo:
+        try:
+            r = compile_for(kernel, dtype, constexprs, warps, stages, args.arch)
+        except Exception as e:  # a compile error is the finding: report it and go on
+            failed += 1
+            print(f"{label}: FAILED {type(e).__name__}: {str(e).strip().splitlines()[-1][:200]}", flush=True)
+            continue
+        fits = r["shared"] <= SHARED_LIMIT[args.arch]
+        failed += not fits
+        print(f"{label}: shared {r['shared']} B{'' if fits else ' (too much)'}, {r['registers']} registers, "
+              f"{r['spills']} B spilled", flush=True)
+    print(f"resources: {'OK' if not failed else f'{failed} FAILED'} (sm_{args.arch})")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

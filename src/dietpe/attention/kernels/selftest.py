@@ -1,0 +1,176 @@
+"""A short check of the fused kernels on a real GPU (no interpreter):
+
+    python -m dietpe.attention.kernels.selftest
+
+For every method the fused backend serves (the registry's), a one-layer model with four heads of 64, two
+segments and a padded row, at 300 tokens (several tiles, cut at the edge): the output and every parameter's
+gradient against the eager reference in float32 (TF32 off); in bfloat16, no further from float32's reference
+than three times the eager reference's own bfloat16 run (a sanity check: both round differently); two backward passes that must give the same bits; the causal
+LM; attention dropout against the equation with the kernel's own mask; the rotary kernel against
+`apply_rotary`. Prints one line per check and ends with `selftest: OK`
+(exit 0) or `selftest: FAILED n of m: ...` (exit 1). Most of its time (about a minute) is Triton compiling
+each kernel variant. `--device cpu --length 24` runs the same checks under Triton's interpreter
+(TRITON_INTERPRET=1), slowly: a check of this script itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import torch
+
+DEVICE = "cuda"
+#: float32 tolerances: output absolute, gradients relative to each gradient's largest entry
+FP32_OUT, FP32_GRAD = 1e-4, 1e-3
+
+
+def _model(position: str, segment: str, backend: str, causal: bool = False):
+    from dietpe import DietConfig, DietModel
+    from dietpe.models.causal import DietCausalConfig, DietCausalModel
+
+    kw = dict(vocab_size=100, hidden_size=256, num_hidden_layers=1, num_attention_heads=4, intermediate_size=256,
+              max_position_embeddings=512, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+              position=position, attn_backend=backend)
+    torch.manual_seed(0)
+    model = DietCausalModel(DietCausalConfig(**kw)) if causal else DietModel(DietConfig(segment=segment, **kw))
+    with torch.no_grad():  # position terms large enough that a wrong one shows
+        for p in model.positions.parameters():
+            p.add_(torch.randn_like(p) * 0.5 / getattr(model.positions.method, "logit_scale", 1.0))
+    return model.to(DEVICE).train()
+
+
+def _step(model, inputs, dtype=torch.float32):
+    model.zero_grad()
+    with torch.autocast(torch.device(DEVICE).type, dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
+        out = model(**inputs).last_hidden_state.float()
+    w = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(DEVICE)
+    (out * w).sum().backward()
+    return out.detach(), {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def _worst(got, want, floor: float = 1e-3) -> tuple[float, float, str]:
+    """(max abs output difference, worst gradient difference, its parameter). A gradient's difference is
+    relative to its own size plus `floor` of the largest gradient's: some are zero up to rounding (a key
+    projection's bias: softmax ignores a shift of a row), where their own size is noise."""
+    out = (got[0] - want[0]).abs().max().item()
+    floor = floor * max(g.abs().max().item() for g in want[1].values())
+    name, rel = "", 0.0
+    for n, g in want[1].items():
+        r = (got[1][n] - g).abs().max().item() / (g.abs().max().item() + floor)
+        if r > rel:
+            name, rel = n, r
+    return out, rel, name
+
+
+def _inputs(length: int, causal: bool):
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(1, 100, (2, length), generator=g)
+    if causal:
+        return {"input_ids": ids.to(DEVICE)}
+    mask = torch.ones_like(ids)
+    mask[1, -(length // 8):] = 0
+    seg = torch.zeros_like(ids)
+    seg[:, length // 2:] = 1
+    return {"input_ids": ids.to(DEVICE), "attention_mask": mask.to(DEVICE), "token_type_ids": seg.to(DEVICE)}
+
+
+def check_method(position: str, segment: str, causal: bool, length: int) -> list[tuple[str, bool]]:
+    inputs = _inputs(length, causal)
+    ref, fused = _model(position, segment, "eager", causal), _model(position, segment, "fused", causal)
+    fused.load_state_dict(ref.state_dict())
+    want, got = _step(ref, inputs), _step(fused, inputs)
+    again = _step(fused, inputs)
+    half, ref_half = _step(fused, inputs, torch.bfloat16), _step(ref, inputs, torch.bfloat16)
+    label = f"{'causal ' if causal else ''}{position}{'+seg' if segment == 'per-head' else ''}"
+    out, rel, name = _worst(got, want)
+    hout, hrel, hname = _worst(half, want, 1e-2)  # bfloat16 rounds at 4e-3
+    rout, rrel, _ = _worst(ref_half, want, 1e-2)
+    same = torch.equal(got[0], again[0]) and all(torch.equal(got[1][n], again[1][n]) for n in got[1])
+    print(f"{label:>22}: fp32 out {out:.1e} grad {rel:.1e} ({name}) | bf16 out {hout:.1e} grad {hrel:.1e} "
+          f"({hname}; eager bf16: {rout:.1e}, {rrel:.1e}) | two runs same bits: {same}", flush=True)
+    return [(f"{label} fp32", out <= FP32_OUT and rel <= FP32_GRAD),
+            (f"{label} bf16", hout <= 3 * rout + 1e-3 and hrel <= 3 * rrel + 2e-2),
+            (f"{label} deterministic", same)]
+
+
+def check_dropout(n: int) -> list[tuple[str, bool]]:
+    """The kernel with attention dropout against the equation with the kernel's own mask (`dropout_keep`)."""
+    from dietpe.attention.kernels.attention import Extras, dropout_keep, fused_attention
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 4, n, 64, generator=g).to(DEVICE).requires_grad_() for _ in range(3))
+    table = torch.randn(4, 2 * n - 1, generator=g).to(DEVICE).requires_grad_()
+    ex = Extras(dropout=0.1, seed=1234)
+    keep = dropout_keep(ex.seed, ex.dropout, 2, 4, n, n, DEVICE)
+    i, j = torch.arange(n, device=DEVICE)[:, None], torch.arange(n, device=DEVICE)[None, :]
+    probs = (0.125 * q @ k.transpose(-1, -2) + table[:, i - j + n - 1]).softmax(-1)
+    want = (probs * keep / 0.9) @ v
+    got = fused_attention(q, k, v, 0.125, table, None, ex)
+    w = torch.randn(want.shape, generator=g).to(DEVICE)
+    grads = torch.autograd.grad((got * w).sum(), (q, k, v, table))
+    want_grads = torch.autograd.grad((want * w).sum(), (q, k, v, table))
+    err = max(((a - b).abs().max() / b.abs().max()).item() for a, b in zip((got, *grads), (want, *want_grads)))
+    print(f"{'dropout 0.1':>22}: kept {keep.float().mean().item():.3f}, max relative difference {err:.1e}",
+          flush=True)
+    return [("dropout", err <= FP32_GRAD and abs(keep.float().mean().item() - 0.9) < 0.05)]
+
+
+def check_rotary(n: int) -> list[tuple[str, bool]]:
+    from dietpe.attention.kernels.rotary import rotary_qk
+    from dietpe.positions.functional import apply_rotary, rotary_angles
+
+    q = torch.randn(2, n, 4, 64, device=DEVICE).transpose(1, 2).requires_grad_()
+    k = torch.randn(2, 4, n, 64, device=DEVICE, requires_grad=True)
+    angles = rotary_angles(torch.arange(n, device=DEVICE), 64)
+    got, want = rotary_qk(q, k, *angles, *angles), (apply_rotary(q, *angles), apply_rotary(k, *angles))
+    w = torch.randn_like(want[0]), torch.randn_like(want[1])
+    g = torch.autograd.grad((got[0] * w[0]).sum() + (got[1] * w[1]).sum(), (q, k))
+    r = torch.autograd.grad((want[0] * w[0]).sum() + (want[1] * w[1]).sum(), (q, k))
+    err = max((a - b).abs().max().item() for a, b in zip((*got, *g), (*want, *r)))
+    print(f"{'rotary kernel':>22}: max abs difference {err:.1e}", flush=True)
+    return [("rotary", err <= 1e-5)]
+
+
+def main(argv=None) -> int:
+    global DEVICE
+    parser = argparse.ArgumentParser(prog="python -m dietpe.attention.kernels.selftest", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"), help="cpu: under the interpreter")
+    parser.add_argument("--length", type=int, default=300, help="tokens per row (default: 300)")
+    args = parser.parse_args(argv)
+    DEVICE, n = args.device, args.length
+    from dietpe.attention.kernels import device_problem
+
+    problem = device_problem(torch.empty(0, device="meta" if DEVICE == "cuda" and not torch.cuda.is_available()
+                                         else DEVICE))
+    if problem:
+        print(f"selftest: {problem}; without a GPU: --device cpu under TRITON_INTERPRET=1, or python -m pytest "
+              f"tests/attention/kernels", file=sys.stderr)
+        return 2
+    from dietpe.attention.registry import ALL_BACKENDS
+    from dietpe.positions.registry import REGISTRY
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    start = time.perf_counter()
+    name = torch.cuda.get_device_name() if DEVICE == "cuda" else "CPU, Triton's interpreter"
+    print(f"selftest: {name}, torch {torch.__version__}", flush=True)
+    results = []
+    fused = ALL_BACKENDS["fused"]
+    for name, info in REGISTRY.items():
+        if fused.refusal(value_terms=info.probabilities, dropout=0.0, method=info) is None:
+            results += check_method(name, "per-head" if info.shareable else "input", False, n)
+    for name in ("diet-rel", "alibi", "t5"):
+        results += check_method(name, "none", True, n)
+    results += check_dropout(n)
+    results += check_rotary(n)
+    failed = [label for label, ok in results if not ok]
+    print(f"selftest: {'OK' if not failed else f'FAILED {len(failed)} of {len(results)}: ' + ', '.join(failed)} "
+          f"({time.perf_counter() - start:.0f} s)")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

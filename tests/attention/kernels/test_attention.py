@@ -1,0 +1,156 @@
+"""The fused attention kernel (`dietpe.attention.kernels.attention`) against the equation written out densely:
+values and the gradients of q, k, v, the offset table and the segment table, for fp32 and bf16, odd lengths,
+head sizes 16 to 128 (and folded widths loaded in two parts), every mask kind; and two runs give the same bits."""
+
+import pytest
+import torch
+
+from tests.attention.kernels.conftest import NO_TRITON, sizes
+
+pytest.importorskip("triton", reason=NO_TRITON)
+
+
+def reference(q, k, v, scale, table=None, segments=None, extras=None, keep=None):
+    """softmax(s·q·kᵀ + T[h, i - j + Lk - 1]·a_i·c_j + Ŝ[h, σ_i, τ_j] + mask)·v in float32, from indices;
+    with dropout's keep mask Z (B, H, Lq, Lk): (softmax(...) ∘ Z / (1 - p))·v."""
+    lq, lk = q.shape[2], k.shape[2]
+    scores = scale * q.float() @ k.float().transpose(-1, -2)
+    i, j = torch.arange(lq, device=q.device)[:, None], torch.arange(lk, device=q.device)[None, :]
+    if table is not None:
+        t = table[:, i - j + lk - 1]  # (H|1, Lq, Lk)
+        if extras.q_keep is not None:
+            t = t * extras.q_keep[:, None] * extras.k_keep[None, :]
+        scores = scores + t
+    if segments is not None:
+        scores = scores + segments[:, extras.q_segments.long()[:, :, None],
+                                   extras.k_segments.long()[:, None, :]].transpose(0, 1)
+    if extras is not None and extras.mask is not None:
+        scores = scores + extras.mask.float()
+    if extras is not None and extras.causal:
+        scores = scores.masked_fill(j > i, float("-inf"))
+    probs = scores.softmax(-1)
+    if keep is not None:
+        probs = probs * keep / (1 - extras.dropout)
+    return (probs @ v.float()).to(v.dtype)
+
+
+def _case(device, dtype, b, h, lq, lk, dq, dv, table_heads=None, nseg=0, keep=False, mask=None, causal=False):
+    from dietpe.attention.kernels.attention import Extras
+
+    g = torch.Generator().manual_seed(0)
+    leaf = lambda *shape: torch.randn(*shape, generator=g).to(device, dtype).requires_grad_()  # noqa: E731
+    q, k, v = leaf(b, h, lq, dq), leaf(b, h, lk, dq), leaf(b, h, lk, dv)
+    table = (torch.randn(table_heads, lq + lk - 1, generator=g) * 2).to(device).requires_grad_() \
+        if table_heads else None
+    segments = torch.randn(h, nseg, nseg, generator=g).to(device).requires_grad_() if nseg else None
+    ex = Extras(causal=causal)
+    if keep:  # TUPE's reset: position 0 ([CLS]) keeps no offset term
+        ex.q_keep = (torch.arange(lq) != 0).float().to(device)
+        ex.k_keep = (torch.arange(lk) != 0).float().to(device)
+    if nseg:
+        ex.q_segments = torch.randint(0, nseg, (b, lq), generator=g).int().to(device)
+        ex.k_segments = torch.randint(0, nseg, (b, lk), generator=g).int().to(device)
+    if mask == "padding":  # (B, 1, 1, Lk): the last row's last keys padded
+        ex.mask = torch.zeros(b, 1, 1, lk)
+        ex.mask[-1, ..., -3:] = torch.finfo(torch.float32).min
+    elif mask == "documents":  # (B, 1, Lq, Lk) block-diagonal: two packed documents per row
+        doc_q, doc_k = (torch.arange(lq) >= lq // 3).long(), (torch.arange(lk) >= lk // 3).long()
+        ex.mask = torch.where(doc_q[:, None] == doc_k[None, :], 0.0, torch.finfo(torch.float32).min)
+        ex.mask = ex.mask.expand(b, 1, lq, lk)
+    if ex.mask is not None:
+        ex.mask = ex.mask.to(device, dtype)
+    return (q, k, v, table, segments), ex
+
+
+def _run(inputs, ex, scale=0.3):
+    from dietpe.attention.kernels.attention import fused_attention
+
+    q, k, v, table, segments = inputs
+    out = fused_attention(q, k, v, scale, table, segments, ex)
+    w = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(out.device, out.dtype)
+    grads = torch.autograd.grad((out.float() * w.float()).sum(), [x for x in inputs if x is not None])
+    return out, grads
+
+
+def _reference_run(inputs, ex, scale=0.3, keep=None):
+    q, k, v, table, segments = inputs
+    out = reference(q, k, v, scale, table, segments, ex, keep)
+    w = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(out.device, out.dtype)
+    grads = torch.autograd.grad((out.float() * w.float()).sum(), [x for x in inputs if x is not None])
+    return out, grads
+
+
+L, M = sizes(13, 301), sizes(11, 157)  # odd lengths: tiles cut at the edges
+CASES = {
+    "fp32-16-table-keep-segments-padding": dict(dtype=torch.float32, b=2, h=2, lq=L, lk=L, dq=16, dv=16,
+                                                table_heads=2, nseg=2, keep=True, mask="padding"),
+    "fp32-72in2parts-64-table-documents": dict(dtype=torch.float32, b=2, h=2, lq=L + 10, lk=M, dq=72, dv=64,
+                                               table_heads=2, mask="documents"),
+    "fp32-32-shared-table-3segments-causal": dict(dtype=torch.float32, b=1, h=3, lq=L + 20, lk=L + 20, dq=32,
+                                                  dv=32, table_heads=1, nseg=3, causal=True),
+    "fp32-130in2parts-8-nothing": dict(dtype=torch.float32, b=1, h=2, lq=M, lk=L, dq=130, dv=8),
+    "bf16-128-table-segments-padding": dict(dtype=torch.bfloat16, b=2, h=2, lq=L, lk=L, dq=128, dv=128,
+                                            table_heads=2, nseg=2, mask="padding"),
+    "bf16-64-table-causal": dict(dtype=torch.bfloat16, b=2, h=1, lq=L + 4, lk=L + 4, dq=64, dv=64, table_heads=1,
+                                 causal=True),
+}
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_kernel_matches_the_equation_with_gradients(name, device):
+    case = CASES[name]
+    inputs, ex = _case(device, **case)
+    out, grads = _run(inputs, ex)
+    want, want_grads = _reference_run(inputs, ex)
+    bf16 = case["dtype"] == torch.bfloat16
+    tol = dict(atol=2e-2, rtol=2e-2) if bf16 else dict(atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(out, want, **tol)
+    names = [n for n, x in zip(("q", "k", "v", "table", "segments"), inputs) if x is not None]
+    for n, got, ref in zip(names, grads, want_grads):
+        scale = ref.abs().max().item()  # the tables' gradients are sums over many pairs: compare to their size
+        if bf16:
+            torch.testing.assert_close(got.float(), ref.float(), atol=3e-2 * max(scale, 1), rtol=3e-2, msg=n)
+        else:
+            torch.testing.assert_close(got, ref, atol=1e-5 * max(scale, 1), rtol=1e-4, msg=n)
+
+
+def test_two_runs_give_the_same_bits(device):
+    inputs, ex = _case(device, torch.float32, b=2, h=2, lq=L + 6, lk=L, dq=24, dv=16, table_heads=2, nseg=2,
+                       keep=True, mask="padding")
+    first, second = _run(inputs, ex), _run(inputs, ex)
+    assert torch.equal(first[0], second[0])
+    for a, b in zip(first[1], second[1]):
+        assert torch.equal(a, b)
+
+
+def test_inference_runs_the_forward_alone(device):
+    inputs, ex = _case(device, torch.float32, b=1, h=2, lq=L, lk=L, dq=16, dv=16, table_heads=2, nseg=2)
+    from dietpe.attention.kernels.attention import fused_attention
+
+    with torch.inference_mode():
+        out = fused_attention(*inputs[:3], 0.3, *inputs[3:], ex)
+    torch.testing.assert_close(out, reference(*inputs[:3], 0.3, *inputs[3:], ex), atol=2e-5, rtol=1e-4)
+
+
+def test_head_parts_cover_the_folded_widths():
+    from dietpe.attention.kernels.attention import head_parts
+
+    assert [head_parts(d) for d in (8, 16, 24, 64, 72, 96, 128, 130, 192)] == [
+        (16, 0), (16, 0), (16, 16), (64, 0), (64, 16), (64, 32), (128, 0), (128, 16), (128, 64)]
+
+
+def test_dropout_is_the_equation_with_the_kernels_own_mask(device):
+    """The kernel drops P's entries by Philox at each pair's index; the backward draws the same mask again."""
+    from dietpe.attention.kernels.attention import dropout_keep
+
+    inputs, ex = _case(device, torch.float32, b=2, h=2, lq=L, lk=L + 3, dq=16, dv=16, table_heads=2, nseg=2,
+                       mask="padding")
+    ex.dropout, ex.seed = 0.3, 12345
+    keep = dropout_keep(ex.seed, ex.dropout, 2, 2, L, L + 3, device)
+    assert 0.6 < keep.float().mean().item() < 0.8
+    assert not torch.equal(keep, dropout_keep(ex.seed + 1, ex.dropout, 2, 2, L, L + 3, device))
+    out, grads = _run(inputs, ex)
+    want, want_grads = _reference_run(inputs, ex, keep=keep)
+    torch.testing.assert_close(out, want, atol=2e-5, rtol=1e-4)
+    for got, ref in zip(grads, want_grads):
+        torch.testing.assert_close(got, ref, atol=1e-5 * max(ref.abs().max().item(), 1), rtol=1e-4)

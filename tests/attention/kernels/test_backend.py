@@ -1,0 +1,173 @@
+"""`attn_backend="fused"` in the models: every method it serves gives the reference's outputs and gradients
+(every parameter's, the position tables' included) with padding, per-head segments, causality and packed
+documents; two training steps give the same bits; what it cannot serve is refused (at build time for a method,
+per call for per-example positions), and "auto" runs sdpa for those calls and everywhere off CUDA."""
+
+import dataclasses
+import warnings
+
+import pytest
+import torch
+
+from dietpe import ConfigError, DietConfig, DietModel
+from dietpe.attention.masks import document_mask
+from dietpe.attention.registry import ALL_BACKENDS, resolve_backend
+from dietpe.errors import NotServed
+from dietpe.models.causal import DietCausalModel
+from dietpe.positions.registry import REGISTRY
+from tests.attention.kernels.conftest import NO_TRITON, sizes
+from tests.conftest import batch, tiny
+from tests.models.test_causal import tiny_lm
+
+pytest.importorskip("triton", reason=NO_TRITON)
+
+L = sizes(13, 200)
+#: the methods the kernel serves (read from the registry), each with DIET's per-head segments where it has them
+SERVED = [(name, "per-head" if info.shareable else "input") for name, info in REGISTRY.items()
+          if ALL_BACKENDS["fused"].refusal(value_terms=info.probabilities, dropout=0.0, method=info) is None]
+
+
+def _randomise(model):
+    with torch.no_grad():  # position terms large enough that a wrong one shows
+        for p in model.positions.parameters():
+            p.copy_(torch.randn_like(p) / getattr(model.positions.method, "logit_scale", 1.0))
+    return model
+
+
+def _pair(make, device, **cfg):
+    ref = _randomise(make(attn_backend="eager", **cfg))
+    fused = make(attn_backend="fused", **cfg)
+    fused.load_state_dict(ref.state_dict())
+    return ref.to(device), fused.to(device)
+
+
+def _step(model, *args, **kwargs):
+    """Outputs and every parameter's gradient, for a loss with real gradients: a fixed random projection."""
+    model.zero_grad()
+    out = model(*args, **kwargs).last_hidden_state
+    w = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(out.device)
+    (out * w).sum().backward()
+    return out.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def _assert_same(got, want, atol=5e-5):
+    torch.testing.assert_close(got[0], want[0], atol=atol, rtol=1e-4)
+    assert got[1].keys() == want[1].keys()
+    for name, g in want[1].items():
+        torch.testing.assert_close(got[1][name], g, atol=atol * max(1.0, g.abs().max().item()), rtol=1e-4,
+                                   msg=name)
+
+
+def test_the_served_methods_are_the_tiled_ones():
+    served = {name for name, _ in SERVED}
+    assert {"none", "rotary", "t5", "tupe-a", "tupe-r", "diet-abs", "diet-rel", "alibi", "kerple"} <= served
+    assert not served & {"fire", "xlnet", "shaw"}
+
+
+@pytest.mark.parametrize("position,segment", SERVED)
+def test_fused_matches_eager_with_gradients(position, segment, device):
+    ref, fused = _pair(lambda **kw: DietModel(tiny(16, **kw)), device, position=position, segment=segment,
+                       num_hidden_layers=1)
+    ids, mask, seg = batch(L, device=device)
+    want, got = _step(ref, ids, mask, seg), _step(fused, ids, mask, seg)
+    assert any(n.startswith("positions.") for n in want[1])
+    _assert_same(got, want)
+
+
+@pytest.mark.parametrize("position", ["diet-rel", "alibi", "tupe-a"])
+def test_causal_lm_matches_eager(position, device):
+    """Causality alone reaches the kernel as a flag (blocks above the diagonal skipped)."""
+    ref, fused = _pair(lambda **kw: DietCausalModel(tiny_lm(position, **kw)), device, num_hidden_layers=1)
+    ids = torch.randint(3, 40, (2, L + 4)).to(device)
+    _assert_same(_step(fused, ids), _step(ref, ids))
+
+
+def test_packed_documents_by_a_4d_mask_match_eager(device):
+    ref, fused = _pair(lambda **kw: DietModel(tiny(16, **kw)), device, position="diet-rel", segment="per-head",
+                       sharing="layer")
+    ids, _, seg = batch(L, device=device)
+    doc = (torch.arange(L) >= L // 3).long() + (torch.arange(L) >= 2 * L // 3).long()
+    mask = document_mask(doc.expand(2, L)).to(device)  # (2, 1, L, L): three documents per row
+    _assert_same(_step(fused, ids, mask, seg), _step(ref, ids, mask, seg))
+
+
+def test_two_training_steps_give_the_same_bits(device):
+    _, fused = _pair(lambda **kw: DietModel(tiny(16, **kw)), device, position="diet-rel", segment="per-head")
+    ids, mask, seg = batch(L, device=device)
+    first, second = _step(fused, ids, mask, seg), _step(fused, ids, mask, seg)
+    assert torch.equal(first[0], second[0])
+    assert all(torch.equal(first[1][n], second[1][n]) for n in first[1])
+
+
+@pytest.mark.parametrize("position,segment", [("tupe-r", "input"), ("diet-rel", "per-head")])
+def test_nothing_on_the_path_is_flagged_nondeterministic(position, segment, device):
+    """Under torch.use_deterministic_algorithms no op of the fused path warns (on a GPU: index_select's or a
+    float cumsum's backward would); cuBLAS's own warning about its workspace is torch's, not ours."""
+    _, fused = _pair(lambda **kw: DietModel(tiny(16, **kw)), device, position=position, segment=segment,
+                     num_hidden_layers=1)
+    ids, mask, seg = batch(L, device=device)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            _step(fused, ids, mask, seg)
+    finally:
+        torch.use_deterministic_algorithms(False)
+    flagged = [str(w.message) for w in caught if "determinis" in str(w.message).lower()
+               and "cublas" not in str(w.message).lower()]
+    assert not flagged, flagged
+
+
+def test_methods_it_cannot_serve_are_refused_when_built():
+    for position in ("fire", "xlnet", "shaw"):
+        with pytest.raises(ConfigError, match="attn_backend='fused' cannot serve"):
+            tiny(16, position=position, attn_backend="fused")
+    assert DietConfig.from_preset("bert-tiny", position="t5", attn_backend="fused").attention_probs_dropout_prob > 0
+
+
+def test_attention_dropout_repeats_with_the_seed(device):
+    _, fused = _pair(lambda **kw: DietModel(tiny(16, **kw)), device, position="diet-rel", segment="per-head",
+                     attention_probs_dropout_prob=0.3)
+    ids, mask, seg = batch(L, device=device)
+    runs = []
+    for seed in (0, 0, 1):
+        torch.manual_seed(seed)  # the kernel's Philox seed comes from torch's generator
+        runs.append(_step(fused, ids, mask, seg))
+    assert torch.equal(runs[0][0], runs[1][0]) and all(torch.equal(runs[0][1][n], runs[1][1][n]) for n in runs[0][1])
+    assert not torch.equal(runs[0][0], runs[2][0])
+
+
+def test_per_example_positions_are_declined_per_call_and_auto_runs_sdpa(device):
+    ref, fused = _pair(lambda **kw: DietModel(tiny(16, **kw)), device, position="t5")
+    ids, mask, seg = batch(L, device=device)
+    positions = torch.arange(L).expand(2, L).flip(-1).to(device)  # per example: no offset table
+    with pytest.raises(NotServed, match="position_ids"):
+        fused(ids, mask, seg, position_ids=positions)
+    auto = resolve_backend("auto", value_terms=False, method=REGISTRY["t5"])
+    assert auto.name == "fused" and auto.fallback.name == "sdpa"
+    tried = []
+    decline = auto.forward
+
+    def forward(*args):
+        tried.append(True)
+        return decline(*args)
+
+    for layer in fused.layers:  # on the CPU too (auto skips the kernel there): try it, then fall back
+        layer.attention.backend = dataclasses.replace(auto, forward=forward, skip=lambda q: False)
+    with torch.no_grad():
+        got = fused(ids, mask, seg, position_ids=positions).last_hidden_state
+        want = ref(ids, mask, seg, position_ids=positions).last_hidden_state
+    assert tried, "auto tried the fused kernel first"
+    torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
+
+
+def test_auto_leaves_the_cpu_to_sdpa(monkeypatch):
+    """Off CUDA "auto" never tries the kernel (the interpreter is for the tests that ask for it by name)."""
+    from dietpe.attention import fused as fused_module
+
+    model = DietModel(tiny(16, position="diet-rel"))
+    assert model.layers[0].attention.backend.name == "fused"  # what auto picks for a served method
+    monkeypatch.setattr(fused_module, "plan", lambda *a: pytest.fail("the kernel was tried on the CPU"))
+    ids, mask, seg = batch(L)
+    with torch.no_grad():
+        model(ids, mask, seg)
