@@ -105,6 +105,12 @@ def padding_mask(attention_mask: Tensor | None, dtype: torch.dtype) -> Tensor | 
     return ((1.0 - attention_mask[:, None, None, :].to(dtype)) * torch.finfo(dtype).min)
 
 
+def _refuse_reentrant(kwargs: dict | None) -> None:
+    if (kwargs or {}).get("use_reentrant"):
+        raise ConfigError("use_reentrant=True checkpointing would lose the gradients of position terms that "
+                          "reach layers outside their tensor arguments; use use_reentrant=False (the default)")
+
+
 class DietPreTrainedModel(PreTrainedModel):
     config_class = DietConfig
     config: DietConfig
@@ -137,10 +143,14 @@ class DietPreTrainedModel(PreTrainedModel):
         """Hugging Face's activation (gradient) checkpointing of every layer, non-reentrant: position terms
         reach the layers as Python objects, not tensor arguments, which reentrant checkpointing would cut
         off from their gradients."""
-        if (activation_checkpointing_kwargs or {}).get("use_reentrant"):
-            raise ConfigError("use_reentrant=True checkpointing would lose the gradients of position terms that "
-                              "reach layers outside their tensor arguments; use use_reentrant=False (the default)")
+        _refuse_reentrant(activation_checkpointing_kwargs)
         return super().activation_checkpointing_enable(activation_checkpointing_kwargs, **kwargs)
+
+    def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs=None, **kwargs):
+        """The same under its older name: older transformers 5 releases have only this one (their Trainer calls
+        it); newer ones keep it as an alias of `activation_checkpointing_enable`."""
+        _refuse_reentrant(gradient_checkpointing_kwargs)
+        return super().gradient_checkpointing_enable(gradient_checkpointing_kwargs, **kwargs)
 
     @torch.no_grad()
     def _init_weights(self, module):
