@@ -46,7 +46,9 @@ def fire_pair(b: Tensor, h: Tensor, qi: Tensor, ki: Tensor, q_pos: Tensor, k_pos
               slope: Tensor, intercept: Tensor, kinks: Tensor) -> Tensor:
     """score_mod: f_θ(x)_h = slope[piece, h] · x + intercept[piece, h], x = ψ(|i - j|) / ψ(max(L, i)), piece the
     number of kinks below x (`Fire.pieces`; torch.bucketize's count, unrolled into comparisons). Each tensor
-    that requires grad is read once: the flex backward allows no more."""
+    that requires grad is read by one index, the form of the flex backward's gradients of captured tensors
+    (it allows no second): c and L as (1,) tensors read at 0."""
+    c, limit = c[0], limit[0]
     i, j = position_at(q_pos, b, qi).to(slope.dtype), position_at(k_pos, b, ki).to(slope.dtype)
     x = torch.log1p(c * (i - j).abs()) / (torch.log1p(c * torch.maximum(i, limit)) + EPS)
     piece = (kinks[0] < x).long()
@@ -66,7 +68,8 @@ class FireBias(PositionBias):
     def score_mod(self, q: Tensor | None = None) -> ScoreMod:
         fire = self.fire
         slope, intercept, kinks = fire.pieces()
-        return ScoreMod(fire_pair, (self.q_pos, self.k_pos, fire.c.abs(), fire.limit(), slope, intercept, kinks))
+        return ScoreMod(fire_pair, (self.q_pos, self.k_pos, fire.c.abs().reshape(1), fire.limit().reshape(1), slope,
+                                    intercept, kinks))
 
 
 class Fire(PositionMethod):
