@@ -104,3 +104,33 @@ def run_on(device, model, *args, **kwargs):
 
     out = copy.deepcopy(model).to(device)(*[there(a) for a in args], **{k: there(v) for k, v in kwargs.items()})
     return type(out)(**{k: back(v) for k, v in out.items()})
+
+
+class OffHost(torch.Tensor):
+    """A CPU tensor that behaves, for host conversions, like one in GPU memory: `.numpy()` and NumPy's own
+    conversions (np.asarray, matplotlib) refuse it, as they refuse a CUDA tensor, until `.cpu()` or
+    `.to("cpu")` brings it back as a plain tensor; every other op on it gives an OffHost. `.item()`,
+    `.tolist()` and `float()` work, as they do on a GPU."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in (torch.Tensor.numpy, torch.Tensor.__array__):
+            raise TypeError("can't convert cuda:0 device type tensor to numpy. Use Tensor.cpu() to copy the "
+                            "tensor to host memory first.")
+        to_cpu = func is torch.Tensor.cpu or (
+            func is torch.Tensor.to and getattr(torch._C._nn._parse_to(*args[1:], **kwargs)[0], "type", None) == "cpu")
+        out = super().__torch_function__(func, types, args, kwargs)
+        return out.as_subclass(torch.Tensor) if to_cpu and isinstance(out, torch.Tensor) else out
+
+
+def off_host(model: torch.nn.Module) -> torch.nn.Module:
+    """`model` with every parameter and buffer an `OffHost` tensor: what it computes stays 'on the device'."""
+    for module in model.modules():
+        for name, p in list(module._parameters.items()):
+            if p is not None:
+                module._parameters[name] = torch.nn.Parameter(p.detach().as_subclass(OffHost), p.requires_grad)
+        for name, b in list(module._buffers.items()):
+            if b is not None:
+                module._buffers[name] = b.as_subclass(OffHost)
+    return model

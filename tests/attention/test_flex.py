@@ -127,10 +127,70 @@ def test_flex_backward_gives_the_references_gradients_of_learned_tables(cfg, dev
             flex(ids, mask, seg)
         return
     grads = []
+    projection = torch.randn(L, ref.config.hidden_size, device=device)  # a loss whose gradients are not ~0
     for model in (ref, flex):
         model.train()
-        model(ids, mask, seg).last_hidden_state.square().mean().backward()
+        (model(ids, mask, seg).last_hidden_state * projection).sum().backward()
         grads.append({n: p.grad for n, p in model.named_parameters() if n.startswith("positions")})
     assert grads[0].keys() == grads[1].keys() and grads[0]
     for name in grads[0]:
         torch.testing.assert_close(grads[1][name], grads[0][name], atol=1e-4, rtol=1e-3, msg=name)
+
+
+# Twelve configurations, every kind of score_mod (tables over offsets, distances, FIRE, segments, XLNet's
+# query-times-offset, folded factors), with other head counts, layer counts and lengths, in one process.
+CONFIGURATIONS = [dict(position="diet-rel", segment="per-head"), dict(position="t5", num_attention_heads=4),
+                  dict(position="alibi"), dict(position="kerple", num_hidden_layers=3),
+                  dict(position="fire"), dict(position="tupe-r", num_attention_heads=4),
+                  dict(position="xlnet"), dict(position="diet-abs", segment="per-head"),
+                  dict(position="diet-rel", sharing="layer", num_attention_heads=4),
+                  dict(position="t5", segment="per-head", num_hidden_layers=3),
+                  dict(position="alibi", num_attention_heads=4), dict(position="fire", num_attention_heads=4)]
+
+
+def test_one_compiled_kernel_per_kind_serves_every_layer_and_configuration(device, monkeypatch):
+    """Compiled flex (inductor on CUDA; dynamo with its eager backend on the CPU, which makes the same
+    guards and recompiles) serves twelve configurations in one process with the recompile limit's error
+    switched on: score_mods are module-level functions whose tensors are inputs, so the layers of a model, and
+    models of one kind, share a kernel. On CUDA the backward too, against eager, with a loss with real
+    gradients."""
+    monkeypatch.setattr(backends, "_FLEX_KERNELS", {})
+    if device.type != "cuda":
+        real = backends.compiled_flex
+        monkeypatch.setattr(backends, "flex_compiled", lambda q: True)
+        monkeypatch.setattr(backends, "compiled_flex", lambda kind: real(kind, backend="eager"))
+    torch._dynamo.reset()
+    calls = 0
+    for n, cfg in enumerate(CONFIGURATIONS):
+        heads = cfg.get("num_attention_heads", 2)
+        size = head_size_for(device)
+        ref, flex = _pair(device, **{**cfg, "hidden_size": heads * size})
+        length = 9 + n % 3
+        ids, mask, seg = batch(length, device=device)
+        position_ids = PER_EXAMPLE[:, :length].to(device) if n % 3 == 0 else None
+        calls += flex.config.num_hidden_layers
+        if device.type != "cuda":
+            with torch.no_grad(), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                got = flex(ids, mask, seg, position_ids=position_ids).last_hidden_state
+                want = ref(ids, mask, seg, position_ids=position_ids).last_hidden_state
+            torch.testing.assert_close(got, want, atol=3e-5, rtol=1e-4, msg=str(cfg))
+            continue
+        projection = torch.randn(length, heads * size, device=device)
+        grads, outs = [], []
+        for model in (ref, flex):
+            model.train()
+            out = model(ids, mask, seg, position_ids=position_ids).last_hidden_state
+            (out * projection).sum().backward()
+            outs.append(out.detach())
+            grads.append({name: p.grad for name, p in model.named_parameters() if p.grad is not None})
+        torch.testing.assert_close(outs[1], outs[0], atol=3e-5, rtol=1e-4, msg=str(cfg))
+        for name, g in grads[0].items():
+            torch.testing.assert_close(grads[1][name], g, atol=1e-4, rtol=1e-3, msg=f"{cfg}: {name}")
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    graphs = {backends.flex_kind_name(kind): len(_debug_get_cache_entry_list(fn._torchdynamo_orig_callable.__code__))
+              for kind, fn in backends._FLEX_KERNELS.items()}
+    # a kind compiles its first shapes static, then once more with dynamic shapes (and per input rank:
+    # positions per example): a few graphs per kind, never one per layer or model
+    assert len(graphs) == 8 and max(graphs.values()) <= 3 and sum(graphs.values()) < calls, (graphs, calls)

@@ -20,7 +20,7 @@ def _grads(config, inputs) -> dict[str, torch.Tensor]:
     model = DietModel(config)
     ids, mask, segments = inputs
     out = model(input_ids=ids, attention_mask=mask, token_type_ids=segments).last_hidden_state
-    out.square().mean().backward()
+    (out * torch.randn(out.shape, generator=torch.Generator().manual_seed(1))).sum().backward()  # real gradients
     return {n: p.grad for n, p in model.named_parameters() if n.startswith("positions.")}
 
 

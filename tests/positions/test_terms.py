@@ -41,8 +41,8 @@ def test_declared_sizes_are_the_dense_forms_and_blocks_are_its_rows(position, pe
         else:
             assert (term.batch, term.heads) == (b, h), type(term).__name__
             assert term.batch == (2 if per_example or term.kind == "segment" else 1)
-        for rows in (slice(0, 3), slice(3, L)):
-            torch.testing.assert_close(term.dense(q, rows), dense[..., rows, :], rtol=0, atol=1e-6)
+        for start, stop in ((0, 3), (3, L)):
+            torch.testing.assert_close(term.dense(q, (start, stop)), dense[..., start:stop, :], rtol=0, atol=1e-6)
         factors = term.factors()
         if factors is not None:
             torch.testing.assert_close(factors[0] @ factors[1].transpose(-1, -2), dense, rtol=1e-5, atol=1e-6)
@@ -54,7 +54,7 @@ def test_the_contract_is_abstract_and_a_function_of_positions_is_a_term():
     term = PositionBias(lambda qp, kp: (qp - kp).float().expand(-1, 3, -1, -1), torch.arange(4), torch.arange(5) + 1, 3)
     assert (term.size, term.batch, term.heads) == ((4, 5), 1, 3)
     want = (torch.arange(4)[:, None] - torch.arange(5)[None, :] - 1).float().expand(1, 3, 4, 5)
-    assert torch.equal(term.dense(), want) and torch.equal(term.dense(None, slice(1, 3)), want[..., 1:3, :])
+    assert torch.equal(term.dense(), want) and torch.equal(term.dense(None, (1, 3)), want[..., 1:3, :])
     mod = term.score_mod(None)
     assert float(mod(torch.tensor(0), torch.tensor(2), torch.tensor(3), torch.tensor(0))) == 2.0
 

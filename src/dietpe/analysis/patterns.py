@@ -68,6 +68,7 @@ def segment_pattern(model: nn.Module, segment_ids: Tensor) -> list[Tensor] | Non
     if pe.head_segments is None:
         return None
     num_heads = encoder.layers[0].attention.num_heads
+    segment_ids = segment_ids.to(next(encoder.parameters()).device)  # the model's device, as the table's
     pos = torch.arange(len(segment_ids), device=segment_ids.device)
     ctx = pe.context(pos, pos, segment_ids[None])
     out = []

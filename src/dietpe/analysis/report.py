@@ -13,7 +13,7 @@ import json
 import math
 import os
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
@@ -129,18 +129,35 @@ class Analysis:
         return out
 
 
+def host(x: Tensor) -> Tensor:
+    """`x` detached and in host memory: NumPy, the plots and JSON read nothing else (a GPU tensor refuses)."""
+    return x.detach().cpu()
+
+
+def _to_host(a: Analysis) -> Analysis:
+    """`a` with every tensor, and every tensor in a list, on the CPU (the model may sit on a GPU)."""
+    for f in fields(a):
+        value = getattr(a, f.name)
+        if isinstance(value, Tensor):
+            setattr(a, f.name, host(value))
+        elif isinstance(value, list):
+            setattr(a, f.name, [host(v) if isinstance(v, Tensor) else v for v in value])
+    return a
+
+
 def _mean_rank(term: Tensor | None, heads: int, rtol: float) -> np.ndarray:
     """(B|1, H|1, L, L) -> (H,) rank averaged over the batch; NaN for a missing term."""
     if term is None:
         return np.full(heads, np.nan)
     r = numerical_rank(term, rtol).double().mean(0)  # (H|1,)
-    return r.expand(heads).numpy()
+    return host(r.expand(heads)).numpy()
 
 
 @torch.no_grad()
 def analyze(model: nn.Module, batch: dict[str, Tensor] | Tensor, pattern_length: int | None = None,
             rtol: float | None = None) -> Analysis:
-    """Compute every number of the report for `model` (its encoder, for a seq2seq model) on `batch`."""
+    """Compute every number of the report for `model` (its encoder, for a seq2seq model) on `batch`, on the
+    model's device; the Analysis holds them on the CPU."""
     if isinstance(batch, Tensor):
         batch = {"input_ids": batch}
     encoder = encoder_of(model)
@@ -176,7 +193,7 @@ def analyze(model: nn.Module, batch: dict[str, Tensor] | Tensor, pattern_length:
         stacked = torch.stack([a.patterns[i] for i in a.pattern_layers])  # (layers, H, n, n)
         a.offsets, a.profiles = offset_profile(stacked)
         spread = (stacked.amax((-1, -2)) - stacked.amin((-1, -2))).clamp_min(1e-12)
-        a.toeplitz = (toeplitz_deviation(stacked) / spread).numpy()
+        a.toeplitz = host(toeplitz_deviation(stacked) / spread).numpy()
 
     # segment attention (Fig. 6): length 32, the second segment from 16, as in the paper
     if pe.head_segments is not None:
@@ -185,7 +202,7 @@ def analyze(model: nn.Module, batch: dict[str, Tensor] | Tensor, pattern_length:
         a.segments = segment_pattern(model, a.segment_ids)
         a.segment_positions = position_pattern(model, seg_len)
         table = pe.head_segments.logit("table").detach().float()  # effective Ŝ, (layers|1, H|1, k, k)
-        a.segment_tables = table.expand(config.num_hidden_layers, heads, -1, -1).numpy()
+        a.segment_tables = host(table.expand(config.num_hidden_layers, heads, -1, -1)).numpy()
 
     # the four correlations of the first layer (TUPE Fig. 2), for positions added at the input
     if correlations.has_input_positions(model):
@@ -197,7 +214,7 @@ def analyze(model: nn.Module, batch: dict[str, Tensor] | Tensor, pattern_length:
     a.embeddings = position_embeddings(model, n)
     if a.embeddings is not None:
         a.cosine_pairs = position_cosine_similarity(a.embeddings)
-    return a
+    return _to_host(a)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ Shapes: q (B, H, Lq, Dh), k and v (B, H, Lk, Dh), out (B, H, Lq, Dh), mask (B|1,
 from __future__ import annotations
 
 import contextlib
+import types
 import weakref
 from dataclasses import dataclass
 from typing import Callable
@@ -239,23 +240,22 @@ def _sdpa_blocks(q, k, v, terms: LayerTerms, mask, s, dropout_p, q_raw, bias_bat
     out = None if keep_graph else q.new_empty(b, h, lq, v.shape[-1])
     mask = fit_mask(mask, q.dtype)
     for start in range(0, lq, step):
-        rows = slice(start, min(start + step, lq))
+        stop = min(start + step, lq)
         bias = None
         for term in terms.logits:
-            block = term.dense(q_raw, rows).to(q.dtype)  # (1|B, H|1, rows, Lk)
+            block = term.dense(q_raw, (start, stop)).to(q.dtype)  # (1|B, H|1, rows, Lk)
             bias = block if bias is None else bias + block
         if mask is not None:
-            m = mask[..., rows, :] if mask.shape[-2] > 1 else mask
+            m = mask[..., start:stop, :] if mask.shape[-2] > 1 else mask
             bias = m if bias is None else bias + m
-        o = F.scaled_dot_product_attention(q[:, :, rows], k, v, attn_mask=bias, dropout_p=dropout_p, scale=s)
+        o = F.scaled_dot_product_attention(q[:, :, start:stop], k, v, attn_mask=bias, dropout_p=dropout_p, scale=s)
         if keep_graph:
             outs.append(o)
         else:
-            out[:, :, rows] = o
+            out[:, :, start:stop] = o
     return torch.cat(outs, dim=2) if keep_graph else out
 
 
-_compiled_flex: Callable | None = None
 # Block masks of the masks alive now, by identity: a forward builds its mask once and hands the same tensor to
 # every layer, so each forward builds one block mask per mask (an encoder-decoder: padding, causal, cross)
 # whatever the layers' terms. A few slots, each holding a weak reference, so no mask is kept alive.
@@ -308,13 +308,51 @@ def flex_plan(terms: LayerTerms, q_raw: Tensor) -> tuple[list, list[LogitTerm]]:
     return mods, fold
 
 
-def _summed(mods: list):
+def _call_flex(q, k, v, block_mask, scale, mods):
+    """flex_attention with Σ mods as its score_mod (mods: ((fn, args), ...), see `ScoreMod`). The score_mod is
+    made here, from functions and tensors passed in, so a compiled kernel of this function serves every call
+    whose mods have the same functions: their tensors are its inputs."""
+    from torch.nn.attention.flex_attention import flex_attention
+
     def score_mod(score, b, h, q_idx, kv_idx):
-        for mod in mods:
-            score = score + mod(b, h, q_idx, kv_idx)
+        for fn, args in mods:
+            score = score + fn(b, h, q_idx, kv_idx, *args)
         return score
 
-    return score_mod
+    return flex_attention(q, k, v, score_mod=score_mod if mods else None, block_mask=block_mask, scale=scale)
+
+
+# Compiled `_call_flex`, one per kind of score_mod (its functions and the functions among their arguments).
+# Dynamo keeps its compiled entries, and its limit of 8 recompiles, per code object: a process that meets
+# many methods would run out of them with one shared code object, so each kind gets a copy of its own.
+_FLEX_KERNELS: dict[tuple, Callable] = {}
+
+
+def flex_kind(mods: list) -> tuple:
+    """The kind of a list of score_mods: what their kernel is traced for (their tensors excluded)."""
+    return tuple((m.fn, *[a for a in m.args if not isinstance(a, Tensor)]) for m in mods)
+
+
+def flex_kind_name(kind: tuple) -> str:
+    """A readable name of a kind (its kernel's name in dynamo's logs)."""
+    return "flex_" + "_".join(f.__name__ for part in kind for f in part if callable(f)) if kind else "flex_plain"
+
+
+def compiled_flex(kind: tuple, **compile_options) -> Callable:
+    """The compiled `_call_flex` for score_mods of `kind`, made once per kind."""
+    if kind not in _FLEX_KERNELS:
+        name = flex_kind_name(kind)
+        code = _call_flex.__code__.replace(co_name=name)
+        fn = types.FunctionType(code, _call_flex.__globals__, name)
+        # dynamic=None: the first length compiles static, a second one recompiles once with dynamic lengths
+        # (padding, group_by_length, generate), not once per length
+        _FLEX_KERNELS[kind] = torch.compile(fn, **{"dynamic": None, **compile_options})
+    return _FLEX_KERNELS[kind]
+
+
+def flex_compiled(q: Tensor) -> bool:
+    """Whether flex runs compiled: on CUDA (uncompiled it materialises the scores)."""
+    return q.is_cuda
 
 
 def flex(q: Tensor, k: Tensor, v: Tensor, terms: LayerTerms, mask: Tensor | CausalMask | None, scale: float,
@@ -322,9 +360,6 @@ def flex(q: Tensor, k: Tensor, v: Tensor, terms: LayerTerms, mask: Tensor | Caus
     """FlexAttention: every relative, distance and segment term is a score_mod computed from indices and the
     term's own parameters (no (Lq, Lk) bias is built), low-rank terms are folded into q/k as for sdpa, and
     padding and causality are a block mask (built from the additive mask, or given as a `BlockMask`)."""
-    global _compiled_flex
-    from torch.nn.attention.flex_attention import flex_attention
-
     if terms.values:
         raise ConfigError("the flex backend cannot add value terms (Shaw); use attn_backend='eager'")
     if dropout_p > 0:
@@ -344,23 +379,18 @@ def flex(q: Tensor, k: Tensor, v: Tensor, terms: LayerTerms, mask: Tensor | Caus
     b, _, lq, _ = q.shape
     lk = k.shape[2]
     block_mask = given if given is not None else _block_mask(mask, b, lq, lk)
-    score_mod = _summed(mods) if mods else None
     dv = v.shape[-1]
     v_pad = F.pad(v, (0, q.shape[-1] - dv)) if q.shape[-1] != dv else v  # one head size for q, k and v
-    fn, loud = flex_attention, contextlib.nullcontext()
-    if q.is_cuda:
-        if _compiled_flex is None:
-            # dynamic=None: the first length compiles static, a second one recompiles once with dynamic lengths
-            # (padding, group_by_length, generate), not once per length
-            _compiled_flex = torch.compile(flex_attention, dynamic=None)
-        fn = _compiled_flex
+    fn, loud = _call_flex, contextlib.nullcontext()
+    if flex_compiled(q):
+        fn = compiled_flex(flex_kind(mods))
         # past the recompile limit dynamo would silently run flex uncompiled, which materialises the scores
         loud = torch._dynamo.config.patch(fail_on_recompile_limit_hit=True)
     with loud:
-        out = run_flex(fn, q, k, v_pad, score_mod, block_mask, s)
+        out = run_flex(fn, q, k, v_pad, tuple((m.fn, m.args) for m in mods), block_mask, s)
     return out[..., :dv], None
 
 
-def run_flex(fn, q, k, v, score_mod, block_mask, scale):
+def run_flex(fn, q, k, v, mods, block_mask, scale):
     """The kernel call itself (a seam for tests that watch what the backend builds around it)."""
-    return fn(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale)
+    return fn(q, k, v, block_mask, scale, mods)

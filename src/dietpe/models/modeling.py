@@ -150,7 +150,8 @@ class DietPreTrainedModel(PreTrainedModel):
         return enable(activation_checkpointing_kwargs, **kwargs)
 
     def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs=None, **kwargs):
-        """The same under its older name (the only one before transformers 5.24, deprecated after)."""
+        """The same under its older name: older transformers 5 releases have only this one (their Trainer calls
+        it); newer ones keep it as an alias of `activation_checkpointing_enable`."""
         _refuse_reentrant(gradient_checkpointing_kwargs)
         return super().gradient_checkpointing_enable(gradient_checkpointing_kwargs, **kwargs)
 

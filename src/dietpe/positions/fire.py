@@ -42,29 +42,34 @@ EPS = 1e-6  # the authors' guard on the normaliser
 C_INIT = 0.1  # the authors' initial c
 
 
+def fire_pair(b: Tensor, h: Tensor, qi: Tensor, ki: Tensor, q_pos: Tensor, k_pos: Tensor, c: Tensor, limit: Tensor,
+              slope: Tensor, intercept: Tensor, kinks: Tensor) -> Tensor:
+    """score_mod: f_θ(x)_h = slope[piece, h] · x + intercept[piece, h], x = ψ(|i - j|) / ψ(max(L, i)), piece the
+    number of kinks below x (`Fire.pieces`; torch.bucketize's count, unrolled into comparisons). Each tensor
+    that requires grad is read by one index, the form of the flex backward's gradients of captured tensors
+    (it allows no second): c and L as (1,) tensors read at 0."""
+    c, limit = c[0], limit[0]
+    i, j = position_at(q_pos, b, qi).to(slope.dtype), position_at(k_pos, b, ki).to(slope.dtype)
+    x = torch.log1p(c * (i - j).abs()) / (torch.log1p(c * torch.maximum(i, limit)) + EPS)
+    piece = (kinks[0] < x).long()
+    for u in range(1, kinks.shape[0]):
+        piece = piece + (kinks[u] < x).long()
+    return slope[piece, h] * x + intercept[piece, h]
+
+
 class FireBias(PositionBias):
-    """FIRE's term: the dense form from `Fire.bias`; for FlexAttention the same equation pair by pair, the MLP
-    unrolled over its hidden units (pointwise operations only, as a fused kernel takes them), so flex never
-    builds a query-key tensor."""
+    """FIRE's term: the dense form from `Fire.bias`; for FlexAttention the same piecewise-linear f_θ pair by
+    pair (pointwise operations only, as a fused kernel takes them), so flex never builds a query-key tensor."""
 
     def __init__(self, fire: "Fire", q_pos: Tensor, k_pos: Tensor):
         super().__init__(fire.bias, q_pos, k_pos, fire.w2.shape[0])
         self.fire = fire
 
     def score_mod(self, q: Tensor | None = None) -> ScoreMod:
-        fire, q_pos, k_pos = self.fire, self.q_pos, self.k_pos
-        c, limit = fire.c.abs(), (fire.threshold_scale * fire.threshold).abs()
-        w1, b1, w2, b2 = fire.w1, fire.b1, fire.w2, fire.b2
-
-        def mod(b, h, qi, ki):
-            i, j = position_at(q_pos, b, qi).to(w1.dtype), position_at(k_pos, b, ki).to(w1.dtype)
-            x = torch.log1p(c * (i - j).abs()) / (torch.log1p(c * torch.maximum(i, limit)) + EPS)
-            out = b2[h]
-            for u in range(w1.shape[0]):
-                out = out + w2[h, u] * torch.relu(x * w1[u] + b1[u])
-            return out
-
-        return mod
+        fire = self.fire
+        slope, intercept, kinks = fire.pieces()
+        return ScoreMod(fire_pair, (self.q_pos, self.k_pos, fire.c.abs().reshape(1), fire.limit().reshape(1), slope,
+                                    intercept, kinks))
 
 
 class Fire(PositionMethod):
@@ -105,12 +110,16 @@ class Fire(PositionMethod):
         ReLU's, almost everywhere."""
         c, dtype = self.c.abs(), self.w1.dtype
         i, j = q_pos.to(dtype), k_pos.to(dtype)
-        limit = (self.threshold_scale * self.threshold).abs()
+        limit = self.limit()
         x = torch.log1p(c * (i - j).abs()) / (torch.log1p(c * torch.maximum(i, limit)) + EPS)  # (1|B,1,Lq,Lk)
         slope, intercept, kinks = self.pieces()
         x = x.squeeze(1)  # (1|B, Lq, Lk)
         piece = torch.bucketize(x.detach(), kinks)  # (1|B, Lq, Lk)
         return (slope[piece] * x.unsqueeze(-1) + intercept[piece]).movedim(-1, 1)  # (1|B, H, Lq, Lk)
+
+    def limit(self) -> Tensor:
+        """L, learned as threshold_scale · threshold (0-dim)."""
+        return (self.threshold_scale * self.threshold).abs()
 
     def pieces(self) -> tuple[Tensor, Tensor, Tensor]:
         """(slope (width+1, H), intercept (width+1, H), sorted kinks (width,)) of f_θ's linear pieces."""

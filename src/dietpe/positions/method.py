@@ -31,7 +31,7 @@ from transformers import initialization as hf_init
 
 from dietpe.positions.context import Context, LayerSlices
 from dietpe.positions.fields import Field
-from dietpe.positions.terms import ALL, EMPTY, LayerTerms, LogitTerm
+from dietpe.positions.terms import EMPTY, LayerTerms, LogitTerm
 
 T = TypeVar("T")
 
@@ -190,7 +190,7 @@ class PositionMethod(nn.Module):
         """`term`, position-only, a function of `tensors` and the positions, with its dense form kept between
         inference forwards (see `kept`)."""
         lq, lk = term.size
-        term.kept = self.kept(ctx, name, tensors, term.heads * lq * lk, lambda: term.build(None, ALL))
+        term.kept = self.kept(ctx, name, tensors, term.heads * lq * lk, lambda: term.build(None, None))
         return term
 
     def layer_table(self, ctx: Context, name: str, layer: int) -> Tensor:

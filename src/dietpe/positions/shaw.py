@@ -94,5 +94,5 @@ class Shaw(PositionMethod):
 
         band = ctx.cached(BandOf(self.max_distance), lambda: self.band(ctx))
         key = QueryRelativeBias(self.key[layer][:, None, :], ctx.q_pos, ctx.k_pos, bucket, self.scale,
-                                index=index, band=band, onehot=onehot)  # r: (M, 1, Dh)
+                                index=index, band=band, onehot=onehot, first=-self.max_distance)  # r: (M, 1, Dh)
         return LayerTerms(logits=[key], values=[ValueTerm(self.value[layer], index, band, onehot)])

@@ -42,6 +42,15 @@ TUPE_RESET = Field("tupe_reset", True, boolean, "reset_θ on position 0 ([CLS]);
                    causal_default=False)
 
 
+def _not_cls(pos: Tensor) -> Tensor:
+    return pos != 0
+
+
+#: whether neither position is [CLS]'s 0: where TUPE-R's relative buckets apply. One object for every model,
+#: so FlexAttention's kernel for it is one; separable, so the fused kernel reads it as two vectors
+off_cls = SeparableKeep(_not_cls, _not_cls)
+
+
 class TUPE(PositionMethod):
     # TUPE-R's relative buckets and [CLS] buckets; its table p and projections U_Q, U_K are in embedding units
     logit_parameters = ("bias", "cls_bias")
@@ -145,18 +154,14 @@ class TUPE(PositionMethod):
                 terms = [LowRankBias(fq, fk, lambda: product)]
             if self.relative:
                 # on [CLS]'s row and column b_{j-i} gives way to the [CLS] buckets in θ
-                keep = SeparableKeep(_not_cls, _not_cls) if self.reset else None
+                keep = off_cls if self.reset else None
                 n, dist, causal = self.num_buckets, self.max_distance, self.causal
                 terms.append(self.keep(ctx, "tupe_r", (self.bias,), TableBias(
                     self.logit("bias"), ctx.q_pos, ctx.k_pos, t5_offset_bucket(n, dist, causal),
-                    lambda: t5_index(ctx, n, dist, causal), keep, t5_diagonals(ctx, n, dist, causal))))
+                    lambda: t5_index(ctx, n, dist, causal), keep, t5_diagonals(ctx, n, dist, causal), reach=dist)))
             return LayerTerms(logits=terms, score_scale=1.0 / math.sqrt(2))
 
         return ctx.cached(Built(self), build)  # shared by all layers: computed once per forward
-
-
-def _not_cls(pos: Tensor) -> Tensor:
-    return pos != 0
 
 
 class TupeA(TUPE):

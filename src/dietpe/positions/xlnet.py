@@ -88,5 +88,5 @@ class XLNet(PositionMethod):
         r = (table.to(w_r.dtype) @ w_r).view(len(values), self.num_heads, -1)  # (M, H, Dh), once per layer
         lo = values[0]
         pos = QueryRelativeBias(r, ctx.q_pos, ctx.k_pos, lambda off: off - lo, self.scale, u=self.v[layer],
-                                index=index)
+                                index=index, first=lo)
         return LayerTerms(qk=[AddToQuery(self.u[layer])], logits=[pos])

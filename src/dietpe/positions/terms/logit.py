@@ -8,17 +8,30 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from torch import Tensor
 
 
-#: every query row: `LogitTerm.dense(q, rows)`'s default
-ALL = slice(None)
+def row_span(rows: tuple[int, int] | None, length: int) -> tuple[int, int]:
+    """(start, stop) of `rows` among `length` query rows. Rows are (start, stop) ints or None (every row),
+    never a slice object, which torch.compile cannot wrap as a constant on every torch version we support."""
+    return (0, length) if rows is None else rows
 
-# A term's value at one query-key pair, from indices: (b, h, q_idx, kv_idx) -> bias, as FlexAttention's
-# score_mod reads it (each argument a 0-dim integer tensor there; any broadcastable integer tensors here).
-ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
+
+class ScoreMod(NamedTuple):
+    """A term's value at one query-key pair, from indices, as FlexAttention's score_mod reads it:
+    fn(b, h, q_idx, kv_idx, *args) -> bias (each index a 0-dim integer tensor there; any broadcastable integer
+    tensors here). `fn` is a module-level function, the same object for every layer and model of a kind, and
+    `args` the tensors it reads (and module-level functions): compiled flex then traces one kernel per kind
+    and takes the tensors as inputs, instead of a new closure, and a recompile, per forward. A tensor that
+    requires grad is indexed once in `fn` (flex's backward allows no more)."""
+
+    fn: Callable[..., Tensor]
+    args: tuple
+
+    def __call__(self, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        return self.fn(b, h, q_idx, kv_idx, *self.args)
 
 
 def position_at(pos: Tensor, b: Tensor, idx: Tensor) -> Tensor:
@@ -75,10 +88,10 @@ class LogitTerm(abc.ABC):
             the term; off under activation checkpointing, where a recomputed layer must rebuild what it used
         kept: None, or a function returning the whole dense form from the method's inference cache
             (`PositionMethod.keep`)
-        build(q, rows) -> (1|B, H|1, len(rows), Lk): the term for the queries in `rows`, built for those rows
-            only where the term can (the one member a subclass must write); q may be None when not
-            query_dependent
-        dense(q, rows=ALL) -> (1|B, H|1, len(rows), Lk): what backends call. The whole term is built once
+        build(q, rows) -> (1|B, H|1, len(rows), Lk): the term for the queries in `rows` ((start, stop), or
+            None for all), built for those rows only where the term can (the one member a subclass must
+            write); q may be None when not query_dependent
+        dense(q, rows=None) -> (1|B, H|1, len(rows), Lk): what backends call. The whole term is built once
             per forward while `reuse` is on (from `kept` when given); a block of rows is sliced from it once
             built, else built for those rows alone, so long inputs never hold a whole (H, Lq, Lk) term
 
@@ -86,6 +99,7 @@ class LogitTerm(abc.ABC):
         factors() -> (fq (1|B, H|1, Lq, r), fk (1|B, H|1, Lk, r)) | None: dense == fq @ fkᵀ, so sdpa and
             flex may fold the term into extra query and key channels
         score_mod(q) -> ScoreMod | None: the term pair by pair from (b, h, q_idx, kv_idx), for FlexAttention
+            (a module-level function and the tensors it reads)
         band: Band | None: Shaw's key term over consecutive positions, dense == by_offset(q) read at the
             clipped offset, which `dietpe.attention.banded` serves with the fused kernel
         offset_table() -> OffsetTable | None: the term as one value per head and offset i - j (consecutive
@@ -105,17 +119,17 @@ class LogitTerm(abc.ABC):
         self._dense: Tensor | None = None
 
     @abc.abstractmethod
-    def build(self, q: Tensor | None, rows: slice) -> Tensor:
+    def build(self, q: Tensor | None, rows: tuple[int, int] | None) -> Tensor:
         """(1|B, H|1, len(rows), Lk): the term for the queries in `rows` (q is the full query)."""
 
-    def dense(self, q: Tensor | None = None, rows: slice = ALL) -> Tensor:
+    def dense(self, q: Tensor | None = None, rows: tuple[int, int] | None = None) -> Tensor:
         """(1|B, H|1, len(rows), Lk): the term, built once per forward for the layers that share it."""
-        if rows != ALL:
-            return self._dense[..., rows, :] if self._dense is not None else self.build(q, rows)
+        if rows is not None:
+            return self._dense[..., rows[0]:rows[1], :] if self._dense is not None else self.build(q, rows)
         if self.query_dependent or not self.reuse:
-            return self.build(q, ALL)
+            return self.build(q, None)
         if self._dense is None:
-            self._dense = self.kept() if self.kept else self.build(q, ALL)
+            self._dense = self.kept() if self.kept is not None else self.build(q, None)
         return self._dense
 
     def factors(self) -> tuple[Tensor, Tensor] | None:

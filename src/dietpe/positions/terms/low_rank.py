@@ -9,7 +9,13 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from dietpe.positions.terms.logit import ALL, LogitTerm, ScoreMod, SegmentTable, head_at
+from dietpe.positions.terms.logit import LogitTerm, ScoreMod, SegmentTable, head_at
+
+
+def segment_pair(b: Tensor, h: Tensor, qi: Tensor, ki: Tensor, table: Tensor, q_segments: Tensor,
+                 k_segments: Tensor) -> Tensor:
+    """score_mod: Ŝ[h, S(i), S(j)] of a per-head k×k table (H|1, k, k)."""
+    return table[head_at(table, h), q_segments[b, qi], k_segments[b, ki]]
 
 
 class LowRankBias(LogitTerm):
@@ -20,8 +26,8 @@ class LowRankBias(LogitTerm):
         self.fq, self.fk = fq, fk
         self.kept = kept
 
-    def build(self, q: Tensor | None, rows: slice) -> Tensor:
-        fq = self.fq if rows == ALL else self.fq[..., rows, :]
+    def build(self, q: Tensor | None, rows: tuple[int, int] | None) -> Tensor:
+        fq = self.fq if rows is None else self.fq[..., rows[0]:rows[1], :]
         return fq @ self.fk.transpose(-1, -2)
 
     def factors(self) -> tuple[Tensor, Tensor]:
@@ -45,5 +51,4 @@ class SegmentBias(LowRankBias):
         return SegmentTable(self.table, self.q_segments, self.k_segments)
 
     def score_mod(self, q: Tensor | None = None) -> ScoreMod:
-        table, qs, ks = self.table, self.q_segments, self.k_segments
-        return lambda b, h, qi, ki: table[head_at(table, h), qs[b, qi], ks[b, ki]]
+        return ScoreMod(segment_pair, (self.table, self.q_segments, self.k_segments))

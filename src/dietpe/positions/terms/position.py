@@ -14,7 +14,18 @@ from typing import Callable
 from torch import Tensor
 
 from dietpe.positions.functional import toeplitz
-from dietpe.positions.terms.logit import LogitTerm, OffsetTable, ScoreMod, position_at
+from dietpe.positions.terms.logit import LogitTerm, OffsetTable, ScoreMod, position_at, row_span
+
+
+def dense_pair(b: Tensor, h: Tensor, qi: Tensor, ki: Tensor, dense: Tensor) -> Tensor:
+    """score_mod: dense[b, h, qi, ki] of a (1|B, H|1, Lq, Lk) dense form."""
+    return dense[b if dense.shape[0] > 1 else 0, h if dense.shape[1] > 1 else 0, qi, ki]
+
+
+def distance_pair(b: Tensor, h: Tensor, qi: Tensor, ki: Tensor, f: Callable[..., Tensor], q_pos: Tensor,
+                  k_pos: Tensor, *params: Tensor) -> Tensor:
+    """score_mod: f(|pos_i - pos_j|, params[h]...), f a module-level elementwise function."""
+    return f((position_at(q_pos, b, qi) - position_at(k_pos, b, ki)).abs(), *[p[h] for p in params])
 
 
 class PositionBias(LogitTerm):
@@ -30,14 +41,13 @@ class PositionBias(LogitTerm):
         super().__init__((q_pos.shape[-1], k_pos.shape[-1]), q_pos.shape[0] if q_pos.dim() == 2 else 1, heads)
         self.f, self.q_pos, self.k_pos = f, q_pos, k_pos
 
-    def build(self, q: Tensor | None, rows: slice) -> Tensor:
-        q_pos = self.q_pos[..., rows]
+    def build(self, q: Tensor | None, rows: tuple[int, int] | None) -> Tensor:
+        start, stop = row_span(rows, self.size[0])
+        q_pos = self.q_pos[..., start:stop]
         return self.f(q_pos.view(-1, 1, q_pos.shape[-1], 1), self.k_pos.view(-1, 1, 1, self.size[1]))
 
     def score_mod(self, q: Tensor | None = None) -> ScoreMod:
-        dense = self.dense(q)  # (1|B, H|1, Lq, Lk)
-        per_example, per_head = dense.shape[0] > 1, dense.shape[1] > 1
-        return lambda b, h, qi, ki: dense[b if per_example else 0, h if per_head else 0, qi, ki]
+        return ScoreMod(dense_pair, (self.dense(q),))  # (1|B, H|1, Lq, Lk)
 
 
 class DistanceBias(PositionBias):
@@ -45,7 +55,7 @@ class DistanceBias(PositionBias):
     -m_h · d), KERPLE (Chi et al. 2022, -r1_h · log(1 + r2_h · d)). `f(distance, *params)` is elementwise and
     broadcasts; params: (H,) tensors. q_pos, k_pos as in PositionBias; diagonals: optional (Lq + Lk - 1,)
     offsets i - j for consecutive positions: then a Toeplitz matrix of Lq + Lk - 1 values per head, never a
-    gather. `score_mod` computes the function pair by pair."""
+    gather. `score_mod` computes the function pair by pair (f module-level, so one kernel per f)."""
 
     def __init__(self, f: Callable[..., Tensor], params: tuple[Tensor, ...], q_pos: Tensor, k_pos: Tensor,
                  diagonals: Tensor | None = None):
@@ -56,11 +66,11 @@ class DistanceBias(PositionBias):
         dist = (q_pos - k_pos).abs()  # (1|B, 1, rows, Lk)
         return self.distance_f(dist, *(p[:, None, None] for p in self.params))  # (1|B, H, rows, Lk)
 
-    def build(self, q: Tensor | None, rows: slice) -> Tensor:
+    def build(self, q: Tensor | None, rows: tuple[int, int] | None) -> Tensor:
         if self.diagonals is None:
             return super().build(q, rows)
         lq, lk = self.size
-        start, stop, _ = rows.indices(lq)
+        start, stop = row_span(rows, lq)
         dist = self.diagonals[start:stop + lk - 1].abs()  # (rows + Lk - 1,)
         per_diagonal = self.distance_f(dist, *(p[:, None] for p in self.params))  # (H, rows + Lk - 1)
         return toeplitz(per_diagonal, stop - start, lk).unsqueeze(0)  # (1, H, rows, Lk)
@@ -73,6 +83,4 @@ class DistanceBias(PositionBias):
             self.distance_f(self.diagonals.abs(), *(p[:, None] for p in self.params))))
 
     def score_mod(self, q: Tensor | None = None) -> ScoreMod:
-        f, params, q_pos, k_pos = self.distance_f, self.params, self.q_pos, self.k_pos
-        return lambda b, h, qi, ki: f((position_at(q_pos, b, qi) - position_at(k_pos, b, ki)).abs(),
-                                      *(p[h] for p in params))
+        return ScoreMod(distance_pair, (self.distance_f, self.q_pos, self.k_pos, *self.params))

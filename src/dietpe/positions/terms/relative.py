@@ -10,8 +10,36 @@ import torch
 from torch import Tensor
 
 from dietpe.positions.functional import OneHot, relative_gather, relative_offsets, toeplitz
-from dietpe.positions.terms.logit import ALL, Band, LogitTerm, OffsetTable, ScoreMod, head_at, position_at
+from dietpe.positions.terms.logit import Band, LogitTerm, OffsetTable, ScoreMod, head_at, position_at, row_span
 from dietpe.positions.terms.position import PositionBias
+
+
+def _clipped(b: Tensor, qi: Tensor, ki: Tensor, q_pos: Tensor, k_pos: Tensor, first: Tensor, last: Tensor) -> Tensor:
+    """pos_i - pos_j clipped to [first, last], minus first: the column of a per-offset table."""
+    offset = position_at(q_pos, b, qi) - position_at(k_pos, b, ki)
+    return torch.minimum(torch.maximum(offset, first), last) - first
+
+
+def offset_table_pair(b: Tensor, h: Tensor, qi: Tensor, ki: Tensor, table: Tensor, q_pos: Tensor, k_pos: Tensor,
+                      first: Tensor, last: Tensor, keep: Callable[[Tensor, Tensor], Tensor] | None) -> Tensor:
+    """score_mod: table[h, clip(pos_i - pos_j) - first] of a per-head table (H|1, last - first + 1) over the
+    offsets first..last, zero where keep(pos_i, pos_j) is False (keep: a module-level function, or None)."""
+    out = table[head_at(table, h), _clipped(b, qi, ki, q_pos, k_pos, first, last)]
+    if keep is not None:
+        out = torch.where(keep(position_at(q_pos, b, qi), position_at(k_pos, b, ki)), out, 0.0)
+    return out
+
+
+def query_offset_pair(b: Tensor, h: Tensor, qi: Tensor, ki: Tensor, by_offset: Tensor, q_pos: Tensor,
+                      k_pos: Tensor, first: Tensor, last: Tensor) -> Tensor:
+    """score_mod: by_offset[b, h, qi, clip(pos_i - pos_j) - first] of (B, H, Lq, last - first + 1)."""
+    return by_offset[b, h, qi, _clipped(b, qi, ki, q_pos, k_pos, first, last)]
+
+
+def offset_bounds(pos: Tensor, first: int | Tensor, last: int | Tensor) -> tuple[Tensor, Tensor]:
+    """first and last as 0-dim integer tensors on pos's device: a score_mod reads them as inputs, so a new
+    range is a new value, never a new kernel."""
+    return tuple(x.reshape(()) if isinstance(x, Tensor) else pos.new_full((), x) for x in (first, last))
 
 
 class LazyIndex:
@@ -24,7 +52,7 @@ class LazyIndex:
 
     @property
     def onehot(self) -> OneHot | None:
-        return self._onehot() if self._onehot else None
+        return self._onehot() if self._onehot is not None else None
 
     @property
     def index(self) -> Tensor:
@@ -53,34 +81,38 @@ class TableBias(LazyIndex, PositionBias):
     lazily (shared by layers through `index`, a tensor or a function), or, when `diagonals` is given (the
     (Lq + Lk - 1,) index of each offset i - j from -(Lk-1) to Lq-1, for consecutive positions), a Toeplitz
     matrix from a strided view instead of a gather (and its gradient by diagonal sums instead of a
-    scatter-add), several times faster on CPU. `score_mod` reads the same values pair by pair.
+    scatter-add), several times faster on CPU. reach: the bucket is the same for every offset beyond ±reach
+    (DIET-REL's clip, T5's max distance); with it, `score_mod` reads a per-offset table of 2·reach + 1 values
+    per head (gathered once per forward) at the clipped offset, whatever the positions; keep must then be a
+    module-level function. Without it, the score_mod reads the dense form.
     """
 
     def __init__(self, values: Tensor, q_pos: Tensor, k_pos: Tensor, bucket: Callable[[Tensor], Tensor],
                  index: Tensor | Callable[[], Tensor] | None = None,
-                 keep: Callable[[Tensor, Tensor], Tensor] | None = None, diagonals: Tensor | None = None):
+                 keep: Callable[[Tensor, Tensor], Tensor] | None = None, diagonals: Tensor | None = None,
+                 reach: int | None = None):
         super().__init__(None, q_pos, k_pos, values.shape[0])
-        self.values, self.bucket = values, bucket
+        self.values, self.bucket, self.reach = values, bucket, reach
         # an (Lq, Lk) int64 index is 512 MiB at 8,192 tokens: never built when the diagonals serve
         self._index = index if index is not None else (lambda: bucket(relative_offsets(q_pos, k_pos)))
         self.keep, self.diagonals = keep, diagonals
 
-    def _keep(self, rows: slice) -> Tensor | None:
+    def _keep(self, start: int, stop: int) -> Tensor | None:
         if self.keep is None:
             return None
-        keep = self.keep(self.q_pos[..., rows, None], self.k_pos[..., None, :])  # (1|B, rows, Lk) bool
+        keep = self.keep(self.q_pos[..., start:stop, None], self.k_pos[..., None, :])  # (1|B, rows, Lk) bool
         return keep if keep.dim() == 2 else keep[:, None]  # (rows, Lk) or (B, 1, rows, Lk)
 
-    def build(self, q: Tensor | None, rows: slice) -> Tensor:
+    def build(self, q: Tensor | None, rows: tuple[int, int] | None) -> Tensor:
         lq, lk = self.size
+        start, stop = row_span(rows, lq)
         if self.diagonals is None and self.batch > 1:
-            bias = self.values[:, self.index[:, rows]].transpose(0, 1)  # (B, H, rows, Lk)
+            bias = self.values[:, self.index[:, start:stop]].transpose(0, 1)  # (B, H, rows, Lk)
         elif self.diagonals is None:
-            bias = self.values[:, self.index[rows]].unsqueeze(0)  # (1, H, rows, Lk)
-        else:
-            start, stop, _ = rows.indices(lq)  # rows i in [start, stop) read diagonals start .. stop-1 + Lk-1
+            bias = self.values[:, self.index[start:stop]].unsqueeze(0)  # (1, H, rows, Lk)
+        else:  # rows i in [start, stop) read diagonals start .. stop-1 + Lk-1
             bias = toeplitz(self.values[:, self.diagonals[start:stop + lk - 1]], stop - start, lk).unsqueeze(0)
-        keep = self._keep(rows)
+        keep = self._keep(start, stop)
         return bias if keep is None else bias * keep.to(bias.dtype)
 
     def offset_table(self) -> OffsetTable | None:
@@ -100,19 +132,12 @@ class TableBias(LazyIndex, PositionBias):
         return self.per_forward("offset_table", build)
 
     def score_mod(self, q: Tensor | None = None) -> ScoreMod:
-        values, q_pos, k_pos, bucket, keep = self.values, self.q_pos, self.k_pos, self.bucket, self.keep
-        diagonals, lk = self.diagonals, self.size[1]
-
-        def mod(b, h, qi, ki):
-            if diagonals is not None:  # consecutive positions: a 1-D table along the diagonals
-                out = values[head_at(values, h), diagonals[qi - ki + lk - 1]]
-            else:
-                out = values[head_at(values, h), bucket(position_at(q_pos, b, qi) - position_at(k_pos, b, ki))]
-            if keep is not None:
-                out = torch.where(keep(position_at(q_pos, b, qi), position_at(k_pos, b, ki)), out, 0.0)
-            return out
-
-        return mod
+        if self.reach is None:
+            return super().score_mod(q)
+        offsets = torch.arange(-self.reach, self.reach + 1, device=self.values.device)
+        table = self.values[:, self.bucket(offsets)]  # (H|1, 2·reach + 1): one gather, one index in the kernel
+        return ScoreMod(offset_table_pair, (table, self.q_pos, self.k_pos,
+                                            *offset_bounds(self.q_pos, -self.reach, self.reach), self.keep))
 
 
 class QueryRelativeBias(LazyIndex, LogitTerm):
@@ -122,24 +147,28 @@ class QueryRelativeBias(LazyIndex, LogitTerm):
     r: (M, H|1, Dh); u: (H, Dh) or None; positions and bucket as in TableBias; index: optional (1|B, Lq, Lk)
     bucket of every pair (a tensor or a function, shared by layers); band: set when the buckets are clipped
     offsets of consecutive positions (Shaw), which `dietpe.attention.banded` serves with the fused kernel;
-    onehot: optional function giving the index's `OneHot` (or None), which makes the dense form a matmul.
+    onehot: optional function giving the index's `OneHot` (or None), which makes the dense form a matmul;
+    first: the offset of bucket 0 when bucket(o) = clip(o - first, 0, M - 1) (Shaw's -k, XLNet's smallest
+    offset), which `score_mod` needs (None: no score_mod).
     """
 
     query_dependent = True
 
     def __init__(self, r: Tensor, q_pos: Tensor, k_pos: Tensor, bucket: Callable[[Tensor], Tensor], scale: float,
                  u: Tensor | None = None, index: Tensor | Callable[[], Tensor] | None = None,
-                 band: Band | None = None, onehot: Callable[[], OneHot | None] | None = None):
+                 band: Band | None = None, onehot: Callable[[], OneHot | None] | None = None,
+                 first: int | Tensor | None = None):
         super().__init__((q_pos.shape[-1], k_pos.shape[-1]), batch=None, heads=None)  # the query's B, H
         self.r, self.q_pos, self.k_pos, self.bucket, self.scale, self.u = r, q_pos, k_pos, bucket, scale, u
         self._index = index if index is not None else (lambda: bucket(relative_offsets(q_pos, k_pos)))
-        self.band, self._onehot = band, onehot
+        self.band, self._onehot, self.first = band, onehot, first
 
     # scaled before the gather: M columns multiplied instead of Lk (the same products, so the same bits)
-    def build(self, q: Tensor, rows: slice) -> Tensor:
-        if rows == ALL:
+    def build(self, q: Tensor, rows: tuple[int, int] | None) -> Tensor:
+        if rows is None:
             return relative_gather(self.by_offset(q), self.index, self.onehot)
-        return relative_gather(self.by_offset(q[..., rows, :]), self.index[..., rows, :])
+        start, stop = rows
+        return relative_gather(self.by_offset(q[..., start:stop, :]), self.index[..., start:stop, :])
 
     def by_offset(self, q: Tensor) -> Tensor:
         """(B, H, Lq, M): the term's value for each query at each bucket, scaled."""
@@ -153,7 +182,10 @@ class QueryRelativeBias(LazyIndex, LogitTerm):
             return torch.matmul(q, self.r[:, 0].to(q.dtype).t())
         return torch.einsum("bhqd,mhd->bhqm", q, self.r.to(q.dtype))
 
-    def score_mod(self, q: Tensor) -> ScoreMod:
+    def score_mod(self, q: Tensor) -> ScoreMod | None:
+        if self.first is None:
+            return None
         # (B, H, Lq, M) per layer: M = Lq + Lk - 1 offsets at most (2k + 1 for Shaw), never (Lq, Lk) pairs
-        by_offset, q_pos, k_pos, bucket, scale = self._by_offset(q), self.q_pos, self.k_pos, self.bucket, self.scale
-        return lambda b, h, qi, ki: by_offset[b, h, qi, bucket(position_at(q_pos, b, qi) - position_at(k_pos, b, ki))] * scale
+        by_offset, first = self.by_offset(q), self.first
+        return ScoreMod(query_offset_pair, (by_offset, self.q_pos, self.k_pos,
+                                            *offset_bounds(self.q_pos, first, first + by_offset.shape[-1] - 1)))
