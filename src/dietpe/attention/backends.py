@@ -335,7 +335,8 @@ def flex_kind(mods: list) -> tuple:
 
 def flex_kind_name(kind: tuple) -> str:
     """A readable name of a kind (its kernel's name in dynamo's logs)."""
-    return "flex_" + "_".join(f.__name__ for part in kind for f in part if callable(f)) if kind else "flex_plain"
+    names = [getattr(f, "__name__", type(f).__name__) for part in kind for f in part if callable(f)]
+    return "flex_" + "_".join(names) if kind else "flex_plain"
 
 
 def compiled_flex(kind: tuple, **compile_options) -> Callable:
