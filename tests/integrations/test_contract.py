@@ -178,3 +178,14 @@ def test_the_method_follows_the_models_dtype():
     model = dietpe.attach(build("llama"), "diet-rel").to(torch.bfloat16).eval()
     assert {p.dtype for p in method_params(model)} == {torch.bfloat16}
     assert model(ids()).logits.dtype == torch.bfloat16
+
+
+def test_auto_takes_no_backend_that_declines_the_call():
+    """"auto" under attach skips a backend that declines a call (the fused kernel off CUDA, which under Triton's
+    interpreter would otherwise run, slowly, in every CPU test)."""
+    from dietpe.attention.registry import ALL_BACKENDS
+    from dietpe.integrations.dispatch import auto_backend
+
+    name = auto_backend(torch.zeros(1, 1, 1, 8), value_terms=False, dropout=0.0)
+    backend = ALL_BACKENDS[name]
+    assert backend.skip is None or not backend.skip(torch.zeros(1, 1, 1, 8)), name

@@ -84,7 +84,8 @@ def backend_of(model, device) -> str:
     from dietpe.integrations.dispatch import BACKEND_OF, auto_backend
 
     name = attached.backend or BACKEND_OF.get(model.config._attn_implementation, "auto")
-    return auto_backend(device, False, 0.0) if name == "auto" else name
+    probe = torch.empty(1, 1, 1, 1, device=device)  # which backend takes a call on this device
+    return auto_backend(probe, False, 0.0) if name == "auto" else name
 
 
 def measure(spec: str, args, batch: int, length: int, device, dtype) -> dict:

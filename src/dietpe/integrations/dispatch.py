@@ -69,26 +69,34 @@ def refusal(implementation: str | None) -> str | None:
             f"'flex_attention'")
 
 
-def auto_backend(device: torch.device, value_terms: bool, dropout: float, skip: frozenset = frozenset()) -> str:
-    """The backend diet's registry serves a layer with on `device`: on CUDA the first of CUDA_PREFERENCE that
-    is registered and can serve it, else what `attn_backend="auto"` picks (sdpa; Shaw's banded paths)."""
-    if device.type == "cuda":
+def auto_backend(query: Tensor, value_terms: bool, dropout: float, skip: frozenset = frozenset()) -> str:
+    """The backend diet's registry serves a layer with for `query`: on CUDA the first of CUDA_PREFERENCE that
+    is registered, can serve it and takes this call, else what `attn_backend="auto"` picks (sdpa; Shaw's
+    banded paths), past the backends that decline the call (a kernel off CUDA or under compilation)."""
+    if query.device.type == "cuda":
         for name in CUDA_PREFERENCE:
             backend = ALL_BACKENDS.get(name)
-            if name not in skip and backend is not None and \
+            if name not in skip and backend is not None and not _declines(backend, query) and \
                     backend.refusal(value_terms=value_terms, dropout=dropout) is None:
                 return name
-    return resolve_backend("auto", value_terms=value_terms, dropout=dropout).name
+    backend = resolve_backend("auto", value_terms=value_terms, dropout=dropout)
+    while _declines(backend, query) and backend.fallback is not None:
+        backend = backend.fallback
+    return backend.name
 
 
-def _backend(attached, implementation, device, terms, dropout) -> tuple[str, bool]:
+def _declines(backend, query: Tensor) -> bool:
+    return backend.skip is not None and backend.skip(query)
+
+
+def _backend(attached, implementation, query, terms, dropout) -> tuple[str, bool]:
     """(backend name, whether it was chosen by "auto")."""
     name = attached.backend or BACKEND_OF.get(implementation)
     if name is None:
         raise ConfigError(f"attach: {refusal(implementation)}")
     value_terms = bool(terms.values)
     if name == "auto":
-        return auto_backend(device, value_terms, dropout, attached.unservable), True
+        return auto_backend(query, value_terms, dropout, attached.unservable), True
     if dropout > 0 and ALL_BACKENDS[name].refusal(value_terms=False, dropout=dropout):
         return "sdpa" if not value_terms else "eager", False  # flex has no dropout: training with it
     return serving_backend(name, value_terms=value_terms).name, False
@@ -145,7 +153,7 @@ def attend(attached, implementation, module, query: Tensor, key: Tensor, value: 
         key, value = key[:, :, :lq], value[:, :, :lq]
     lk = key.shape[2]
     terms = layer_terms(attached, layer, lk, query.device, attached.recomputing(layer))
-    name, auto = _backend(attached, implementation, query.device, terms, dropout)
+    name, auto = _backend(attached, implementation, query, terms, dropout)
     key = _repeat_kv(key, query.shape[1] // key.shape[1])
     value = _repeat_kv(value, query.shape[1] // value.shape[1])
     if scaling is None:

@@ -154,3 +154,21 @@ def test_dropout_is_the_equation_with_the_kernels_own_mask(device):
     torch.testing.assert_close(out, want, atol=2e-5, rtol=1e-4)
     for got, ref in zip(grads, want_grads):
         torch.testing.assert_close(got, ref, atol=1e-5 * max(ref.abs().max().item(), 1), rtol=1e-4)
+
+
+def test_views_of_a_fused_projection(device):
+    """q, k, v as views of one qkv projection (GPT-2's `c_attn` split: strides with gaps): the gradient buffers
+    are written with the inputs' strides, so such views must be made dense first (else the writes overrun)."""
+    from dietpe.attention.kernels.attention import Extras, fused_attention
+
+    b, h, length, d = 2, 2, 20, 16
+    g = torch.Generator().manual_seed(0)
+    qkv = torch.randn(b, length, 3 * h * d, generator=g).to(device).requires_grad_()
+    q, k, v = (t.view(b, length, h, d).transpose(1, 2) for t in qkv.split(h * d, dim=-1))
+    table = torch.randn(h, 2 * length - 1, generator=g).to(device).requires_grad_()
+    ex = Extras(causal=True)
+    w = torch.randn(b, h, length, d, generator=g).to(device)
+    got = torch.autograd.grad((fused_attention(q, k, v, 0.25, table, None, ex) * w).sum(), (qkv, table))
+    want = torch.autograd.grad((reference(q, k, v, 0.25, table, None, ex) * w).sum(), (qkv, table))
+    for a, e in zip(got, want):
+        torch.testing.assert_close(a, e, atol=2e-5, rtol=1e-4)

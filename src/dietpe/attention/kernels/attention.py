@@ -600,6 +600,16 @@ def _offset_sums(part: Tensor, b: int, h: int, nn: int, width: int, n_offsets: i
     return out
 
 
+def _dense(x: Tensor) -> bool:
+    """Whether x's elements fill its storage span with no gap or overlap (then `empty_like` keeps its strides)."""
+    expected = 1
+    for size, stride in sorted(((n, st) for n, st in zip(x.shape, x.stride()) if n != 1), key=lambda t: t[1]):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
 class FusedAttention(torch.autograd.Function):
     """out = softmax(s·q·kᵀ + T[h, i - j] · a_i · c_j + Ŝ[h, σ_i, τ_j] + mask) · v, by the kernels above;
     gradients for q, k, v, the offset table T and the segment table Ŝ."""
@@ -626,7 +636,9 @@ def fused_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, table: Tensor
     table (H|1, Lq + Lk - 1): the offset table T[h, i - j + Lk - 1]; segments (H|1, K, K): Ŝ; extras: see
     `Extras`. Tables are read as float32 (their gradients flow back through the cast)."""
     extras = extras or Extras()
-    q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
+    # the backward writes dq, dk, dv (`empty_like`) with the strides of q, k, v: those must be dense (a view
+    # of a fused qkv projection is not, and empty_like would not keep its strides)
+    q, k, v = (x if x.stride(-1) == 1 and _dense(x) else x.contiguous() for x in (q, k, v))
     if table is not None:
         table = table.float().contiguous()
     if segments is not None:
