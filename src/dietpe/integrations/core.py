@@ -200,11 +200,11 @@ def attach(model: PreTrainedModel, spec: str, backend: str | None = None, _init:
         backend = serving_backend(backend, value_terms=info.probabilities).name
     attached = AttachedPositions(PositionEncoding(config), spec, backend, family)
     attached.config = config  # the method's DietConfig: its limits (max_position_embeddings), causal or not
-    if _init:
-        _initialise(attached, family, base, config)
     device = next((p.device for p in base.parameters()), torch.device("cpu"))
     dtype = next((p.dtype for p in base.parameters() if p.is_floating_point()), torch.float32)
-    if device.type != "meta":
+    if device.type != "meta":  # on meta (from_pretrained), transformers initialises what the checkpoint lacks
+        if _init:
+            _initialise(attached, family, base)
         attached.to(device=device, dtype=dtype)  # the model's device and dtype (the method computes in it)
     family.replace_positions(base, attached, keep)
     if attached.acts_in_attention:
@@ -221,8 +221,14 @@ def attach(model: PreTrainedModel, spec: str, backend: str | None = None, _init:
     return model
 
 
-def _initialise(attached: AttachedPositions, family: Family, base: nn.Module, config) -> None:
-    init_encoding(attached.encoding, config.initializer_range)
+def _initialise(attached: AttachedPositions, family: Family, base: PreTrainedModel) -> None:
+    """The method's weights, initialised module by module by the model's own `_initialize_weights`, as
+    transformers initialises the weights a checkpoint lacks (in the order diet always drew them: the same
+    weights from the same seed)."""
+    config = attached.config
+    with torch.no_grad():
+        for m in attached.modules():
+            base._initialize_weights(m)
     table = family.input_table(base)
     weight = getattr(attached.encoding.method, "weight", None)
     if REGISTRY[config.position].bert_table and table is not None and weight is not None \
@@ -258,6 +264,7 @@ def _wire(attached: AttachedPositions, base: nn.Module, modules: list[nn.Module]
 
 _original_post_init = PreTrainedModel.post_init
 _original_set_attn_implementation = PreTrainedModel.set_attn_implementation
+_original_initialize_weights = PreTrainedModel._initialize_weights
 
 
 def _post_init(self: PreTrainedModel) -> None:
@@ -276,11 +283,12 @@ def _post_init(self: PreTrainedModel) -> None:
 def _set_attn_implementation(self: PreTrainedModel, attn_implementation, *args, **kwargs):
     """`PreTrainedModel.set_attn_implementation`, keeping an attached method: its layers then run diet's backend
     matching the new implementation (a backend pinned by `attach` is released), or the change is refused in
-    one line when the implementation cannot serve the method."""
+    one line when the implementation cannot serve the method. A name transformers does not know gets
+    transformers' own error."""
     attached = getattr(self.base_model, "_modules", {}).get("diet_positions")
     requested = attn_implementation if not isinstance(attn_implementation, dict) else \
         attn_implementation.get("", self.config._attn_implementation)
-    if attached is not None and attached.acts_in_attention:
+    if attached is not None and attached.acts_in_attention and dispatch.known(requested):
         reason = dispatch.refusal(requested)
         if reason:
             raise ConfigError(f"set_attn_implementation: the attached method {attached.spec!r} stays; {reason}")
@@ -292,6 +300,21 @@ def _set_attn_implementation(self: PreTrainedModel, attn_implementation, *args, 
     return out
 
 
+def _initialize_weights(self: PreTrainedModel, module: nn.Module, *args, **kwargs):
+    """`PreTrainedModel._initialize_weights`, which also initialises a method's tables each its own way (a
+    module transformers' `_init_weights` does not know): so `from_pretrained` of a checkpoint lacking them, or
+    `initialize_weights` after building on the meta device, gives them what `attach` gives them. Tensors loaded
+    from a checkpoint are left alone (diet's methods initialise through transformers' guarded helpers)."""
+    from dietpe.positions.method import PositionMethod
+    from dietpe.positions.segments import InputSegments
+
+    if isinstance(module, (PositionMethod, InputSegments)) and not getattr(module, "_is_hf_initialized", False):
+        with torch.no_grad():
+            module.reset_parameters(getattr(self.config, "initializer_range", None) or 0.02)
+    return _original_initialize_weights(self, module, *args, **kwargs)
+
+
 if PreTrainedModel.post_init is _original_post_init:
     PreTrainedModel.post_init = _post_init
     PreTrainedModel.set_attn_implementation = _set_attn_implementation
+    PreTrainedModel._initialize_weights = _initialize_weights
