@@ -206,3 +206,23 @@ def test_weights_transformers_initialises_get_the_methods_init(tmp_path, way):
     # the same distribution as attach's draw: the std within 15 % (1,032 values), the mean within 4 errors
     assert abs(got.std().item() / drawn.std().item() - 1) < 0.15
     assert abs(got.mean().item()) < 4 * drawn.std().item() / got.numel() ** 0.5
+
+
+def test_other_models_are_initialised_as_before(monkeypatch):
+    """The initialisation wrapper acts on attached methods only: diet's own models (which initialise their
+    tables themselves) and plain transformers models draw the same weights as without it."""
+    from transformers import PreTrainedModel
+
+    from dietpe.integrations import core
+    from dietpe.models.causal import DietCausalConfig, DietForCausalLM
+
+    def weights():
+        torch.manual_seed(0)
+        diet = DietForCausalLM(DietCausalConfig(vocab_size=V, hidden_size=32, num_hidden_layers=2,
+                                                num_attention_heads=4, intermediate_size=48, position="diet-rel"))
+        return [*diet.state_dict().values(), *LlamaForCausalLM(LlamaConfig(**LLAMA_LIKE)).state_dict().values()]
+
+    wrapped = weights()
+    monkeypatch.setattr(PreTrainedModel, "_initialize_weights", core._original_initialize_weights)
+    for a, b in zip(wrapped, weights(), strict=True):
+        assert torch.equal(a, b)

@@ -202,10 +202,7 @@ def attach(model: PreTrainedModel, spec: str, backend: str | None = None, _init:
     attached.config = config  # the method's DietConfig: its limits (max_position_embeddings), causal or not
     device = next((p.device for p in base.parameters()), torch.device("cpu"))
     dtype = next((p.dtype for p in base.parameters() if p.is_floating_point()), torch.float32)
-    if device.type != "meta":  # on meta (from_pretrained), transformers initialises what the checkpoint lacks
-        if _init:
-            _initialise(attached, family, base)
-        attached.to(device=device, dtype=dtype)  # the model's device and dtype (the method computes in it)
+    table = family.input_table(base)  # the model's own learned table, before it is replaced
     family.replace_positions(base, attached, keep)
     if attached.acts_in_attention:
         family.check(c)
@@ -213,6 +210,10 @@ def attach(model: PreTrainedModel, spec: str, backend: str | None = None, _init:
         if reason:
             raise ConfigError(f"attach: {reason}")
     base.diet_positions = attached
+    if device.type != "meta":  # on meta (from_pretrained), transformers initialises what the checkpoint lacks
+        if _init:
+            _initialise(attached, base, table)
+        attached.to(device=device, dtype=dtype)  # the model's device and dtype (the method computes in it)
     _wire(attached, base, modules)
     dispatch.install()
     record = {"method": spec, "backend": backend}
@@ -221,15 +222,14 @@ def attach(model: PreTrainedModel, spec: str, backend: str | None = None, _init:
     return model
 
 
-def _initialise(attached: AttachedPositions, family: Family, base: PreTrainedModel) -> None:
+def _initialise(attached: AttachedPositions, base: PreTrainedModel, table: Tensor | None) -> None:
     """The method's weights, initialised module by module by the model's own `_initialize_weights`, as
     transformers initialises the weights a checkpoint lacks (in the order diet always drew them: the same
-    weights from the same seed)."""
+    weights from the same seed); an `absolute` table starts from the model's own `table`."""
     config = attached.config
     with torch.no_grad():
         for m in attached.modules():
             base._initialize_weights(m)
-    table = family.input_table(base)
     weight = getattr(attached.encoding.method, "weight", None)
     if REGISTRY[config.position].bert_table and table is not None and weight is not None \
             and weight.shape == table.shape:
@@ -301,14 +301,17 @@ def _set_attn_implementation(self: PreTrainedModel, attn_implementation, *args, 
 
 
 def _initialize_weights(self: PreTrainedModel, module: nn.Module, *args, **kwargs):
-    """`PreTrainedModel._initialize_weights`, which also initialises a method's tables each its own way (a
-    module transformers' `_init_weights` does not know): so `from_pretrained` of a checkpoint lacking them, or
-    `initialize_weights` after building on the meta device, gives them what `attach` gives them. Tensors loaded
-    from a checkpoint are left alone (diet's methods initialise through transformers' guarded helpers)."""
+    """`PreTrainedModel._initialize_weights`, which also initialises an attached method's tables each its own
+    way (modules transformers' `_init_weights` does not know): so `from_pretrained` of a checkpoint lacking
+    them, or `initialize_weights` after building on the meta device, gives them what `attach` gives them.
+    Tensors loaded from a checkpoint are left alone (diet's methods initialise through transformers' guarded
+    helpers); any other model, diet's own included, is initialised as before."""
     from dietpe.positions.method import PositionMethod
     from dietpe.positions.segments import InputSegments
 
-    if isinstance(module, (PositionMethod, InputSegments)) and not getattr(module, "_is_hf_initialized", False):
+    attached = getattr(getattr(self, "base_model", None), "_modules", {}).get("diet_positions")
+    if attached is not None and isinstance(module, (PositionMethod, InputSegments)) \
+            and not getattr(module, "_is_hf_initialized", False) and any(module is m for m in attached.modules()):
         with torch.no_grad():
             module.reset_parameters(getattr(self.config, "initializer_range", None) or 0.02)
     return _original_initialize_weights(self, module, *args, **kwargs)
