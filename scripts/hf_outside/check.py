@@ -6,12 +6,13 @@
 transformers' source distribution (from the package index, for the installed version) ships the common tests
 (`tests/test_modeling_common.py`: `ModelTesterMixin`) but not the per-model files nor `tests/generation/`;
 `families.py` holds diet's own thin testers for Llama, GPT-2 and Qwen2. Each run is one pytest process on the
-same tests: `plain` (transformers alone, dietpe not imported), `own` (each family's own scheme attached right
-after construction: `rotary` in Llama and Qwen2, `absolute` in GPT-2), or a method spec (`diet-rel`). The rule:
-every test that passes plain passes in every other run, except, in a run of a method other than the model's own,
-the tests in `EXCLUDED`, which compare the model's numbers with RoPE's. The table gives passed / failed /
-skipped per family and run. Without a network (the download fails to connect), the check says so in one line
-and exits 0; any other failure to get the tests is an error.
+same tests: `plain` (transformers alone, dietpe not imported), `import` (dietpe imported, nothing attached),
+`own` (each family's own scheme attached right after construction: `rotary` in Llama and Qwen2, `absolute` in
+GPT-2), or a method spec (`diet-rel`). The rule: every test that passes plain passes in every other run,
+except, in a run of a method other than the model's own, the tests in `EXCLUDED`, which compare the model's
+numbers with RoPE's. The table gives passed / failed / skipped per family and run. Without a network (the
+download fails to connect), the check says so in one line and exits 0; any other failure to get the tests is
+an error.
 
 Written here, not taken from transformers: transformers' per-model test files are not distributed with it.
 """
@@ -183,7 +184,7 @@ def compare(runs: dict[str, dict]) -> list[str]:
     lines = []
     for name, r in runs.items():
         if name != "plain":
-            for test, got, reason in regressions(plain, r["outcomes"], own=name == "own"):
+            for test, got, reason in regressions(plain, r["outcomes"], own=name in ("own", "import")):
                 lines.append(f"{name}: {test} passes plain, {got} attached: {reason}")
     return lines
 
@@ -191,8 +192,8 @@ def compare(runs: dict[str, dict]) -> list[str]:
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--runs", default="plain,own,diet-rel",
-                   help="comma-separated runs: plain (required: the reference), own (each family's own scheme), "
-                        "method specs (default: %(default)s)")
+                   help="comma-separated runs: plain (required: the reference), import (dietpe imported, "
+                        "nothing attached), own (each family's own scheme), method specs (default: %(default)s)")
     p.add_argument("--sdist", type=Path, help="transformers' source distribution (default: downloaded for the "
                                               "installed version into --cache)")
     p.add_argument("--cache", type=Path, default=Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))

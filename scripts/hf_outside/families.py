@@ -6,8 +6,9 @@ This file is copied by `scripts/hf_outside/check.py` into a package beside trans
 imports them relatively). transformers' per-model test files live only in its repository, so the testers here
 are diet's own: each gives the mixin a tiny config and the inputs every common test takes.
 
-`DIETPE_OUTSIDE` selects the run: unset or `plain` (transformers alone, dietpe not imported), `own` (each
-family's own scheme: `rotary` for Llama and Qwen2, `absolute` for GPT-2) or a method spec (`diet-rel`). The
+`DIETPE_OUTSIDE` selects the run: unset or `plain` (transformers alone, dietpe not imported), `import` (dietpe
+imported, nothing attached), `own` (each family's own scheme: `rotary` for Llama and Qwen2, `absolute` for
+GPT-2) or a method spec (`diet-rel`). The
 hook wraps each tested class's `__init__`: the finished model gets `dietpe.attach(model, spec)`, as a user
 attaching right after `from_config` or `from_pretrained` would.
 """
@@ -131,6 +132,9 @@ def _attach_after_init(cls, spec: str) -> None:
 
 def _install(run: str) -> None:
     if run == "plain":
+        return
+    if run == "import":  # dietpe imported, nothing attached: importing it must change nothing
+        import dietpe  # noqa: F401
         return
     for cls in LLAMA_CLASSES + GPT2_CLASSES + QWEN2_CLASSES:
         _attach_after_init(cls, run)
