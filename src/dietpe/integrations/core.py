@@ -13,8 +13,9 @@ method's input term instead) unless the spec keeps them (`input_positions=true`)
 model's own scheme: `rotary` in a model with RoPE is the model's rotary module itself, with its `rope_type`
 (linear, dynamic, yarn, longrope, llama3, ...) and factors. The spec is recorded in the config
 (`config.dietpe`); after `import dietpe`, `from_pretrained` re-attaches the method before the weights are
-loaded (a wrapper around `PreTrainedModel.post_init`), and `set_attn_implementation` keeps it (a wrapper that
-refuses an implementation that cannot serve it).
+loaded (a wrapper around `PreTrainedModel.post_init`), `set_attn_implementation` keeps it (a wrapper that
+refuses an implementation that cannot serve it), and transformers' weight initialisation gives the method's
+tables their own (a wrapper around `PreTrainedModel._initialize_weights`).
 """
 
 from __future__ import annotations
