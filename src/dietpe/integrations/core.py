@@ -31,6 +31,7 @@ from transformers import PreTrainedModel
 from dietpe.attention.registry import ALL_BACKENDS, serving_backend
 from dietpe.errors import ConfigError
 from dietpe.integrations import dispatch
+from dietpe.integrations.common import own_base
 from dietpe.integrations.forward import ForwardState, pre_hook
 from dietpe.positions.registry import REGISTRY
 
@@ -156,7 +157,6 @@ def position_config(model_config, spec: str, causal: bool, heads: int, head_dim:
                type_vocab_size=type_vocab_size,
                initializer_range=getattr(model_config, "initializer_range", 0.02))
     if REGISTRY[method.position].uses("rotary_base"):  # the model's own RoPE base, for a method that reads one
-        from dietpe.integrations.llama import own_base
         own["rotary_base"] = own_base(model_config)
     return cls(**{**own, **fields}), keep
 
