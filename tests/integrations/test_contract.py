@@ -124,6 +124,9 @@ def test_set_attn_implementation_keeps_the_method(tmp_path):
     with pytest.raises(ConfigError, match="diet-rel.*stays.*flash_attention_2") as e:
         model.set_attn_implementation("flash_attention_2")
     assert "\n" not in str(e.value) and model.config._attn_implementation == "sdpa"
+    with pytest.raises(ValueError, match='Specified `attn_implementation="foo"` is not supported'):
+        model.set_attn_implementation("foo")  # a name transformers does not know: transformers' own error
+    assert model.config._attn_implementation == "sdpa" and model.model.diet_positions.spec == "diet-rel"
     model.save_pretrained(tmp_path)
     for impl in ("eager", "sdpa"):
         loaded = LlamaForCausalLM.from_pretrained(tmp_path, attn_implementation=impl).eval()
@@ -189,3 +192,48 @@ def test_auto_takes_no_backend_that_declines_the_call():
     name = auto_backend(torch.zeros(1, 1, 1, 8), value_terms=False, dropout=0.0)
     backend = ALL_BACKENDS[name]
     assert backend.skip is None or not backend.skip(torch.zeros(1, 1, 1, 8)), name
+
+
+@pytest.mark.parametrize("way", ["from_pretrained", "meta"])
+def test_weights_transformers_initialises_get_the_methods_init(tmp_path, way):
+    """The method's tables get their own initialisation wherever transformers initialises weights: loading a
+    checkpoint that lacks them (a plain model's folder, the method recorded in the config) and
+    `initialize_weights` after building on the meta device, as `attach` draws them (not torch.empty's bits)."""
+    plain = build("llama")
+    config = copy.deepcopy(plain.config)
+    config.dietpe = {"method": "diet-rel", "backend": None}
+    if way == "from_pretrained":
+        plain.save_pretrained(tmp_path)
+        model = LlamaForCausalLM.from_pretrained(tmp_path, config=config)
+        torch.testing.assert_close(model.model.embed_tokens.weight, plain.model.embed_tokens.weight)
+    else:
+        with torch.device("meta"):
+            model = LlamaForCausalLM(config)
+        model.to_empty(device="cpu")
+        model.initialize_weights()
+    got = model.model.diet_positions.encoding.method.r.detach()
+    drawn = dietpe.attach(build("llama"), "diet-rel").model.diet_positions.encoding.method.r.detach()
+    assert torch.isfinite(got).all()
+    # the same distribution as attach's draw: the std within 15 % (1,032 values), the mean within 4 errors
+    assert abs(got.std().item() / drawn.std().item() - 1) < 0.15
+    assert abs(got.mean().item()) < 4 * drawn.std().item() / got.numel() ** 0.5
+
+
+def test_other_models_are_initialised_as_before(monkeypatch):
+    """The initialisation wrapper acts on attached methods only: diet's own models (which initialise their
+    tables themselves) and plain transformers models draw the same weights as without it."""
+    from transformers import PreTrainedModel
+
+    from dietpe.integrations import core
+    from dietpe.models.causal import DietCausalConfig, DietForCausalLM
+
+    def weights():
+        torch.manual_seed(0)
+        diet = DietForCausalLM(DietCausalConfig(vocab_size=V, hidden_size=32, num_hidden_layers=2,
+                                                num_attention_heads=4, intermediate_size=48, position="diet-rel"))
+        return [*diet.state_dict().values(), *LlamaForCausalLM(LlamaConfig(**LLAMA_LIKE)).state_dict().values()]
+
+    wrapped = weights()
+    monkeypatch.setattr(PreTrainedModel, "_initialize_weights", core._original_initialize_weights)
+    for a, b in zip(wrapped, weights(), strict=True):
+        assert torch.equal(a, b)

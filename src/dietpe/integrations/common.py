@@ -1,5 +1,5 @@
 """Pieces the families share: a learned input table replaced by the method's input term, RoPE made the
-identity."""
+identity, the model's RoPE base."""
 
 from __future__ import annotations
 
@@ -36,3 +36,11 @@ class NoRotary(nn.Module):
     def forward(self, x: Tensor, position_ids: Tensor) -> tuple[Tensor, Tensor]:
         shape = (position_ids.shape[0], position_ids.shape[-1], self.head_dim)  # (B, L, Dh), as HF's
         return torch.ones(shape, dtype=x.dtype, device=x.device), torch.zeros(shape, dtype=x.dtype, device=x.device)
+
+
+def own_base(model_config) -> float:
+    """The model's RoPE base (rope_theta)."""
+    rope = getattr(model_config, "rope_parameters", None)
+    if isinstance(rope, dict) and "rope_theta" in rope:
+        return float(rope["rope_theta"])
+    return float(getattr(model_config, "rope_theta", 10000.0))

@@ -13,8 +13,9 @@ method's input term instead) unless the spec keeps them (`input_positions=true`)
 model's own scheme: `rotary` in a model with RoPE is the model's rotary module itself, with its `rope_type`
 (linear, dynamic, yarn, longrope, llama3, ...) and factors. The spec is recorded in the config
 (`config.dietpe`); after `import dietpe`, `from_pretrained` re-attaches the method before the weights are
-loaded (a wrapper around `PreTrainedModel.post_init`), and `set_attn_implementation` keeps it (a wrapper that
-refuses an implementation that cannot serve it).
+loaded (a wrapper around `PreTrainedModel.post_init`), `set_attn_implementation` keeps it (a wrapper that
+refuses an implementation that cannot serve it), and transformers' weight initialisation gives the method's
+tables their own (a wrapper around `PreTrainedModel._initialize_weights`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from transformers import PreTrainedModel
 from dietpe.attention.registry import ALL_BACKENDS, serving_backend
 from dietpe.errors import ConfigError
 from dietpe.integrations import dispatch
+from dietpe.integrations.common import own_base
 from dietpe.integrations.forward import ForwardState, pre_hook
 from dietpe.positions.registry import REGISTRY
 
@@ -155,7 +157,6 @@ def position_config(model_config, spec: str, causal: bool, heads: int, head_dim:
                type_vocab_size=type_vocab_size,
                initializer_range=getattr(model_config, "initializer_range", 0.02))
     if REGISTRY[method.position].uses("rotary_base"):  # the model's own RoPE base, for a method that reads one
-        from dietpe.integrations.llama import own_base
         own["rotary_base"] = own_base(model_config)
     return cls(**{**own, **fields}), keep
 
@@ -200,12 +201,9 @@ def attach(model: PreTrainedModel, spec: str, backend: str | None = None, _init:
         backend = serving_backend(backend, value_terms=info.probabilities).name
     attached = AttachedPositions(PositionEncoding(config), spec, backend, family)
     attached.config = config  # the method's DietConfig: its limits (max_position_embeddings), causal or not
-    if _init:
-        _initialise(attached, family, base, config)
     device = next((p.device for p in base.parameters()), torch.device("cpu"))
     dtype = next((p.dtype for p in base.parameters() if p.is_floating_point()), torch.float32)
-    if device.type != "meta":
-        attached.to(device=device, dtype=dtype)  # the model's device and dtype (the method computes in it)
+    table = family.input_table(base)  # the model's own learned table, before it is replaced
     family.replace_positions(base, attached, keep)
     if attached.acts_in_attention:
         family.check(c)
@@ -213,6 +211,10 @@ def attach(model: PreTrainedModel, spec: str, backend: str | None = None, _init:
         if reason:
             raise ConfigError(f"attach: {reason}")
     base.diet_positions = attached
+    if device.type != "meta":  # on meta (from_pretrained), transformers initialises what the checkpoint lacks
+        if _init:
+            _initialise(attached, base, table)
+        attached.to(device=device, dtype=dtype)  # the model's device and dtype (the method computes in it)
     _wire(attached, base, modules)
     dispatch.install()
     record = {"method": spec, "backend": backend}
@@ -221,9 +223,14 @@ def attach(model: PreTrainedModel, spec: str, backend: str | None = None, _init:
     return model
 
 
-def _initialise(attached: AttachedPositions, family: Family, base: nn.Module, config) -> None:
-    init_encoding(attached.encoding, config.initializer_range)
-    table = family.input_table(base)
+def _initialise(attached: AttachedPositions, base: PreTrainedModel, table: Tensor | None) -> None:
+    """The method's weights, initialised module by module by the model's own `_initialize_weights`, as
+    transformers initialises the weights a checkpoint lacks (in the order diet always drew them: the same
+    weights from the same seed); an `absolute` table starts from the model's own `table`."""
+    config = attached.config
+    with torch.no_grad():
+        for m in attached.modules():
+            base._initialize_weights(m)
     weight = getattr(attached.encoding.method, "weight", None)
     if REGISTRY[config.position].bert_table and table is not None and weight is not None \
             and weight.shape == table.shape:
@@ -258,6 +265,7 @@ def _wire(attached: AttachedPositions, base: nn.Module, modules: list[nn.Module]
 
 _original_post_init = PreTrainedModel.post_init
 _original_set_attn_implementation = PreTrainedModel.set_attn_implementation
+_original_initialize_weights = PreTrainedModel._initialize_weights
 
 
 def _post_init(self: PreTrainedModel) -> None:
@@ -276,11 +284,12 @@ def _post_init(self: PreTrainedModel) -> None:
 def _set_attn_implementation(self: PreTrainedModel, attn_implementation, *args, **kwargs):
     """`PreTrainedModel.set_attn_implementation`, keeping an attached method: its layers then run diet's backend
     matching the new implementation (a backend pinned by `attach` is released), or the change is refused in
-    one line when the implementation cannot serve the method."""
+    one line when the implementation cannot serve the method. A name transformers does not know gets
+    transformers' own error."""
     attached = getattr(self.base_model, "_modules", {}).get("diet_positions")
     requested = attn_implementation if not isinstance(attn_implementation, dict) else \
         attn_implementation.get("", self.config._attn_implementation)
-    if attached is not None and attached.acts_in_attention:
+    if attached is not None and attached.acts_in_attention and dispatch.known(requested):
         reason = dispatch.refusal(requested)
         if reason:
             raise ConfigError(f"set_attn_implementation: the attached method {attached.spec!r} stays; {reason}")
@@ -292,6 +301,24 @@ def _set_attn_implementation(self: PreTrainedModel, attn_implementation, *args, 
     return out
 
 
+def _initialize_weights(self: PreTrainedModel, module: nn.Module, *args, **kwargs):
+    """`PreTrainedModel._initialize_weights`, which also initialises an attached method's tables each its own
+    way (modules transformers' `_init_weights` does not know): so `from_pretrained` of a checkpoint lacking
+    them, or `initialize_weights` after building on the meta device, gives them what `attach` gives them.
+    Tensors loaded from a checkpoint are left alone (diet's methods initialise through transformers' guarded
+    helpers); any other model, diet's own included, is initialised as before."""
+    from dietpe.positions.method import PositionMethod
+    from dietpe.positions.segments import InputSegments
+
+    attached = getattr(getattr(self, "base_model", None), "_modules", {}).get("diet_positions")
+    if attached is not None and isinstance(module, (PositionMethod, InputSegments)) \
+            and not getattr(module, "_is_hf_initialized", False) and any(module is m for m in attached.modules()):
+        with torch.no_grad():
+            module.reset_parameters(getattr(self.config, "initializer_range", None) or 0.02)
+    return _original_initialize_weights(self, module, *args, **kwargs)
+
+
 if PreTrainedModel.post_init is _original_post_init:
     PreTrainedModel.post_init = _post_init
     PreTrainedModel.set_attn_implementation = _set_attn_implementation
+    PreTrainedModel._initialize_weights = _initialize_weights

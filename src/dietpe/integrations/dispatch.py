@@ -61,6 +61,15 @@ def _dispatch(implementation, found, module, query, key, value, attention_mask, 
     return attend(attached, implementation, module, query, key, value, attention_mask, **kwargs)
 
 
+def known(implementation: str | None) -> bool:
+    """Whether transformers itself accepts this implementation name (its registered functions, eager, a kernel
+    from the hub); an unknown name is left to transformers' own error."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    return implementation in BACKEND_OF or implementation in ALL_ATTENTION_FUNCTIONS.valid_keys() \
+        or (isinstance(implementation, str) and "/" in implementation)
+
+
 def refusal(implementation: str | None) -> str | None:
     """Why a method with attention terms cannot run under this implementation, or None."""
     if implementation in BACKEND_OF:

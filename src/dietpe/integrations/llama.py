@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 
 from dietpe.errors import ConfigError
-from dietpe.integrations.common import NoRotary
+from dietpe.integrations.common import NoRotary, own_base
 from dietpe.integrations.core import Family, register_family
 from dietpe.positions.registry import REGISTRY
 
@@ -24,14 +24,6 @@ def is_rope(config) -> bool:
     """The method is rotary position embedding itself: only a qk term, reading a RoPE base."""
     info = REGISTRY[config.position]
     return info.entry == ("qk",) and info.uses("rotary_base")
-
-
-def own_base(model_config) -> float:
-    """The model's RoPE base (rope_theta)."""
-    rope = getattr(model_config, "rope_parameters", None)
-    if isinstance(rope, dict) and "rope_theta" in rope:
-        return float(rope["rope_theta"])
-    return float(getattr(model_config, "rope_theta", 10000.0))
 
 
 def _rebuilt(base, theta: float):
