@@ -31,7 +31,7 @@ def test_the_plan_fits_one_window_and_eight_files(checklist):
 
 def test_the_plan_holds_what_the_window_must_show(checklist):
     commands = " ".join(c for s in checklist.steps() for c in s.commands)
-    for needed in ("dietpe.bench.attach", "8x2048", " compare ", "--deterministic", "selftest", "flexcheck",
+    for needed in ("dietpe.bench.attach", "8x2048", " compare ", "--deterministic", "selftest", "gpu_flex.py", "gpu_commands.sh",
                    "DIET_TEST_DEVICE", "study_time"):
         assert needed in commands or any(needed in str(s.env) for s in checklist.steps()), needed
 
