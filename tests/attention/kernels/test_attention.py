@@ -198,3 +198,29 @@ def test_dropout_is_the_equation_with_the_kernels_own_mask(device):
     torch.testing.assert_close(out, want, atol=2e-5, rtol=1e-4)
     for got, ref in zip(grads, want_grads):
         torch.testing.assert_close(got, ref, atol=1e-5 * max(ref.abs().max().item(), 1), rtol=1e-4)
+
+
+def test_the_tile_choice_is_fixed_under_deterministic_algorithms(monkeypatch):
+    """The GPU's launch path (no interpreter): with DIETPE_FUSED_AUTOTUNE=0 (as under deterministic
+    algorithms) the first configuration that fits shared memory is taken, remembered per key, and `forcing`
+    overrides it without being remembered."""
+    from triton.runtime.errors import OutOfResources
+
+    from dietpe.attention.kernels import attention as A
+
+    monkeypatch.setattr(A, "interpreting", lambda: False)
+    monkeypatch.setattr(A, "_chosen", {})
+    monkeypatch.setenv("DIETPE_FUSED_AUTOTUNE", "0")
+    launched = []
+
+    def launch(config):
+        launched.append(config)
+        if config == "big":
+            raise OutOfResources(300000, 232448, "shared memory")
+
+    A._launch(("k",), ["big", "fits", "small"], launch, "interp")
+    A._launch(("k",), ["big", "fits", "small"], launch, "interp")
+    with A.forcing(2):
+        A._launch(("k",), ["big", "fits", "small"], launch, "interp")
+    assert launched == ["big", "fits", "fits", "small"]
+    assert A.chosen_configs() == {("k", "fixed"): ("fits", {})}

@@ -731,8 +731,7 @@ def _key(name: str, q: Tensor, lk: int, widths: tuple, flags: dict) -> tuple:
     """What a tuned configuration is remembered under: kernel, head widths, dtype, lengths rounded up to powers
     of two, batch × heads rounded likewise (the grid's size), the terms."""
     b, h, lq = q.shape[:3]
-    return (name, *widths, str(q.dtype).removeprefix("torch."), _pow2(lq), _pow2(lk), _pow2(b * h),
-            *(f"{k}={int(v) if isinstance(v, bool) else v}" for k, v in flags.items()))
+    return (name, *widths, q.dtype, _pow2(lq), _pow2(lk), _pow2(b * h), *flags.items())  # cheap: every call
 
 
 def attention_forward(q: Tensor, k: Tensor, v: Tensor, scale: float, table: Tensor | None,
