@@ -224,3 +224,24 @@ def test_the_tile_choice_is_fixed_under_deterministic_algorithms(monkeypatch):
         A._launch(("k",), ["big", "fits", "small"], launch, "interp")
     assert launched == ["big", "fits", "fits", "small"]
     assert A.chosen_configs() == {("k", "fixed"): ("fits", {})}
+
+
+def test_views_with_gaps_and_expanded_heads(device):
+    """q, k, v as a model hands them over: views of one fused projection (GPT-2's split: rows with gaps), keys
+    and values repeated over grouped heads. The gradients are written densely at their own strides, not at the
+    inputs' (which overran the gradients' buffers: a crash under the interpreter, an illegal write on a GPU)."""
+    from dietpe.attention.kernels.attention import Extras, fused_attention
+
+    g = torch.Generator().manual_seed(0)
+    b, h, n, d = 2, 4, E, 16
+    qkv = torch.randn(b, n, 3 * h * d, generator=g).to(device).requires_grad_()
+    q, k, v = (x.view(b, n, h, d).transpose(1, 2) for x in qkv.split(h * d, dim=-1))
+    k, v = k[:, :2, None].expand(b, 2, 2, n, d).reshape(b, h, n, d), v[:, :2, None].expand(b, 2, 2, n, d)
+    v = v.reshape(b, h, n, d)
+    table = torch.randn(h, 2 * n - 1, generator=g).to(device).requires_grad_()
+    ex = Extras(causal=True)
+    w = torch.randn(b, h, n, d, generator=g).to(device)
+    got = torch.autograd.grad((fused_attention(q, k, v, 0.3, table, None, ex) * w).sum(), [qkv, table])
+    want = torch.autograd.grad((reference(q, k, v, 0.3, table, None, ex) * w).sum(), [qkv, table])
+    for a, r in zip(got, want):
+        torch.testing.assert_close(a, r, atol=1e-5 * max(r.abs().max().item(), 1), rtol=1e-4)

@@ -326,7 +326,7 @@ def _dq_tile(dq1, dq2, carry, seg, q1, q2, do, lse, delta, sq, start, offs_m, k_
 
 @triton.jit(do_not_specialize=["seed"])
 def _backward_q_kernel(Q, K, V, O, DO, LSE, DELTA, DQ_, PART, SPART, TAB, KEEPQ, KEEPK, SEGT, QSEG, KSEG, MASK,
-                       sqb, sqh, sqm, skb, skh, skn, svb, svh, svn, sob, soh, som, sdb, sdh, sdm,
+                       sqb, sqh, sqm, skb, skh, skn, svb, svh, svn, sob, soh, som, sdb, sdh, sdm, sgb, sgh, sgm,
                        stab, sseg, sqs, sks, smb, smh, smm, smn,
                        H, LQ, LK, DQ, DV_, qk_scale, scale, seed, p_drop, inv_keep, NN, W,
                        BM: tl.constexpr, BN: tl.constexpr, D1: tl.constexpr, D2: tl.constexpr, DVP: tl.constexpr,
@@ -390,10 +390,10 @@ def _backward_q_kernel(Q, K, V, O, DO, LSE, DELTA, DQ_, PART, SPART, TAB, KEEPQ,
                                         not EVEN_N, not EVEN_D, CAUSAL)
     if TAB_GRAD:  # the last tile's lower diagonals: nothing continues them
         tl.store(part_row + (NN - tl.cdiv(hi, BN)) * BN + tl.arange(0, BN), carry)
-    dq_base = DQ_ + b * sqb + h * sqh
-    _store_2d(dq_base, offs_m, sqm, LQ, d1, DQ, (dq1 * scale).to(DQ_.dtype.element_ty), not EVEN_M, not EVEN_D)
+    dq_base = DQ_ + b * sgb + h * sgh  # dQ has its own strides: q may be a view with gaps (a split of q, k, v)
+    _store_2d(dq_base, offs_m, sgm, LQ, d1, DQ, (dq1 * scale).to(DQ_.dtype.element_ty), not EVEN_M, not EVEN_D)
     if D2 > 0:
-        _store_2d(dq_base, offs_m, sqm, LQ, D1 + tl.arange(0, D2), DQ, (dq2 * scale).to(DQ_.dtype.element_ty),
+        _store_2d(dq_base, offs_m, sgm, LQ, D1 + tl.arange(0, D2), DQ, (dq2 * scale).to(DQ_.dtype.element_ty),
                   not EVEN_M, not EVEN_D)
     if SEG_GRAD:
         tl.store(SPART + (bh.to(tl.int64) * tl.num_programs(0) + pid_m) * NSEG2P + tl.arange(0, NSEG2P), seg)
@@ -437,7 +437,7 @@ def _kv_tile(dk1, dk2, dv, k1, k2, v, start, n0, offs_n, q_base, do_base, sqm, s
 
 @triton.jit(do_not_specialize=["seed"])
 def _backward_kv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, TAB, KEEPQ, KEEPK, SEGT, QSEG, KSEG, MASK,
-                        sqb, sqh, sqm, skb, skh, skn, svb, svh, svn, sdb, sdh, sdm,
+                        sqb, sqh, sqm, skb, skh, skn, svb, svh, svn, sdb, sdh, sdm, sgkb, sgkh, sgkn, sgvb, sgvh, sgvn,
                         stab, sseg, sqs, sks, smb, smh, smm, smn,
                         H, LQ, LK, DQ, DV_, qk_scale, scale, seed, p_drop, inv_keep,
                         BM: tl.constexpr, BN: tl.constexpr, D1: tl.constexpr, D2: tl.constexpr, DVP: tl.constexpr,
@@ -493,12 +493,12 @@ def _backward_kv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, TAB, KEEPQ, KEEPK, SEGT
                                 SEGT, sseg, QSEG, sqs, KSEG, sks, MASK, smb, smh, smm, smn, BM, BN, D1, D2, DVP,
                                 HAS_TAB, HAS_KEEP, NSEG, MASK_KIND, DROPOUT, PREC, True, not EVEN_N, not EVEN_D,
                                 False)
-    _store_2d(DK + b * skb + h * skh, offs_n, skn, LK, d1, DQ, (dk1 * scale).to(DK.dtype.element_ty), not EVEN_N,
-              not EVEN_D)
+    _store_2d(DK + b * sgkb + h * sgkh, offs_n, sgkn, LK, d1, DQ, (dk1 * scale).to(DK.dtype.element_ty),
+              not EVEN_N, not EVEN_D)
     if D2 > 0:
-        _store_2d(DK + b * skb + h * skh, offs_n, skn, LK, D1 + tl.arange(0, D2), DQ,
+        _store_2d(DK + b * sgkb + h * sgkh, offs_n, sgkn, LK, D1 + tl.arange(0, D2), DQ,
                   (dk2 * scale).to(DK.dtype.element_ty), not EVEN_N, not EVEN_D)
-    _store_2d(DV + b * svb + h * svh, offs_n, svn, LK, dv_cols, DV_, dv.to(DV.dtype.element_ty), not EVEN_N,
+    _store_2d(DV + b * sgvb + h * sgvh, offs_n, sgvn, LK, dv_cols, DV_, dv.to(DV.dtype.element_ty), not EVEN_N,
               not EVEN_D)
 
 
@@ -770,7 +770,8 @@ def attention_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
     lk, dv_width = k.shape[2], v.shape[3]
     do = do if do.stride(-1) == 1 else do.contiguous()
     delta = torch.empty_like(lse)  # rowsum(dO ∘ O), written by the dQ kernel, read by the dK/dV kernel
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    # gradients dense whatever q, k, v's strides (a split or an expanded view would make empty_like's differ)
+    dq, dk, dv = (torch.empty(x.shape, dtype=x.dtype, device=x.device) for x in (q, k, v))
     d1, d2 = head_parts(dq_width)
     dvp = max(16, _pow2(dv_width))
     pointers, strides = _aux_args(table, segments, ex, lse)
@@ -791,7 +792,7 @@ def attention_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
         spart = torch.empty(b * h * nm, nseg2p, dtype=torch.float32, device=q.device) if seg_grad else lse
         _backward_q_kernel[(nm, b * h)](q, k, v, out, do, lse, delta, dq, part, spart, *pointers, *q.stride()[:3],
                                         *k.stride()[:3], *v.stride()[:3], *out.stride()[:3], *do.stride()[:3],
-                                        *tail, nn, w, BM=bm, BN=bn, D1=d1, D2=d2, DVP=dvp, NSEG2P=nseg2p,
+                                        *dq.stride()[:3], *tail, nn, w, BM=bm, BN=bn, D1=d1, D2=d2, DVP=dvp, NSEG2P=nseg2p,
                                         TAB_GRAD=tab_grad, SEG_GRAD=seg_grad, EVEN_M=lq % bm == 0,
                                         EVEN_N=lk % bn == 0, EVEN_D=even_d, num_warps=warps, num_stages=stages,
                                         **flags)
@@ -801,7 +802,8 @@ def attention_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
         bm, bn, warps, stages = config
         _backward_kv_kernel[(triton.cdiv(lk, bn), b * h)](q, k, v, do, lse, delta, dk, dv, *pointers,
                                                           *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
-                                                          *do.stride()[:3], *tail, BM=bm, BN=bn, D1=d1, D2=d2,
+                                                          *do.stride()[:3], *dk.stride()[:3], *dv.stride()[:3],
+                                                          *tail, BM=bm, BN=bn, D1=d1, D2=d2,
                                                           DVP=dvp, EVEN_M=lq % bm == 0, EVEN_N=lk % bn == 0,
                                                           EVEN_D=even_d, num_warps=warps, num_stages=stages, **flags)
 
