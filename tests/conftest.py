@@ -26,6 +26,28 @@ def pytest_configure(config):
     if TEST_DEVICE == "cuda" and not torch.cuda.is_available():
         raise pytest.UsageError(f"DIET_TEST_DEVICE=cuda: CUDA is not available on this machine (torch "
                                 f"{torch.__version__}); unset DIET_TEST_DEVICE to test on the CPU")
+    _check_interpreter()
+
+
+def _check_interpreter():
+    """Triton's interpreter before 3.7 turns a loop bound into an int with int() of a 1-element array, which
+    NumPy 2.4 refuses: every kernel test would fail inside triton. Said once, with the fix."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        return
+    try:
+        triton_version = version("triton")
+    except PackageNotFoundError:
+        return
+    numpy_version = version("numpy")
+    if _release(triton_version) < (3, 7) and _release(numpy_version) >= (2, 4):
+        raise pytest.UsageError(f"Triton {triton_version}'s interpreter (the kernel tests on the CPU) needs "
+                                f"numpy<2.4, found numpy {numpy_version}: pip install 'numpy<2.4' (or triton>=3.7)")
+
+
+def _release(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in text.split("+")[0].split(".")[:2])
 
 
 @pytest.fixture

@@ -95,10 +95,12 @@ def fused(q: Tensor, k: Tensor, v: Tensor, terms: LayerTerms, mask: Tensor | Cau
     if dropout_p > 0:  # a seed from torch's CPU generator: no wait for the GPU, and a seeded run repeats
         extras.dropout, extras.seed = dropout_p, int(torch.randint(0, 2**62, ()).item())
     if table is not None and table.q_keep is not None:
-        extras.q_keep, extras.k_keep = table.q_keep.float().contiguous(), table.k_keep.float().contiguous()
+        extras.q_keep, extras.k_keep = (x if x.dtype == torch.float32 and x.is_contiguous() else x.float().contiguous()
+                                        for x in (table.q_keep, table.k_keep))
     if segments is not None:
-        extras.q_segments = segments.q_ids.to(torch.int32).contiguous()
-        extras.k_segments = segments.k_ids.to(torch.int32).contiguous()
+        # read in their own integer dtype: no cast per layer
+        extras.q_segments, extras.k_segments = (x if x.stride(-1) == 1 else x.contiguous()
+                                                for x in (segments.q_ids, segments.k_ids))
     out = fused_attention(q, k, v, s, table.values if table is not None else None,
                           segments.table if segments is not None else None, extras)
     return out, None

@@ -81,6 +81,7 @@ def _reference_run(inputs, ex, scale=0.3, keep=None):
 
 
 L, M = sizes(13, 301), sizes(11, 157)  # odd lengths: tiles cut at the edges
+E = sizes(32, 256)  # a multiple of every tile
 CASES = {
     "fp32-16-table-keep-segments-padding": dict(dtype=torch.float32, b=2, h=2, lq=L, lk=L, dq=16, dv=16,
                                                 table_heads=2, nseg=2, keep=True, mask="padding"),
@@ -93,6 +94,16 @@ CASES = {
                                             table_heads=2, nseg=2, mask="padding"),
     "bf16-64-table-causal": dict(dtype=torch.bfloat16, b=2, h=1, lq=L + 4, lk=L + 4, dq=64, dv=64, table_heads=1,
                                  causal=True),
+    # lengths that are multiples of the tiles: the kernels' unmasked paths (interior tiles, blocks below the
+    # causal diagonal), alone and beside masked ones
+    "fp32-32-table-keep-segments-padding-even": dict(dtype=torch.float32, b=2, h=2, lq=E, lk=2 * E, dq=32,
+                                                     dv=32, table_heads=2, nseg=2, keep=True, mask="padding"),
+    "fp32-16-shared-table-causal-even": dict(dtype=torch.float32, b=1, h=2, lq=2 * E, lk=2 * E, dq=16, dv=16,
+                                             table_heads=1, causal=True),
+    "fp32-24in2parts-table-causal-half-even": dict(dtype=torch.float32, b=1, h=1, lq=3 * E // 2, lk=3 * E // 2,
+                                                   dq=24, dv=16, table_heads=1, causal=True),
+    "bf16-64-table-documents-even": dict(dtype=torch.bfloat16, b=1, h=2, lq=E, lk=E, dq=64, dv=64, table_heads=2,
+                                         mask="documents"),
 }
 
 
@@ -130,6 +141,39 @@ def test_inference_runs_the_forward_alone(device):
     with torch.inference_mode():
         out = fused_attention(*inputs[:3], 0.3, *inputs[3:], ex)
     torch.testing.assert_close(out, reference(*inputs[:3], 0.3, *inputs[3:], ex), atol=2e-5, rtol=1e-4)
+
+
+def test_dropout_on_whole_tiles_and_a_causal_diagonal(device):
+    """Dropout's mask drawn four keys per Philox call lines up between the forward and both backward kernels on
+    unmasked tiles (the key-major dK/dV tile transposes it) and on the causal diagonal."""
+    from dietpe.attention.kernels.attention import dropout_keep
+
+    inputs, ex = _case(device, torch.float32, b=1, h=2, lq=2 * E, lk=2 * E, dq=16, dv=16, table_heads=2,
+                       causal=True)
+    ex.dropout, ex.seed = 0.2, 2**40 + 7
+    keep = dropout_keep(ex.seed, ex.dropout, 1, 2, 2 * E, 2 * E, device)
+    out, grads = _run(inputs, ex)
+    want, want_grads = _reference_run(inputs, ex, keep=keep)
+    torch.testing.assert_close(out, want, atol=2e-5, rtol=1e-4)
+    for got, ref in zip(grads, want_grads):
+        torch.testing.assert_close(got, ref, atol=1e-5 * max(ref.abs().max().item(), 1), rtol=1e-4)
+
+
+def test_a_table_without_a_gradient_is_read_and_not_summed(device):
+    """A fixed table (ALiBi's slopes): the kernels add it and compute no gradient for it."""
+    inputs, ex = _case(device, torch.float32, b=1, h=2, lq=E, lk=E, dq=16, dv=16, table_heads=2)
+    q, k, v, table, _ = inputs
+    table = table.detach()
+    from dietpe.attention.kernels.attention import fused_attention
+
+    out = fused_attention(q, k, v, 0.3, table, None, ex)
+    want = reference(q, k, v, 0.3, table, None, ex)
+    w = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(out.device)
+    got = torch.autograd.grad((out * w).sum(), [q, k, v])
+    ref = torch.autograd.grad((want * w).sum(), [q, k, v])
+    torch.testing.assert_close(out, want, atol=2e-5, rtol=1e-4)
+    for a, b in zip(got, ref):
+        torch.testing.assert_close(a, b, atol=1e-5 * max(b.abs().max().item(), 1), rtol=1e-4)
 
 
 def test_head_parts_cover_the_folded_widths():
@@ -172,3 +216,50 @@ def test_views_of_a_fused_projection(device):
     want = torch.autograd.grad((reference(q, k, v, 0.25, table, None, ex) * w).sum(), (qkv, table))
     for a, e in zip(got, want):
         torch.testing.assert_close(a, e, atol=2e-5, rtol=1e-4)
+
+
+def test_the_tile_choice_is_fixed_under_deterministic_algorithms(monkeypatch):
+    """The GPU's launch path (no interpreter): with DIETPE_FUSED_AUTOTUNE=0 (as under deterministic
+    algorithms) the first configuration that fits shared memory is taken, remembered per key, and `forcing`
+    overrides it without being remembered."""
+    from triton.runtime.errors import OutOfResources
+
+    from dietpe.attention.kernels import attention as A
+
+    monkeypatch.setattr(A, "interpreting", lambda: False)
+    monkeypatch.setattr(A, "_chosen", {})
+    monkeypatch.setenv("DIETPE_FUSED_AUTOTUNE", "0")
+    launched = []
+
+    def launch(config):
+        launched.append(config)
+        if config == "big":
+            raise OutOfResources(300000, 232448, "shared memory")
+
+    A._launch(("k",), ["big", "fits", "small"], launch, "interp")
+    A._launch(("k",), ["big", "fits", "small"], launch, "interp")
+    with A.forcing(2):
+        A._launch(("k",), ["big", "fits", "small"], launch, "interp")
+    assert launched == ["big", "fits", "fits", "small"]
+    assert A.chosen_configs() == {("k", "fixed"): ("fits", {})}
+
+
+def test_views_with_gaps_and_expanded_heads(device):
+    """q, k, v as a model hands them over: views of one fused projection (GPT-2's split: rows with gaps), keys
+    and values repeated over grouped heads. The gradients are written densely at their own strides, not at the
+    inputs' (which overran the gradients' buffers: a crash under the interpreter, an illegal write on a GPU)."""
+    from dietpe.attention.kernels.attention import Extras, fused_attention
+
+    g = torch.Generator().manual_seed(0)
+    b, h, n, d = 2, 4, E, 16
+    qkv = torch.randn(b, n, 3 * h * d, generator=g).to(device).requires_grad_()
+    q, k, v = (x.view(b, n, h, d).transpose(1, 2) for x in qkv.split(h * d, dim=-1))
+    k, v = k[:, :2, None].expand(b, 2, 2, n, d).reshape(b, h, n, d), v[:, :2, None].expand(b, 2, 2, n, d)
+    v = v.reshape(b, h, n, d)
+    table = torch.randn(h, 2 * n - 1, generator=g).to(device).requires_grad_()
+    ex = Extras(causal=True)
+    w = torch.randn(b, h, n, d, generator=g).to(device)
+    got = torch.autograd.grad((fused_attention(q, k, v, 0.3, table, None, ex) * w).sum(), [qkv, table])
+    want = torch.autograd.grad((reference(q, k, v, 0.3, table, None, ex) * w).sum(), [qkv, table])
+    for a, r in zip(got, want):
+        torch.testing.assert_close(a, r, atol=1e-5 * max(r.abs().max().item(), 1), rtol=1e-4)

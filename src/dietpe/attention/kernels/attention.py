@@ -3,9 +3,10 @@
     S_ij = s · q_i·k_j + T[h, i - j + Lk - 1] · a_i · c_j + Ŝ[h, σ_i, τ_j] + M_ij,    O = softmax(S) · V
 
 FlashAttention-2's tiling (Dao 2023, "FlashAttention-2: Faster Attention with Better Parallelism and Work
-Partitioning", Algorithm 1 and 2): an online softmax over key blocks, the log-sum-exp saved, and a backward
-that recomputes P from it, dK and dV by key block and dQ by query block, so no (Lq, Lk) tensor is ever in
-memory. The position terms are read in the tile from small tables:
+Partitioning", Algorithm 1 and 2): an online softmax over key blocks in base 2 (log2(e) folded into the scale
+and into the terms' one multiply-add), the log-sum-exp saved, and a backward that recomputes P from it, dK and
+dV by key block and dQ by query block, so no (Lq, Lk) tensor is ever in memory. The position terms are read in
+the tile from small tables:
 
     T   one value per head and offset i - j, (H|1, Lq + Lk - 1): DIET-REL's R_{i-j} (DIET eq. 3, clipped or
         not), T5's and TUPE-R's bucket values b[bucket(j - i)] (Raffel et al. 2020 §2.1; TUPE eq. 11),
@@ -14,29 +15,34 @@ memory. The position terms are read in the tile from small tables:
     a, c  0/1 per query and key: TUPE's reset of [CLS]'s row and column (TUPE eq. 9), else 1
     Ŝ   DIET's per-head segment table (DIET eq. 2), read at the tokens' segments σ_i, τ_j
     M   the additive mask: padding (one value per key), a dense (Lq, Lk) one, or causality (a flag: blocks
-        above the diagonal are skipped)
+        above the diagonal are skipped, blocks below it run without a mask)
 
-Attention dropout multiplies P by Z / (1 - p) before P·V, Z drawn by Philox at each pair's flat index from a
-seed per call, so the backward draws the same Z again (FlashAttention's way; its normaliser counts dropped
-weights too, as `F.dropout` after the softmax does).
+Tiles wholly inside the lengths (EVEN_M, EVEN_N, EVEN_D: constexpr) load and compute without bounds masks.
+
+Attention dropout multiplies P by Z / (1 - p) before P·V, Z drawn by Philox4x32-10 (Salmon et al. 2011) with
+32-bit counters (row b·H·Lq + h·Lq + i, key group j // 4) from a seed per call: one call gives the uniforms of
+four neighbouring keys, and the backward draws the same Z again (FlashAttention's way; its normaliser counts
+dropped weights too, as `F.dropout` after the softmax does).
 
 Low-rank terms (DIET-ABS eq. 1, TUPE's correlation eq. 10) arrive folded into extra query/key channels, so
 the query/key head size may differ from the values'. Head sizes are loaded in two power-of-two parts
 (64 + 16 for 72), values padded to a power of two, both with masked loads.
 
-Gradients without atomics: the dK/dV program of key block n (per batch row and head) owns one row of a
-partial buffer. For each query block it sums its tile's dS along the tile's diagonals (a shear by
-`tl.gather`, then a column sum), keeping the upper half as a carry for the next query block, whose offsets
-overlap it, and writes each finished stretch once; a second kernel adds the rows of every program in a fixed
-order. Segment-pair sums are per program as well, added by torch in a fixed order. So two runs give the same
-bits. The partial buffer holds B·H·(Lk/BLK)·(Lq + BLK) float32: Lq·Lk·B·H/BLK, 1/64 of one (B, H, L, L)
-float32 tensor with BLK = 64.
+Gradients without atomics. The dQ kernel runs first: one program per query block (per batch row and head)
+computes its rows' rowsum(dO ∘ O), loops over the key blocks for dQ, and sums each (BLK, BLK) tile of dS
+along its diagonals (a shear by `tl.gather`, then a column sum), keeping the lower half as a carry for the
+next key block, whose offsets overlap it, and writing each finished stretch once to its own row of a partial
+buffer; segment-pair sums likewise per program. The dK/dV kernel (one program per key block, the tile held
+key-major as the FlashAttention tutorial does, so no operand is transposed in registers) has no reduction. A
+last kernel adds the partial rows of every program in a fixed order. So two runs give the same bits. The
+partial buffer holds B·H·⌈Lq/BLK⌉·(⌈Lk/BLK⌉ + 1)·BLK float32, about Lq·Lk·B·H/BLK.
 """
 
 from __future__ import annotations
 
-import functools
-import math
+import contextlib
+import os
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -52,62 +58,98 @@ LOG2E = 1.4426950408889634
 UPCAST_DOT = tl.constexpr(interpreting())
 # blocked entries of an additive mask are finfo.min, whose product with log2(e) overflows float32: clamped
 MASK_FLOOR = tl.constexpr(-1e30)
+LOG2E_C = tl.constexpr(LOG2E)
 
 
 @triton.jit
-def _tile_bias(b, h, offs_m, offs_n, valid, LQ, LK, TAB, stab, KEEPQ, KEEPK, SEGT, sseg, QSEG, sqs, KSEG, sks,
-               MASK, smb, smh, smm, smn, HAS_TAB: tl.constexpr, HAS_KEEP: tl.constexpr, NSEG: tl.constexpr,
-               MASK_KIND: tl.constexpr):
-    """Σ position terms + mask for one (BM, BN) tile, float32, natural units."""
-    bias = tl.where(valid, 0.0, 0.0)
+def _load_2d(base, rows, stride, n_rows, cols, n_cols, MASK_ROWS: tl.constexpr, MASK_COLS: tl.constexpr):
+    at = base + rows[:, None] * stride + cols[None, :]
+    if MASK_ROWS and MASK_COLS:
+        x = tl.load(at, mask=(rows[:, None] < n_rows) & (cols[None, :] < n_cols), other=0.0)
+    elif MASK_ROWS:
+        x = tl.load(at, mask=rows[:, None] < n_rows, other=0.0)
+    elif MASK_COLS:
+        x = tl.load(at, mask=cols[None, :] < n_cols, other=0.0)
+    else:
+        x = tl.load(at)
+    return x
+
+
+@triton.jit
+def _store_2d(base, rows, stride, n_rows, cols, n_cols, x, MASK_ROWS: tl.constexpr, MASK_COLS: tl.constexpr):
+    at = base + rows[:, None] * stride + cols[None, :]
+    if MASK_ROWS and MASK_COLS:
+        tl.store(at, x, mask=(rows[:, None] < n_rows) & (cols[None, :] < n_cols))
+    elif MASK_ROWS:
+        tl.store(at, x, mask=rows[:, None] < n_rows)
+    elif MASK_COLS:
+        tl.store(at, x, mask=cols[None, :] < n_cols)
+    else:
+        tl.store(at, x)
+
+
+@triton.jit
+def _load_1d(at, idx, n, MASK: tl.constexpr, other):
+    if MASK:
+        x = tl.load(at + idx, mask=idx < n, other=other)
+    else:
+        x = tl.load(at + idx)
+    return x
+
+
+@triton.jit
+def _add_terms(s, qi, kj, b, h, LQ, LK, TAB, stab, KEEPQ, KEEPK, SEGT, sseg, QSEG, sqs, KSEG, sks, MASK, smb, smh,
+               smm, smn, HAS_TAB: tl.constexpr, HAS_KEEP: tl.constexpr, NSEG: tl.constexpr,
+               MASK_KIND: tl.constexpr, MASK_M: tl.constexpr, MASK_N: tl.constexpr):
+    """s + log2(e) · (Σ position terms + mask) for one tile. qi, kj: the query and key indices, broadcastable
+    to s's shape ((BM, 1) and (1, BN), or transposed for a key-major tile); MASK_M / MASK_N: the tile reaches
+    past Lq / Lk, so reads are bounded."""
     if HAS_TAB:
-        diag = offs_m[:, None] - offs_n[None, :] + (LK - 1)
-        t = tl.load(TAB + h * stab + diag, mask=valid, other=0.0)
+        at = TAB + h * stab + (LK - 1) + qi - kj
+        if MASK_M or MASK_N:
+            t = tl.load(at, mask=(qi < LQ) & (kj < LK), other=0.0)
+        else:
+            t = tl.load(at)
         if HAS_KEEP:
-            t = t * _keep(offs_m, offs_n, valid, KEEPQ, KEEPK)
-        bias += t
+            t = t * _load_1d(KEEPQ, qi, LQ, MASK_M, 0.0) * _load_1d(KEEPK, kj, LK, MASK_N, 0.0)
+        s += t * LOG2E_C
     if NSEG > 0:
-        sq = tl.load(QSEG + b * sqs + offs_m, mask=offs_m < LQ, other=0)
-        sk = tl.load(KSEG + b * sks + offs_n, mask=offs_n < LK, other=0)
+        sq = _load_1d(QSEG + b * sqs, qi, LQ, MASK_M, 0)
+        sk = _load_1d(KSEG + b * sks, kj, LK, MASK_N, 0)
+        ok = (sq >= 0) & (sq < NSEG)
         for c in tl.static_range(NSEG):
-            row = tl.load(SEGT + h * sseg + sq * NSEG + c, mask=(sq >= 0) & (sq < NSEG), other=0.0)  # Ŝ[h, σ_i, c]
-            bias += tl.where(sk[None, :] == c, row[:, None], 0.0)
+            row = tl.load(SEGT + h * sseg + sq * NSEG + c, mask=ok, other=0.0) * LOG2E_C  # Ŝ[h, σ_i, c]
+            s += tl.where(sk == c, row, 0.0)
     if MASK_KIND == 1:  # one additive value per key (padding)
-        mv = tl.load(MASK + b * smb + h * smh + offs_n * smn, mask=offs_n < LK, other=0.0).to(tl.float32)
-        bias += tl.maximum(mv, MASK_FLOOR)[None, :]
+        at = MASK + b * smb + h * smh + kj * smn
+        if MASK_N:
+            mv = tl.load(at, mask=kj < LK, other=0.0).to(tl.float32)
+        else:
+            mv = tl.load(at).to(tl.float32)
+        s += tl.maximum(mv, MASK_FLOOR) * LOG2E_C
     if MASK_KIND == 2:  # a dense (Lq, Lk) additive mask
-        mv = tl.load(MASK + b * smb + h * smh + offs_m[:, None] * smm + offs_n[None, :] * smn, mask=valid,
-                     other=0.0).to(tl.float32)
-        bias += tl.maximum(mv, MASK_FLOOR)
-    return bias
+        at = MASK + b * smb + h * smh + qi * smm + kj * smn
+        if MASK_M or MASK_N:
+            mv = tl.load(at, mask=(qi < LQ) & (kj < LK), other=0.0).to(tl.float32)
+        else:
+            mv = tl.load(at).to(tl.float32)
+        s += tl.maximum(mv, MASK_FLOOR) * LOG2E_C
+    return s
 
 
 @triton.jit
-def _keep(offs_m, offs_n, valid, KEEPQ, KEEPK):
-    """a_i · c_j for a tile: where the offset table applies (0 on TUPE's reset row and column)."""
-    a = tl.load(KEEPQ + offs_m[:, None], mask=valid, other=0.0)
-    c = tl.load(KEEPK + offs_n[None, :], mask=valid, other=0.0)
-    return a * c
-
-
-@triton.jit
-def _kept(seed, bh, offs_m, offs_n, LQ, LK, p_drop):
-    """Attention dropout's keep mask for a tile: Philox at the pair's flat index (b, h, i, j), so the backward
-    draws the same mask again."""
-    flat = (bh.to(tl.int64) * LQ + offs_m[:, None]) * LK + offs_n[None, :]
-    return tl.rand(seed, flat) >= p_drop
-
-
-@triton.jit
-def _load_rows(base, rows, stride, n_rows, cols, n_cols):
-    return tl.load(base + rows[:, None] * stride + cols[None, :], mask=(rows[:, None] < n_rows)
-                   & (cols[None, :] < n_cols), other=0.0)
-
-
-@triton.jit
-def _store_rows(base, rows, stride, n_rows, cols, n_cols, x):
-    tl.store(base + rows[:, None] * stride + cols[None, :], x, mask=(rows[:, None] < n_rows)
-             & (cols[None, :] < n_cols))
+def _kept(seed, bh, offs_m, start, LQ, p_drop, BM: tl.constexpr, BN: tl.constexpr):
+    """Attention dropout's keep mask for a (BM, BN) tile of queries offs_m and keys start + [0, BN): Philox
+    at 32-bit counters (row of (b, h, i), group of four keys); one call's four words are the four keys'
+    uniforms, so the backward draws the same mask again."""
+    rows = bh * LQ + offs_m
+    groups = start // 4 + tl.arange(0, BN // 4)
+    c0 = rows[:, None] + groups[None, :] * 0
+    c1 = groups[None, :] + rows[:, None] * 0
+    z = c0 * 0
+    r0, r1, r2, r3 = tl.philox(seed, c0, c1, z, z)
+    r = tl.reshape(tl.join(tl.join(r0, r2), tl.join(r1, r3)), (BM, BN))  # key 4g + w: word w
+    return tl.uint_to_uniform_float(r) >= p_drop
 
 
 @triton.jit
@@ -127,6 +169,37 @@ def _scores(q1, q2, k1, k2, D2: tl.constexpr, PREC: tl.constexpr):
     return s
 
 
+@triton.jit
+def _forward_tile(acc, l_i, m_i, q1, q2, start, offs_m, k_base, v_base, skn, svn, b, h, bh, LQ, LK, DQ, DV_,
+                  qk_scale, seed, p_drop, inv_keep, TAB, stab, KEEPQ, KEEPK, SEGT, sseg, QSEG, sqs, KSEG, sks,
+                  MASK, smb, smh, smm, smn, BM: tl.constexpr, BN: tl.constexpr, D1: tl.constexpr, D2: tl.constexpr,
+                  DVP: tl.constexpr, HAS_TAB: tl.constexpr, HAS_KEEP: tl.constexpr, NSEG: tl.constexpr,
+                  MASK_KIND: tl.constexpr, DROPOUT: tl.constexpr, PREC: tl.constexpr, MASK_M: tl.constexpr,
+                  MASK_N: tl.constexpr, MASK_D: tl.constexpr, DIAG: tl.constexpr):
+    """One key block of the online softmax: (acc, l, m) updated."""
+    offs_n = start + tl.arange(0, BN)
+    k1 = _load_2d(k_base, offs_n, skn, LK, tl.arange(0, D1), DQ, MASK_N, MASK_D)
+    k2 = k1
+    if D2 > 0:
+        k2 = _load_2d(k_base, offs_n, skn, LK, D1 + tl.arange(0, D2), DQ, MASK_N, MASK_D)
+    s = _scores(q1, q2, k1, k2, D2, PREC) * qk_scale
+    s = _add_terms(s, offs_m[:, None], offs_n[None, :], b, h, LQ, LK, TAB, stab, KEEPQ, KEEPK, SEGT, sseg, QSEG,
+                   sqs, KSEG, sks, MASK, smb, smh, smm, smn, HAS_TAB, HAS_KEEP, NSEG, MASK_KIND, MASK_M, MASK_N)
+    if MASK_N:
+        s = tl.where(offs_n[None, :] < LK, s, float("-inf"))
+    if DIAG:
+        s = tl.where(offs_m[:, None] >= offs_n[None, :], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    p = tl.math.exp2(s - m_new[:, None])
+    alpha = tl.math.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    v = _load_2d(v_base, offs_n, svn, LK, tl.arange(0, DVP), DV_, MASK_N, MASK_D)
+    if DROPOUT:  # the normaliser l_i sums the kept and the dropped alike
+        p = tl.where(_kept(seed, bh, offs_m, start, LQ, p_drop, BM, BN), p * inv_keep, 0.0)
+    acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, PREC)
+    return acc, l_i, m_new
+
+
 @triton.jit(do_not_specialize=["seed"])
 def _forward_kernel(Q, K, V, O, LSE, TAB, KEEPQ, KEEPK, SEGT, QSEG, KSEG, MASK,
                     sqb, sqh, sqm, skb, skh, skn, svb, svh, svn, sob, soh, som,
@@ -134,75 +207,58 @@ def _forward_kernel(Q, K, V, O, LSE, TAB, KEEPQ, KEEPK, SEGT, QSEG, KSEG, MASK,
                     H, LQ, LK, DQ, DV_, qk_scale, seed, p_drop, inv_keep,
                     BM: tl.constexpr, BN: tl.constexpr, D1: tl.constexpr, D2: tl.constexpr, DVP: tl.constexpr,
                     HAS_TAB: tl.constexpr, HAS_KEEP: tl.constexpr, NSEG: tl.constexpr,
-                    MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr, PREC: tl.constexpr):
-    """One block of BM queries of one (batch row, head) against every key block: FlashAttention-2's forward."""
+                    MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr, PREC: tl.constexpr,
+                    EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, EVEN_D: tl.constexpr):
+    """One block of BM queries of one (batch row, head) against every key block: FlashAttention-2's forward.
+    Key blocks wholly below the causal diagonal and inside Lk run without masks; the rest with them."""
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
     b = (bh // H).to(tl.int64)
     h = (bh % H).to(tl.int64)
     offs_m = pid_m * BM + tl.arange(0, BM)
-    d1 = tl.arange(0, D1)
-    dv = tl.arange(0, DVP)
     q_base, k_base, v_base = Q + b * sqb + h * sqh, K + b * skb + h * skh, V + b * svb + h * svh
-    q1 = _load_rows(q_base, offs_m, sqm, LQ, d1, DQ)
+    q1 = _load_2d(q_base, offs_m, sqm, LQ, tl.arange(0, D1), DQ, not EVEN_M, not EVEN_D)
     q2 = q1
     if D2 > 0:
-        d2 = D1 + tl.arange(0, D2)
-        q2 = _load_rows(q_base, offs_m, sqm, LQ, d2, DQ)
+        q2 = _load_2d(q_base, offs_m, sqm, LQ, D1 + tl.arange(0, D2), DQ, not EVEN_M, not EVEN_D)
     m_i = tl.full([BM], float("-inf"), tl.float32)
     l_i = tl.zeros([BM], tl.float32)
     acc = tl.zeros([BM, DVP], tl.float32)
     hi = LK
+    if EVEN_N:
+        full = LK
+    else:
+        full = (LK // BN) * BN  # key blocks inside Lk
     if CAUSAL:
         hi = tl.minimum(LK, (pid_m + 1) * BM)  # blocks above the diagonal are skipped
-    for start in range(0, hi, BN):
-        offs_n = start + tl.arange(0, BN)
-        k1 = _load_rows(k_base, offs_n, skn, LK, d1, DQ)
-        k2 = k1
-        if D2 > 0:
-            k2 = _load_rows(k_base, offs_n, skn, LK, d2, DQ)
-        ok = (offs_m[:, None] < LQ) & (offs_n[None, :] < LK)
-        s = _scores(q1, q2, k1, k2, D2, PREC) * qk_scale
-        s += _tile_bias(b, h, offs_m, offs_n, ok, LQ, LK, TAB, stab, KEEPQ, KEEPK, SEGT, sseg, QSEG, sqs, KSEG, sks,
-                        MASK, smb, smh, smm, smn, HAS_TAB, HAS_KEEP, NSEG, MASK_KIND) * 1.4426950408889634
-        see = offs_n[None, :] < LK
-        if CAUSAL:
-            see = see & (offs_m[:, None] >= offs_n[None, :])
-        s = tl.where(see, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        p = tl.math.exp2(s - m_new[:, None])
-        alpha = tl.math.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = _load_rows(v_base, offs_n, svn, LK, dv, DV_)
-        if DROPOUT:  # the normaliser l_i sums the kept and the dropped alike
-            p = tl.where(_kept(seed, bh, offs_m, offs_n, LQ, LK, p_drop), p * inv_keep, 0.0)
-        acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, PREC)
-        m_i = m_new
+        full = tl.minimum(full, ((pid_m * BM + 1) // BN) * BN)  # every key <= the block's first query
+    for start in range(0, full, BN):
+        acc, l_i, m_i = _forward_tile(acc, l_i, m_i, q1, q2, start, offs_m, k_base, v_base, skn, svn, b, h, bh,
+                                      LQ, LK, DQ, DV_, qk_scale, seed, p_drop, inv_keep, TAB, stab, KEEPQ, KEEPK,
+                                      SEGT, sseg, QSEG, sqs, KSEG, sks, MASK, smb, smh, smm, smn, BM, BN, D1, D2, DVP,
+                                      HAS_TAB, HAS_KEEP, NSEG, MASK_KIND, DROPOUT, PREC, not EVEN_M, False,
+                                      not EVEN_D, False)
+    for start in range(full, hi, BN):
+        acc, l_i, m_i = _forward_tile(acc, l_i, m_i, q1, q2, start, offs_m, k_base, v_base, skn, svn, b, h, bh,
+                                      LQ, LK, DQ, DV_, qk_scale, seed, p_drop, inv_keep, TAB, stab, KEEPQ, KEEPK,
+                                      SEGT, sseg, QSEG, sqs, KSEG, sks, MASK, smb, smh, smm, smn, BM, BN, D1, D2, DVP,
+                                      HAS_TAB, HAS_KEEP, NSEG, MASK_KIND, DROPOUT, PREC, not EVEN_M, not EVEN_N,
+                                      not EVEN_D, CAUSAL)
     acc = acc / l_i[:, None]
-    _store_rows(O + b * sob + h * soh, offs_m, som, LQ, dv, DV_, acc.to(O.dtype.element_ty))
-    tl.store(LSE + bh * LQ + offs_m, m_i + tl.math.log2(l_i), mask=offs_m < LQ)
-
-
-@triton.jit
-def _probabilities(q1, q2, k1, k2, lse, b, h, offs_m, offs_n, ok, LQ, LK, qk_scale, TAB, stab, KEEPQ, KEEPK, SEGT,
-                   sseg, QSEG, sqs, KSEG, sks, MASK, smb, smh, smm, smn, D2: tl.constexpr, HAS_TAB: tl.constexpr,
-                   HAS_KEEP: tl.constexpr, NSEG: tl.constexpr, MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr,
-                   PREC: tl.constexpr):
-    """P of one tile recomputed from the saved log-sum-exp (log2 units); 0 outside the tile's pairs."""
-    s = _scores(q1, q2, k1, k2, D2, PREC) * qk_scale
-    s += _tile_bias(b, h, offs_m, offs_n, ok, LQ, LK, TAB, stab, KEEPQ, KEEPK, SEGT, sseg, QSEG, sqs, KSEG, sks,
-                    MASK, smb, smh, smm, smn, HAS_TAB, HAS_KEEP, NSEG, MASK_KIND) * 1.4426950408889634
-    see = ok
-    if CAUSAL:
-        see = see & (offs_m[:, None] >= offs_n[None, :])
-    return tl.where(see, tl.math.exp2(s - lse[:, None]), 0.0)
+    _store_2d(O + b * sob + h * soh, offs_m, som, LQ, tl.arange(0, DVP), DV_, acc.to(O.dtype.element_ty),
+              not EVEN_M, not EVEN_D)
+    lse = m_i + tl.math.log2(l_i)
+    if EVEN_M:
+        tl.store(LSE + bh * LQ + offs_m, lse)
+    else:
+        tl.store(LSE + bh * LQ + offs_m, lse, mask=offs_m < LQ)
 
 
 @triton.jit
 def _diagonal_sums(x, BLK: tl.constexpr):
     """Sums of a (BLK, BLK) tile along its diagonals r - c: (lower, upper), lower[t] on r - c = t - BLK + 1 and
-    upper[t] on r - c = t + 1 (the diagonals the next query block's tile continues). Each row is sheared by
-    its index with a gather, so a diagonal becomes a column."""
+    upper[t] on r - c = t + 1 (upper[BLK - 1] = 0). Each row is sheared by its index with a gather, so a
+    diagonal becomes a column."""
     r = tl.arange(0, BLK)[:, None]
     t = tl.arange(0, BLK)[None, :]
     c_lo = r + (BLK - 1) - t
@@ -224,158 +280,245 @@ def _segment_sums(ds, sq, sk, NSEG: tl.constexpr, NSEG2P: tl.constexpr):
     return out
 
 
-@triton.jit(do_not_specialize=["seed"])
-def _backward_kv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, PART, SPART, TAB, KEEPQ, KEEPK, SEGT, QSEG, KSEG, MASK,
-                        sqb, sqh, sqm, skb, skh, skn, svb, svh, svn, sdb, sdh, sdm,
-                        stab, sseg, sqs, sks, smb, smh, smm, smn,
-                        H, LQ, LK, DQ, DV_, qk_scale, scale, seed, p_drop, inv_keep, NM, W,
-                        BLK: tl.constexpr, D1: tl.constexpr, D2: tl.constexpr, DVP: tl.constexpr,
-                        HAS_TAB: tl.constexpr, HAS_KEEP: tl.constexpr, NSEG: tl.constexpr, NSEG2P: tl.constexpr,
-                        MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr,
-                        PREC: tl.constexpr):
-    """dK, dV of one key block of one (batch row, head), and its partial sums of dS per offset and segment pair."""
-    pid_n = tl.program_id(0)
-    bh = tl.program_id(1)
-    n_blocks = tl.num_programs(0)
-    b = (bh // H).to(tl.int64)
-    h = (bh % H).to(tl.int64)
-    offs_n = pid_n * BLK + tl.arange(0, BLK)
-    d1 = tl.arange(0, D1)
-    dv_cols = tl.arange(0, DVP)
-    q_base, k_base, v_base = Q + b * sqb + h * sqh, K + b * skb + h * skh, V + b * svb + h * svh
-    do_base = DO + b * sdb + h * sdh
-    k1 = _load_rows(k_base, offs_n, skn, LK, d1, DQ)
+@triton.jit
+def _dq_tile(dq1, dq2, carry, seg, q1, q2, do, lse, delta, sq, start, offs_m, k_base, v_base, skn, svn, part_row, NN,
+             b, h, bh, LQ, LK, DQ, DV_, qk_scale, seed, p_drop, inv_keep, TAB, stab, KEEPQ, KEEPK, SEGT, sseg, QSEG,
+             sqs, KSEG, sks, MASK, smb, smh, smm, smn, BM: tl.constexpr, BN: tl.constexpr, D1: tl.constexpr,
+             D2: tl.constexpr, DVP: tl.constexpr, HAS_TAB: tl.constexpr, HAS_KEEP: tl.constexpr,
+             NSEG: tl.constexpr, NSEG2P: tl.constexpr, MASK_KIND: tl.constexpr, DROPOUT: tl.constexpr,
+             PREC: tl.constexpr, TAB_GRAD: tl.constexpr, SEG_GRAD: tl.constexpr, MASK_M: tl.constexpr,
+             MASK_N: tl.constexpr, MASK_D: tl.constexpr, DIAG: tl.constexpr):
+    """One key block of the dQ loop: dQ, and the tile's dS summed along its offsets and segment pairs."""
+    offs_n = start + tl.arange(0, BN)
+    k1 = _load_2d(k_base, offs_n, skn, LK, tl.arange(0, D1), DQ, MASK_N, MASK_D)
     k2 = k1
     if D2 > 0:
-        d2 = D1 + tl.arange(0, D2)
-        k2 = _load_rows(k_base, offs_n, skn, LK, d2, DQ)
-    v = _load_rows(v_base, offs_n, svn, LK, dv_cols, DV_)
-    dk1 = tl.zeros([BLK, D1], tl.float32)
-    dk2 = dk1
+        k2 = _load_2d(k_base, offs_n, skn, LK, D1 + tl.arange(0, D2), DQ, MASK_N, MASK_D)
+    v = _load_2d(v_base, offs_n, svn, LK, tl.arange(0, DVP), DV_, MASK_N, MASK_D)
+    s = _scores(q1, q2, k1, k2, D2, PREC) * qk_scale
+    s = _add_terms(s, offs_m[:, None], offs_n[None, :], b, h, LQ, LK, TAB, stab, KEEPQ, KEEPK, SEGT, sseg, QSEG,
+                   sqs, KSEG, sks, MASK, smb, smh, smm, smn, HAS_TAB, HAS_KEEP, NSEG, MASK_KIND, MASK_M, MASK_N)
+    p = tl.math.exp2(s - lse[:, None])  # rows past Lq: lse = inf, p = 0
+    if MASK_N:
+        p = tl.where(offs_n[None, :] < LK, p, 0.0)
+    if DIAG:
+        p = tl.where(offs_m[:, None] >= offs_n[None, :], p, 0.0)
+    dp = _dot(do, tl.trans(v), PREC)
+    if DROPOUT:
+        dp = tl.where(_kept(seed, bh, offs_m, start, LQ, p_drop, BM, BN), dp * inv_keep, 0.0)
+    ds = p * (dp - delta[:, None])  # dL/dS_ij
+    dq1 += _dot(ds.to(k1.dtype), k1, PREC)
     if D2 > 0:
-        dk2 = tl.zeros([BLK, D2], tl.float32)
-    dv = tl.zeros([BLK, DVP], tl.float32)
-    carry = tl.zeros([BLK], tl.float32)
-    seg = tl.zeros([NSEG2P], tl.float32)
-    part_row = PART + (bh.to(tl.int64) * n_blocks + pid_n) * W
-    t = tl.arange(0, BLK)
-    sk = offs_n
-    if NSEG > 0:
-        sk = tl.load(KSEG + b * sks + offs_n, mask=offs_n < LK, other=0)
-    lo = 0
-    if CAUSAL:
-        lo = pid_n  # query blocks wholly above the diagonal see none of these keys (BM = BN)
-    for mb in range(lo, NM):
-        offs_m = mb * BLK + tl.arange(0, BLK)
-        q1 = _load_rows(q_base, offs_m, sqm, LQ, d1, DQ)
-        q2 = q1
-        if D2 > 0:
-            q2 = _load_rows(q_base, offs_m, sqm, LQ, d2, DQ)
-        do = _load_rows(do_base, offs_m, sdm, LQ, dv_cols, DV_)
-        lse = tl.load(LSE + bh * LQ + offs_m, mask=offs_m < LQ, other=float("inf"))  # rows past Lq: p = 0
-        delta = tl.load(DELTA + bh * LQ + offs_m, mask=offs_m < LQ, other=0.0)
-        ok = (offs_m[:, None] < LQ) & (offs_n[None, :] < LK)
-        p = _probabilities(q1, q2, k1, k2, lse, b, h, offs_m, offs_n, ok, LQ, LK, qk_scale, TAB, stab, KEEPQ,
-                           KEEPK, SEGT, sseg, QSEG, sqs, KSEG, sks, MASK, smb, smh, smm, smn, D2, HAS_TAB,
-                           HAS_KEEP, NSEG, MASK_KIND, CAUSAL, PREC)
-        dp = _dot(do, tl.trans(v), PREC)
-        if DROPOUT:  # O = (P ∘ Z / (1 - p)) V: dV sees the dropped P, dP the mask
-            kept = _kept(seed, bh, offs_m, offs_n, LQ, LK, p_drop)
-            dv += _dot(tl.trans(tl.where(kept, p * inv_keep, 0.0).to(v.dtype)), do, PREC)
-            dp = tl.where(kept, dp * inv_keep, 0.0)
-        else:
-            dv += _dot(tl.trans(p.to(v.dtype)), do, PREC)
-        ds = p * (dp - delta[:, None])  # dL/dS_ij
-        dk1 += _dot(tl.trans(ds.to(q1.dtype)), q1, PREC)
-        if D2 > 0:
-            dk2 += _dot(tl.trans(ds.to(q2.dtype)), q2, PREC)
-        if HAS_TAB:
-            dt = ds
-            if HAS_KEEP:
-                dt = ds * _keep(offs_m, offs_n, ok, KEEPQ, KEEPK)
-            lower, upper = _diagonal_sums(dt, BLK)
-            tl.store(part_row + mb * BLK + t, lower + carry)  # finished: no later block reaches these offsets
-            carry = upper
-        if NSEG > 0:
-            sq = tl.load(QSEG + b * sqs + offs_m, mask=offs_m < LQ, other=0)
-            seg += _segment_sums(ds, sq, sk, NSEG, NSEG2P)
-    if HAS_TAB:
-        tl.store(part_row + NM * BLK + t, carry)
-    _store_rows(DK + b * skb + h * skh, offs_n, skn, LK, d1, DQ, (dk1 * scale).to(DK.dtype.element_ty))
-    if D2 > 0:
-        _store_rows(DK + b * skb + h * skh, offs_n, skn, LK, d2, DQ, (dk2 * scale).to(DK.dtype.element_ty))
-    _store_rows(DV + b * svb + h * svh, offs_n, svn, LK, dv_cols, DV_, dv.to(DV.dtype.element_ty))
-    if NSEG > 0:
-        tl.store(SPART + (bh.to(tl.int64) * n_blocks + pid_n) * NSEG2P + tl.arange(0, NSEG2P), seg)
+        dq2 += _dot(ds.to(k2.dtype), k2, PREC)
+    if TAB_GRAD:  # square tiles: the next key block's tile continues this one's lower diagonals
+        dt = ds
+        if HAS_KEEP:
+            dt = ds * _load_1d(KEEPQ, offs_m, LQ, MASK_M, 0.0)[:, None] \
+                * _load_1d(KEEPK, offs_n, LK, MASK_N, 0.0)[None, :]
+        lower, upper = _diagonal_sums(dt, BN)
+        tl.store(part_row + (NN - start // BN) * BN + tl.arange(0, BN), upper + carry)  # finished offsets
+        carry = lower
+    if SEG_GRAD:
+        sk = _load_1d(KSEG + b * sks, offs_n, LK, MASK_N, 0)
+        seg += _segment_sums(ds, sq, sk, NSEG, NSEG2P)
+    return dq1, dq2, carry, seg
 
 
 @triton.jit(do_not_specialize=["seed"])
-def _backward_q_kernel(Q, K, V, DO, LSE, DELTA, DQ_, TAB, KEEPQ, KEEPK, SEGT, QSEG, KSEG, MASK,
-                       sqb, sqh, sqm, skb, skh, skn, svb, svh, svn, sdb, sdh, sdm,
+def _backward_q_kernel(Q, K, V, O, DO, LSE, DELTA, DQ_, PART, SPART, TAB, KEEPQ, KEEPK, SEGT, QSEG, KSEG, MASK,
+                       sqb, sqh, sqm, skb, skh, skn, svb, svh, svn, sob, soh, som, sdb, sdh, sdm, sgb, sgh, sgm,
                        stab, sseg, sqs, sks, smb, smh, smm, smn,
-                       H, LQ, LK, DQ, DV_, qk_scale, scale, seed, p_drop, inv_keep,
-                       BLK: tl.constexpr, D1: tl.constexpr, D2: tl.constexpr, DVP: tl.constexpr,
-                       HAS_TAB: tl.constexpr, HAS_KEEP: tl.constexpr, NSEG: tl.constexpr,
-                       MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr, PREC: tl.constexpr):
-    """dQ of one query block of one (batch row, head), by FlashAttention-2's second backward loop."""
+                       H, LQ, LK, DQ, DV_, qk_scale, scale, seed, p_drop, inv_keep, NN, W,
+                       BM: tl.constexpr, BN: tl.constexpr, D1: tl.constexpr, D2: tl.constexpr, DVP: tl.constexpr,
+                       HAS_TAB: tl.constexpr, HAS_KEEP: tl.constexpr, NSEG: tl.constexpr, NSEG2P: tl.constexpr,
+                       MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr, PREC: tl.constexpr,
+                       TAB_GRAD: tl.constexpr, SEG_GRAD: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr,
+                       EVEN_D: tl.constexpr):
+    """rowsum(dO ∘ O) and dQ of one query block of one (batch row, head) by FlashAttention-2's second backward
+    loop, and its rows of the tables' partial sums. Runs before the dK/dV kernel, which reads the row sums."""
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
     b = (bh // H).to(tl.int64)
     h = (bh % H).to(tl.int64)
-    offs_m = pid_m * BLK + tl.arange(0, BLK)
+    offs_m = pid_m * BM + tl.arange(0, BM)
     d1 = tl.arange(0, D1)
     dv_cols = tl.arange(0, DVP)
     q_base, k_base, v_base = Q + b * sqb + h * sqh, K + b * skb + h * skh, V + b * svb + h * svh
-    q1 = _load_rows(q_base, offs_m, sqm, LQ, d1, DQ)
+    q1 = _load_2d(q_base, offs_m, sqm, LQ, d1, DQ, not EVEN_M, not EVEN_D)
     q2 = q1
     if D2 > 0:
-        d2 = D1 + tl.arange(0, D2)
-        q2 = _load_rows(q_base, offs_m, sqm, LQ, d2, DQ)
-    do = _load_rows(DO + b * sdb + h * sdh, offs_m, sdm, LQ, dv_cols, DV_)
-    lse = tl.load(LSE + bh * LQ + offs_m, mask=offs_m < LQ, other=float("inf"))  # rows past Lq: p = 0
-    delta = tl.load(DELTA + bh * LQ + offs_m, mask=offs_m < LQ, other=0.0)
-    dq1 = tl.zeros([BLK, D1], tl.float32)
+        q2 = _load_2d(q_base, offs_m, sqm, LQ, D1 + tl.arange(0, D2), DQ, not EVEN_M, not EVEN_D)
+    do = _load_2d(DO + b * sdb + h * sdh, offs_m, sdm, LQ, dv_cols, DV_, not EVEN_M, not EVEN_D)
+    o = _load_2d(O + b * sob + h * soh, offs_m, som, LQ, dv_cols, DV_, not EVEN_M, not EVEN_D)
+    delta = tl.sum(do.to(tl.float32) * o.to(tl.float32), 1)
+    lse = _load_1d(LSE + bh * LQ, offs_m, LQ, not EVEN_M, float("inf"))
+    if EVEN_M:
+        tl.store(DELTA + bh * LQ + offs_m, delta)
+    else:
+        tl.store(DELTA + bh * LQ + offs_m, delta, mask=offs_m < LQ)
+    dq1 = tl.zeros([BM, D1], tl.float32)
     dq2 = dq1
     if D2 > 0:
-        dq2 = tl.zeros([BLK, D2], tl.float32)
+        dq2 = tl.zeros([BM, D2], tl.float32)
+    carry = tl.zeros([BN], tl.float32)
+    seg = tl.zeros([NSEG2P], tl.float32)
+    sq = offs_m
+    if SEG_GRAD:
+        sq = _load_1d(QSEG + b * sqs, offs_m, LQ, not EVEN_M, 0)
+    part_row = PART + (bh.to(tl.int64) * tl.num_programs(0) + pid_m) * W
     hi = LK
+    if EVEN_N:
+        full = LK
+    else:
+        full = (LK // BN) * BN
     if CAUSAL:
-        hi = tl.minimum(LK, (pid_m + 1) * BLK)
-    for start in range(0, hi, BLK):
-        offs_n = start + tl.arange(0, BLK)
-        k1 = _load_rows(k_base, offs_n, skn, LK, d1, DQ)
-        k2 = k1
-        if D2 > 0:
-            k2 = _load_rows(k_base, offs_n, skn, LK, d2, DQ)
-        v = _load_rows(v_base, offs_n, svn, LK, dv_cols, DV_)
-        ok = (offs_m[:, None] < LQ) & (offs_n[None, :] < LK)
-        p = _probabilities(q1, q2, k1, k2, lse, b, h, offs_m, offs_n, ok, LQ, LK, qk_scale, TAB, stab, KEEPQ,
-                           KEEPK, SEGT, sseg, QSEG, sqs, KSEG, sks, MASK, smb, smh, smm, smn, D2, HAS_TAB,
-                           HAS_KEEP, NSEG, MASK_KIND, CAUSAL, PREC)
-        dp = _dot(do, tl.trans(v), PREC)
-        if DROPOUT:
-            dp = tl.where(_kept(seed, bh, offs_m, offs_n, LQ, LK, p_drop), dp * inv_keep, 0.0)
-        ds = p * (dp - delta[:, None])
-        dq1 += _dot(ds.to(k1.dtype), k1, PREC)
-        if D2 > 0:
-            dq2 += _dot(ds.to(k2.dtype), k2, PREC)
-    _store_rows(DQ_ + b * sqb + h * sqh, offs_m, sqm, LQ, d1, DQ, (dq1 * scale).to(DQ_.dtype.element_ty))
+        hi = tl.minimum(LK, (pid_m + 1) * BM)
+        full = tl.minimum(full, ((pid_m * BM + 1) // BN) * BN)
+    for start in range(0, full, BN):
+        dq1, dq2, carry, seg = _dq_tile(dq1, dq2, carry, seg, q1, q2, do, lse, delta, sq, start, offs_m, k_base,
+                                        v_base, skn, svn, part_row, NN, b, h, bh, LQ, LK, DQ, DV_, qk_scale, seed,
+                                        p_drop, inv_keep, TAB, stab, KEEPQ, KEEPK, SEGT, sseg, QSEG, sqs, KSEG,
+                                        sks, MASK, smb, smh, smm, smn, BM, BN, D1, D2, DVP, HAS_TAB, HAS_KEEP,
+                                        NSEG, NSEG2P, MASK_KIND, DROPOUT, PREC, TAB_GRAD, SEG_GRAD, not EVEN_M,
+                                        False, not EVEN_D, False)
+    for start in range(full, hi, BN):
+        dq1, dq2, carry, seg = _dq_tile(dq1, dq2, carry, seg, q1, q2, do, lse, delta, sq, start, offs_m, k_base,
+                                        v_base, skn, svn, part_row, NN, b, h, bh, LQ, LK, DQ, DV_, qk_scale, seed,
+                                        p_drop, inv_keep, TAB, stab, KEEPQ, KEEPK, SEGT, sseg, QSEG, sqs, KSEG,
+                                        sks, MASK, smb, smh, smm, smn, BM, BN, D1, D2, DVP, HAS_TAB, HAS_KEEP,
+                                        NSEG, NSEG2P, MASK_KIND, DROPOUT, PREC, TAB_GRAD, SEG_GRAD, not EVEN_M,
+                                        not EVEN_N, not EVEN_D, CAUSAL)
+    if TAB_GRAD:  # the last tile's lower diagonals: nothing continues them
+        tl.store(part_row + (NN - tl.cdiv(hi, BN)) * BN + tl.arange(0, BN), carry)
+    dq_base = DQ_ + b * sgb + h * sgh  # dQ has its own strides: q may be a view with gaps (a split of q, k, v)
+    _store_2d(dq_base, offs_m, sgm, LQ, d1, DQ, (dq1 * scale).to(DQ_.dtype.element_ty), not EVEN_M, not EVEN_D)
     if D2 > 0:
-        _store_rows(DQ_ + b * sqb + h * sqh, offs_m, sqm, LQ, d2, DQ, (dq2 * scale).to(DQ_.dtype.element_ty))
+        _store_2d(dq_base, offs_m, sgm, LQ, D1 + tl.arange(0, D2), DQ, (dq2 * scale).to(DQ_.dtype.element_ty),
+                  not EVEN_M, not EVEN_D)
+    if SEG_GRAD:
+        tl.store(SPART + (bh.to(tl.int64) * tl.num_programs(0) + pid_m) * NSEG2P + tl.arange(0, NSEG2P), seg)
 
 
 @triton.jit
-def _offset_sum_kernel(PART, OUT, B, H, NN, W, NOFF, LK, BLK: tl.constexpr, RB: tl.constexpr):
-    """dT[h, o] = Σ_b Σ_n PART[b, h, n, o - Lk + (n + 1)·BLK]: every key block's partial row, added in a fixed
-    order (the key block n wrote offset o at o - Lk + (n + 1)·BLK)."""
+def _kv_tile(dk1, dk2, dv, k1, k2, v, start, n0, offs_n, q_base, do_base, sqm, sdm, b, h, bh, LQ, LK, DQ, DV_,
+             qk_scale, seed, p_drop, inv_keep, LSE, DELTA, TAB, stab, KEEPQ, KEEPK, SEGT, sseg, QSEG, sqs, KSEG, sks,
+             MASK, smb, smh, smm, smn, BM: tl.constexpr, BN: tl.constexpr, D1: tl.constexpr, D2: tl.constexpr,
+             DVP: tl.constexpr, HAS_TAB: tl.constexpr, HAS_KEEP: tl.constexpr, NSEG: tl.constexpr,
+             MASK_KIND: tl.constexpr, DROPOUT: tl.constexpr, PREC: tl.constexpr, MASK_M: tl.constexpr,
+             MASK_N: tl.constexpr, MASK_D: tl.constexpr, DIAG: tl.constexpr):
+    """One query block of the dK/dV loop, the tile key-major: (BN keys, BM queries)."""
+    offs_m = start + tl.arange(0, BM)
+    q1 = _load_2d(q_base, offs_m, sqm, LQ, tl.arange(0, D1), DQ, MASK_M, MASK_D)
+    q2 = q1
+    if D2 > 0:
+        q2 = _load_2d(q_base, offs_m, sqm, LQ, D1 + tl.arange(0, D2), DQ, MASK_M, MASK_D)
+    do = _load_2d(do_base, offs_m, sdm, LQ, tl.arange(0, DVP), DV_, MASK_M, MASK_D)
+    lse = _load_1d(LSE + bh * LQ, offs_m, LQ, MASK_M, float("inf"))  # rows past Lq: p = 0
+    delta = _load_1d(DELTA + bh * LQ, offs_m, LQ, MASK_M, 0.0)
+    st = _scores(k1, k2, q1, q2, D2, PREC) * qk_scale  # Sᵀ
+    st = _add_terms(st, offs_m[None, :], offs_n[:, None], b, h, LQ, LK, TAB, stab, KEEPQ, KEEPK, SEGT, sseg, QSEG,
+                    sqs, KSEG, sks, MASK, smb, smh, smm, smn, HAS_TAB, HAS_KEEP, NSEG, MASK_KIND, MASK_M, MASK_N)
+    pt = tl.math.exp2(st - lse[None, :])
+    if DIAG:
+        pt = tl.where(offs_m[None, :] >= offs_n[:, None], pt, 0.0)
+    dpt = _dot(v, tl.trans(do), PREC)
+    if DROPOUT:  # O = (P ∘ Z / (1 - p)) V: dV sees the dropped P, dP the mask
+        kept = tl.trans(_kept(seed, bh, offs_m, n0, LQ, p_drop, BM, BN))
+        dv += _dot(tl.where(kept, pt * inv_keep, 0.0).to(do.dtype), do, PREC)
+        dpt = tl.where(kept, dpt * inv_keep, 0.0)
+    else:
+        dv += _dot(pt.to(do.dtype), do, PREC)
+    dst = pt * (dpt - delta[None, :])
+    dk1 += _dot(dst.to(q1.dtype), q1, PREC)
+    if D2 > 0:
+        dk2 += _dot(dst.to(q2.dtype), q2, PREC)
+    return dk1, dk2, dv
+
+
+@triton.jit(do_not_specialize=["seed"])
+def _backward_kv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, TAB, KEEPQ, KEEPK, SEGT, QSEG, KSEG, MASK,
+                        sqb, sqh, sqm, skb, skh, skn, svb, svh, svn, sdb, sdh, sdm, sgkb, sgkh, sgkn, sgvb, sgvh, sgvn,
+                        stab, sseg, sqs, sks, smb, smh, smm, smn,
+                        H, LQ, LK, DQ, DV_, qk_scale, scale, seed, p_drop, inv_keep,
+                        BM: tl.constexpr, BN: tl.constexpr, D1: tl.constexpr, D2: tl.constexpr, DVP: tl.constexpr,
+                        HAS_TAB: tl.constexpr, HAS_KEEP: tl.constexpr, NSEG: tl.constexpr,
+                        MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr, PREC: tl.constexpr,
+                        EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, EVEN_D: tl.constexpr):
+    """dK, dV of one key block of one (batch row, head), by FlashAttention-2's first backward loop. Query
+    blocks wholly above the causal diagonal are skipped, those below it and inside Lq run without masks."""
+    pid_n = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = (bh // H).to(tl.int64)
+    h = (bh % H).to(tl.int64)
+    n0 = pid_n * BN
+    offs_n = n0 + tl.arange(0, BN)
+    d1 = tl.arange(0, D1)
+    dv_cols = tl.arange(0, DVP)
+    q_base, k_base, v_base = Q + b * sqb + h * sqh, K + b * skb + h * skh, V + b * svb + h * svh
+    do_base = DO + b * sdb + h * sdh
+    k1 = _load_2d(k_base, offs_n, skn, LK, d1, DQ, not EVEN_N, not EVEN_D)
+    k2 = k1
+    if D2 > 0:
+        k2 = _load_2d(k_base, offs_n, skn, LK, D1 + tl.arange(0, D2), DQ, not EVEN_N, not EVEN_D)
+    v = _load_2d(v_base, offs_n, svn, LK, dv_cols, DV_, not EVEN_N, not EVEN_D)
+    dk1 = tl.zeros([BN, D1], tl.float32)
+    dk2 = dk1
+    if D2 > 0:
+        dk2 = tl.zeros([BN, D2], tl.float32)
+    dv = tl.zeros([BN, DVP], tl.float32)
+    if EVEN_M:
+        end = LQ
+    else:
+        end = (LQ // BM) * BM  # query blocks inside Lq
+    lo = 0
+    mid = 0
+    if CAUSAL:
+        lo = (n0 // BM) * BM  # query blocks before it see none of these keys
+        mid = tl.minimum(tl.cdiv(n0 + BN - 1, BM) * BM, LQ)  # from here every query sees every key
+    for start in range(lo, mid, BM):
+        dk1, dk2, dv = _kv_tile(dk1, dk2, dv, k1, k2, v, start, n0, offs_n, q_base, do_base, sqm, sdm, b, h, bh, LQ,
+                                LK, DQ, DV_, qk_scale, seed, p_drop, inv_keep, LSE, DELTA, TAB, stab, KEEPQ, KEEPK,
+                                SEGT, sseg, QSEG, sqs, KSEG, sks, MASK, smb, smh, smm, smn, BM, BN, D1, D2, DVP,
+                                HAS_TAB, HAS_KEEP, NSEG, MASK_KIND, DROPOUT, PREC, not EVEN_M, not EVEN_N,
+                                not EVEN_D, True)
+    for start in range(mid, end, BM):
+        dk1, dk2, dv = _kv_tile(dk1, dk2, dv, k1, k2, v, start, n0, offs_n, q_base, do_base, sqm, sdm, b, h, bh, LQ,
+                                LK, DQ, DV_, qk_scale, seed, p_drop, inv_keep, LSE, DELTA, TAB, stab, KEEPQ, KEEPK,
+                                SEGT, sseg, QSEG, sqs, KSEG, sks, MASK, smb, smh, smm, smn, BM, BN, D1, D2, DVP,
+                                HAS_TAB, HAS_KEEP, NSEG, MASK_KIND, DROPOUT, PREC, False, not EVEN_N, not EVEN_D,
+                                False)
+    for start in range(tl.maximum(mid, end), LQ, BM):
+        dk1, dk2, dv = _kv_tile(dk1, dk2, dv, k1, k2, v, start, n0, offs_n, q_base, do_base, sqm, sdm, b, h, bh, LQ,
+                                LK, DQ, DV_, qk_scale, seed, p_drop, inv_keep, LSE, DELTA, TAB, stab, KEEPQ, KEEPK,
+                                SEGT, sseg, QSEG, sqs, KSEG, sks, MASK, smb, smh, smm, smn, BM, BN, D1, D2, DVP,
+                                HAS_TAB, HAS_KEEP, NSEG, MASK_KIND, DROPOUT, PREC, True, not EVEN_N, not EVEN_D,
+                                False)
+    _store_2d(DK + b * sgkb + h * sgkh, offs_n, sgkn, LK, d1, DQ, (dk1 * scale).to(DK.dtype.element_ty),
+              not EVEN_N, not EVEN_D)
+    if D2 > 0:
+        _store_2d(DK + b * sgkb + h * sgkh, offs_n, sgkn, LK, D1 + tl.arange(0, D2), DQ,
+                  (dk2 * scale).to(DK.dtype.element_ty), not EVEN_N, not EVEN_D)
+    _store_2d(DV + b * sgvb + h * sgvh, offs_n, sgvn, LK, dv_cols, DV_, dv.to(DV.dtype.element_ty), not EVEN_N,
+              not EVEN_D)
+
+
+@triton.jit
+def _offset_sum_kernel(PART, OUT, B, H, NM, NN, W, NOFF, LK, BLK: tl.constexpr, RB: tl.constexpr,
+                       CAUSAL: tl.constexpr):
+    """dT[h, o] = Σ_b Σ_m PART[b, h, m, o - Lk + (NN - m)·BLK]: every query block's partial row, added in a
+    fixed order (query block m wrote table index o at o - Lk + (NN - m)·BLK; under causality it wrote from
+    (NN - min(NN, m + 1))·BLK on)."""
     h = tl.program_id(0)
     o = tl.program_id(1) * RB + tl.arange(0, RB)
     acc = tl.zeros([RB], tl.float32)
     for b in range(B):
-        for n in range(NN):
-            p = o - LK + (n + 1) * BLK
-            row = PART + ((b * H + h).to(tl.int64) * NN + n) * W
-            acc += tl.load(row + p, mask=(p >= 0) & (p < W) & (o < NOFF), other=0.0)
+        for m in range(NM):
+            p = o - LK + (NN - m) * BLK
+            lo = 0
+            if CAUSAL:
+                lo = (NN - tl.minimum(NN, m + 1)) * BLK
+            row = PART + ((b * H + h).to(tl.int64) * NM + m) * W
+            acc += tl.load(row + p, mask=(p >= lo) & (p < W) & (o < NOFF), other=0.0)
     tl.store(OUT + h * NOFF + o, acc, mask=o < NOFF)
 
 
@@ -384,9 +527,10 @@ def _keep_mask_kernel(OUT, seed, p_drop, LQ, LK, BM: tl.constexpr, BN: tl.conste
     """The dropout mask the attention kernels draw, written out (for tests)."""
     bh = tl.program_id(2)
     offs_m = tl.program_id(0) * BM + tl.arange(0, BM)
-    offs_n = tl.program_id(1) * BN + tl.arange(0, BN)
+    start = tl.program_id(1) * BN
+    offs_n = start + tl.arange(0, BN)
     ok = (offs_m[:, None] < LQ) & (offs_n[None, :] < LK)
-    kept = _kept(seed, bh, offs_m, offs_n, LQ, LK, p_drop)
+    kept = _kept(seed, bh, offs_m, start, LQ, p_drop, BM, BN)
     tl.store(OUT + (bh.to(tl.int64) * LQ + offs_m[:, None]) * LK + offs_n[None, :], kept.to(tl.int8), mask=ok)
 
 
@@ -432,25 +576,50 @@ def head_parts(d: int) -> tuple[int, int]:
     return d1, (0 if rest == 0 else max(16, _pow2(rest)))
 
 
-# Tile configurations tried in order until one fits the GPU's shared memory, by the bytes of an element (2: bf16
-# and fp16, 4: fp32) and the widest loaded head part: (BM, BN, warps, stages) for the forward, (BLK, warps,
-# stages) for each backward kernel (dK/dV's diagonal carry needs square tiles). Chosen by compiling for sm_90
-# (Hopper) and reading the cubins' registers and spills: the first of each list spills nothing, or a few bytes
-# with every term on (dK/dV at 64 rows spills hundreds of bytes; fp32's exact dots spill in any tile).
-FORWARD_CONFIGS = {2: {64: [(128, 64, 8, 2), (64, 64, 4, 2), (32, 32, 4, 1)],
-                       128: [(64, 64, 4, 2), (64, 32, 4, 2), (32, 32, 4, 1)],
-                       256: [(64, 32, 4, 2), (32, 32, 4, 1), (16, 16, 4, 1)]},
+# Tile configurations (BM queries, BN keys, warps, pipeline stages) by the bytes of an element (2: bf16 and
+# fp16, 4: fp32) and the widest loaded head part. The first of each list is the fixed choice under
+# torch.use_deterministic_algorithms (another tile adds in another order: other bits) or DIETPE_FUSED_AUTOTUNE=0;
+# otherwise each call's first launch for a key (head sizes, dtype, length buckets, terms) times every
+# configuration that fits the GPU's shared memory and keeps the fastest. Shapes after the FlashAttention
+# tutorial's on Hopper (forward 128 queries × 64-128 keys; dK/dV 128 keys × 32 queries; dQ 128 queries × 32-64
+# keys), 8 warps where 4 spilled: checked for shared memory, registers and spills by compiling for sm_90
+# (`resources`; at head size 64 in bf16 the first of each list spills nothing with the table, with or without
+# dropout, but dK/dV's 80 bytes with dropout). The dQ kernel sums the
+# tables' gradients along diagonals with a carry between key blocks, which needs BM = BN: with a table gradient
+# only its square configurations are tried. fp32's exact dots take small tiles: fp32 is the accuracy path.
+FORWARD_CONFIGS = {2: {64: [(128, 64, 8, 3), (128, 128, 8, 3), (64, 64, 4, 3)],
+                       128: [(128, 64, 8, 3), (64, 64, 4, 3)],
+                       256: [(64, 32, 4, 2), (32, 32, 4, 1)]},
                    4: {64: [(32, 32, 4, 2), (16, 16, 4, 1)], 128: [(32, 32, 4, 2), (16, 16, 4, 1)],
                        256: [(16, 16, 4, 1)]}}
-BACKWARD_KV_CONFIGS = {2: {64: [(32, 8, 2), (32, 4, 1), (16, 4, 1)], 128: [(32, 8, 2), (16, 4, 1)],
-                           256: [(32, 8, 1), (16, 4, 1)]},
-                       4: {64: [(16, 4, 2), (16, 4, 1)], 128: [(16, 4, 1)], 256: [(16, 4, 1)]}}
-BACKWARD_Q_CONFIGS = {2: {64: [(64, 8, 2), (32, 4, 1), (16, 4, 1)], 128: [(64, 8, 2), (32, 4, 1), (16, 4, 1)],
-                          256: [(32, 8, 1), (16, 4, 1)]},
-                      4: {64: [(32, 4, 2), (16, 4, 1)], 128: [(32, 4, 2), (16, 4, 1)], 256: [(16, 4, 1)]}}
-#: tile size under Triton's interpreter (the CPU tests), where smaller tiles run faster
-INTERPRETER_BLOCK = 16
-_chosen: dict[tuple, int] = {}
+BACKWARD_KV_CONFIGS = {2: {64: [(32, 128, 8, 3), (64, 64, 8, 3), (32, 64, 4, 3)],
+                           128: [(32, 64, 8, 3), (32, 128, 8, 2)],
+                           256: [(16, 32, 4, 1), (16, 16, 4, 1)]},
+                       4: {64: [(16, 32, 4, 2), (16, 16, 4, 1)], 128: [(16, 32, 4, 1), (16, 16, 4, 1)],
+                           256: [(16, 16, 4, 1)]}}
+BACKWARD_Q_CONFIGS = {2: {64: [(64, 64, 8, 3), (128, 64, 8, 3), (128, 32, 8, 3)],
+                          128: [(64, 64, 8, 2), (128, 32, 8, 2), (32, 32, 4, 1)],
+                          256: [(32, 32, 8, 1), (16, 16, 4, 1)]},
+                      4: {64: [(32, 32, 4, 2), (16, 16, 4, 1)], 128: [(32, 32, 4, 2), (16, 16, 4, 1)],
+                          256: [(16, 16, 4, 1)]}}
+#: tiles under Triton's interpreter (the CPU tests): small, and rectangular where the kernel allows it
+INTERPRETER_CONFIGS = {"fwd": (16, 32, 4, 1), "kv": (16, 32, 4, 1), "q": (32, 16, 4, 1), "q_square": (16, 16, 4, 1)}
+#: launches timed per configuration while tuning (after one untimed launch, which compiles)
+TUNE_REPEATS = 3
+_chosen: dict[tuple, tuple] = {}
+_timings: dict[tuple, dict] = {}
+_forced: list[int] = []
+
+
+@contextlib.contextmanager
+def forcing(index: int):
+    """Within it every launch takes configuration `index` of its list (the last where shorter), remembering
+    nothing: how the selftest checks each tile the autotuner may pick."""
+    _forced.append(index)
+    try:
+        yield
+    finally:
+        _forced.pop()
 
 
 def _configs(configs: dict, dtype: torch.dtype, width: int) -> list:
@@ -461,21 +630,61 @@ def _configs(configs: dict, dtype: torch.dtype, width: int) -> list:
     return by_width[max(by_width)]
 
 
-def _launch(key: tuple, configs: list, launch) -> None:
-    """launch(config) with the first config of `configs` that fits the GPU (remembered under `key`)."""
+def chosen_configs() -> dict[tuple, tuple[tuple, dict]]:
+    """{key: (configuration, {configuration: seconds per launch})} of every kernel launched so far (the
+    timings are empty where none was tuned): what the autotuner picked, for benchmarks to print."""
+    return {key: (config, _timings.get(key, {})) for key, config in _chosen.items()}
+
+
+def _tuning() -> bool:
+    """Whether to time the configurations: not under deterministic algorithms, nor with DIETPE_FUSED_AUTOTUNE=0."""
+    return not torch.are_deterministic_algorithms_enabled() and os.environ.get("DIETPE_FUSED_AUTOTUNE", "1") != "0"
+
+
+def _seconds(launch) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(TUNE_REPEATS):
+        launch()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 1e3 / TUNE_REPEATS
+
+
+def _launch(key: tuple, configs: list, launch, interpreter_config: tuple) -> None:
+    """launch(config): under the interpreter its tile; else the configuration remembered for `key`, or, at the
+    key's first call, the fastest of `configs` that fit the GPU (the first that fits when not tuning)."""
     if interpreting():
-        return launch(None)
+        return launch(interpreter_config)
+    if _forced:
+        return launch(configs[min(_forced[-1], len(configs) - 1)])
+    tune = _tuning() and len(configs) > 1
+    key = (*key, "tuned" if tune else "fixed")
+    config = _chosen.get(key)
+    if config is not None:
+        return launch(config)
     from triton.runtime.errors import OutOfResources
 
-    start = _chosen.get(key, 0)
-    for i in range(start, len(configs)):
+    times = {}
+    for config in configs:
         try:
-            launch(configs[i])
-            _chosen[key] = i
-            return
+            launch(config)  # compiles at the first call
         except OutOfResources:
-            if i == len(configs) - 1:
-                raise
+            continue
+        if not tune:
+            break
+        times[config] = _seconds(lambda: launch(config))  # noqa: B023 (called here, in this iteration)
+    else:
+        if not times:
+            raise RuntimeError(f"attn_backend='fused': no tile configuration of {configs} fits this GPU")
+        config = min(times, key=times.get)
+        launch(config)  # the results of the chosen configuration
+    _chosen[key] = config
+    if times:
+        _timings[key] = times
+    if os.environ.get("DIETPE_FUSED_VERBOSE", "0") == "1":
+        tried = ", ".join(f"{c}: {t * 1e6:.0f} µs" for c, t in times.items())
+        print(f"[fused] {key}: {config}{f' of {tried}' if tried else ''}", file=sys.stderr, flush=True)
 
 
 def _precision(q: Tensor) -> str:
@@ -518,6 +727,13 @@ def _flags(table, segments, ex: Extras, q: Tensor) -> dict:
                 CAUSAL=ex.causal, DROPOUT=ex.dropout > 0, PREC=_precision(q))
 
 
+def _key(name: str, q: Tensor, lk: int, widths: tuple, flags: dict) -> tuple:
+    """What a tuned configuration is remembered under: kernel, head widths, dtype, lengths rounded up to powers
+    of two, batch × heads rounded likewise (the grid's size), the terms."""
+    b, h, lq = q.shape[:3]
+    return (name, *widths, q.dtype, _pow2(lq), _pow2(lk), _pow2(b * h), *flags.items())  # cheap: every call
+
+
 def attention_forward(q: Tensor, k: Tensor, v: Tensor, scale: float, table: Tensor | None,
                       segments: Tensor | None, ex: Extras) -> tuple[Tensor, Tensor]:
     """out (B, H, Lq, Dv) in v's dtype and the log-sum-exp (B, H, Lq) in log2 units, float32."""
@@ -529,85 +745,94 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, scale: float, table: Tens
     dvp = max(16, _pow2(dv))
     pointers, strides = _aux_args(table, segments, ex, lse)
     flags = _flags(table, segments, ex, q)
+    args = (q, k, v, out, lse, *pointers, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3],
+            *strides, h, lq, lk, dq, dv, scale * LOG2E, *_dropout_args(ex))
+    even_d = dq == d1 + d2 and dv == dvp
 
     def launch(config):
-        bm, bn, warps, stages = config or (INTERPRETER_BLOCK, INTERPRETER_BLOCK, 4, 1)
+        bm, bn, warps, stages = config
         bm = min(bm, max(16, _pow2(lq)))  # a few queries (a decoding step): no rows of padding
-        grid = (triton.cdiv(lq, bm), b * h)
-        _forward_kernel[grid](q, k, v, out, lse, *pointers, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
-                              *out.stride()[:3], *strides, h, lq, lk, dq, dv, scale * LOG2E, *_dropout_args(ex),
-                              BM=bm, BN=bn, D1=d1, D2=d2, DVP=dvp, num_warps=warps, num_stages=stages, **flags)
+        _forward_kernel[(triton.cdiv(lq, bm), b * h)](*args, BM=bm, BN=bn, D1=d1, D2=d2, DVP=dvp,
+                                                      EVEN_M=lq % bm == 0, EVEN_N=lk % bn == 0, EVEN_D=even_d,
+                                                      num_warps=warps, num_stages=stages, **flags)
 
-    _launch(("fwd", d1, d2, dvp, q.dtype, tuple(flags.items())), _configs(FORWARD_CONFIGS, q.dtype, max(d1, dvp)),
-            launch)
+    _launch(_key("fwd", q, lk, (d1, d2, dvp), flags), _configs(FORWARD_CONFIGS, q.dtype, max(d1, dvp)), launch,
+            INTERPRETER_CONFIGS["fwd"])
     return out, lse
 
 
 def attention_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, scale: float,
-                       table: Tensor | None, segments: Tensor | None, ex: Extras):
-    """(dq, dk, dv, d table, d segment table): FlashAttention-2's backward, tables' gradients without atomics."""
+                       table: Tensor | None, segments: Tensor | None, ex: Extras, table_grad: bool = True,
+                       segments_grad: bool = True):
+    """(dq, dk, dv, d table, d segment table): FlashAttention-2's backward, tables' gradients without atomics
+    (None where not asked for)."""
     b, h, lq, dq_width = q.shape
     lk, dv_width = k.shape[2], v.shape[3]
-    do = do.contiguous()
-    delta = (do.float() * out.float()).sum(-1)  # (B, H, Lq): rowsum(dO ∘ O)
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    do = do if do.stride(-1) == 1 else do.contiguous()
+    delta = torch.empty_like(lse)  # rowsum(dO ∘ O), written by the dQ kernel, read by the dK/dV kernel
+    # gradients dense whatever q, k, v's strides (a split or an expanded view would make empty_like's differ)
+    dq, dk, dv = (torch.empty(x.shape, dtype=x.dtype, device=x.device) for x in (q, k, v))
     d1, d2 = head_parts(dq_width)
     dvp = max(16, _pow2(dv_width))
     pointers, strides = _aux_args(table, segments, ex, lse)
     flags = _flags(table, segments, ex, q)
-    common = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3], *strides, h, lq, lk, dq_width,
-              dv_width, scale * LOG2E, scale, *_dropout_args(ex))
-    key = (d1, d2, dvp, q.dtype, tuple(flags.items()))
-    width = max(d1, dvp)
+    tab_grad, seg_grad = table is not None and table_grad, segments is not None and segments_grad
     nseg = flags["NSEG"]
     nseg2p = _pow2(max(1, nseg * nseg))
+    tail = (*strides, h, lq, lk, dq_width, dv_width, scale * LOG2E, scale, *_dropout_args(ex))
+    even_d = dq_width == d1 + d2 and dv_width == dvp
+    width = max(d1, dvp)
     result = {}
 
-    def launch_kv(config):
-        blk, warps, stages = config or (INTERPRETER_BLOCK, 4, 1)
-        nm, nn = triton.cdiv(lq, blk), triton.cdiv(lk, blk)
-        row = (nm + 1) * blk
-        part = torch.zeros(b * h, nn, row, dtype=torch.float32, device=q.device) if table is not None else lse
-        spart = torch.empty(b * h, nn, nseg2p, dtype=torch.float32, device=q.device) if nseg else lse
-        _backward_kv_kernel[(nn, b * h)](q, k, v, do, lse, delta, dk, dv, part, spart, *pointers, *common, nm, row,
-                                         BLK=blk, D1=d1, D2=d2, DVP=dvp, NSEG2P=nseg2p, num_warps=warps,
-                                         num_stages=stages, **flags)
-        result.update(part=part, spart=spart, blk=blk, nn=nn, width=row)
-
     def launch_q(config):
-        blk, warps, stages = config or (INTERPRETER_BLOCK, 4, 1)
-        _backward_q_kernel[(triton.cdiv(lq, blk), b * h)](q, k, v, do, lse, delta, dq, *pointers, *common, BLK=blk,
-                                                          D1=d1, D2=d2, DVP=dvp, num_warps=warps,
-                                                          num_stages=stages, **flags)
+        bm, bn, warps, stages = config
+        nm, nn = triton.cdiv(lq, bm), triton.cdiv(lk, bn)
+        w = (nn + 1) * bn
+        part = torch.empty(b * h * nm, w, dtype=torch.float32, device=q.device) if tab_grad else lse
+        spart = torch.empty(b * h * nm, nseg2p, dtype=torch.float32, device=q.device) if seg_grad else lse
+        _backward_q_kernel[(nm, b * h)](q, k, v, out, do, lse, delta, dq, part, spart, *pointers, *q.stride()[:3],
+                                        *k.stride()[:3], *v.stride()[:3], *out.stride()[:3], *do.stride()[:3],
+                                        *dq.stride()[:3], *tail, nn, w, BM=bm, BN=bn, D1=d1, D2=d2, DVP=dvp, NSEG2P=nseg2p,
+                                        TAB_GRAD=tab_grad, SEG_GRAD=seg_grad, EVEN_M=lq % bm == 0,
+                                        EVEN_N=lk % bn == 0, EVEN_D=even_d, num_warps=warps, num_stages=stages,
+                                        **flags)
+        result.update(part=part, spart=spart, blk=bn, nm=nm, nn=nn, width=w)
 
-    _launch(("kv", *key), _configs(BACKWARD_KV_CONFIGS, q.dtype, width), launch_kv)
-    _launch(("q", *key), _configs(BACKWARD_Q_CONFIGS, q.dtype, width), launch_q)
+    def launch_kv(config):
+        bm, bn, warps, stages = config
+        _backward_kv_kernel[(triton.cdiv(lk, bn), b * h)](q, k, v, do, lse, delta, dk, dv, *pointers,
+                                                          *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
+                                                          *do.stride()[:3], *dk.stride()[:3], *dv.stride()[:3],
+                                                          *tail, BM=bm, BN=bn, D1=d1, D2=d2,
+                                                          DVP=dvp, EVEN_M=lq % bm == 0, EVEN_N=lk % bn == 0,
+                                                          EVEN_D=even_d, num_warps=warps, num_stages=stages, **flags)
+
+    q_configs = _configs(BACKWARD_Q_CONFIGS, q.dtype, width)
+    if tab_grad:
+        q_configs = [c for c in q_configs if c[0] == c[1]]
+    grads = dict(TAB_GRAD=tab_grad, SEG_GRAD=seg_grad)
+    _launch(_key("dq", q, lk, (d1, d2, dvp), {**flags, **grads}), q_configs, launch_q,
+            INTERPRETER_CONFIGS["q_square" if tab_grad else "q"])
+    _launch(_key("dkdv", q, lk, (d1, d2, dvp), flags), _configs(BACKWARD_KV_CONFIGS, q.dtype, width), launch_kv,
+            INTERPRETER_CONFIGS["kv"])
     d_table = d_segments = None
-    if table is not None:
-        d_table = _offset_sums(result["part"], b, h, result["nn"], result["width"], lq + lk - 1, lk, result["blk"])
+    if tab_grad:
+        d_table = _offset_sums(result, b, h, lq + lk - 1, lk, ex.causal)
         d_table = d_table.sum(0, keepdim=True) if table.shape[0] == 1 else d_table
-    if nseg:
-        pairs = result["spart"].view(b, h, result["nn"], nseg2p)[..., :nseg * nseg].sum((0, 2))  # (H, K·K)
+    if seg_grad:
+        pairs = result["spart"].view(b, h, result["nm"], nseg2p)[..., :nseg * nseg].sum((0, 2))  # (H, K·K)
         d_segments = pairs.view(h, nseg, nseg)
         d_segments = d_segments.sum(0, keepdim=True) if segments.shape[0] == 1 else d_segments
     return dq, dk, dv, d_table, d_segments
 
 
-def _offset_sums(part: Tensor, b: int, h: int, nn: int, width: int, n_offsets: int, lk: int, blk: int) -> Tensor:
-    out = torch.empty(h, n_offsets, dtype=torch.float32, device=part.device)
-    rb = INTERPRETER_BLOCK * 4 if interpreting() else 256
-    _offset_sum_kernel[(h, triton.cdiv(n_offsets, rb))](part, out, b, h, nn, width, n_offsets, lk, BLK=blk, RB=rb)
+def _offset_sums(result: dict, b: int, h: int, n_offsets: int, lk: int, causal: bool) -> Tensor:
+    out = torch.empty(h, n_offsets, dtype=torch.float32, device=result["part"].device)
+    rb = 64 if interpreting() else 256
+    _offset_sum_kernel[(h, triton.cdiv(n_offsets, rb))](result["part"], out, b, h, result["nm"], result["nn"],
+                                                         result["width"], n_offsets, lk, BLK=result["blk"], RB=rb,
+                                                         CAUSAL=causal)
     return out
-
-
-def _dense(x: Tensor) -> bool:
-    """Whether x's elements fill its storage span with no gap or overlap (then `empty_like` keeps its strides)."""
-    expected = 1
-    for size, stride in sorted(((n, st) for n, st in zip(x.shape, x.stride()) if n != 1), key=lambda t: t[1]):
-        if stride != expected:
-            return False
-        expected *= size
-    return True
 
 
 class FusedAttention(torch.autograd.Function):
@@ -625,7 +850,8 @@ class FusedAttention(torch.autograd.Function):
     def backward(ctx, do):
         q, k, v, out, lse, table, segments = ctx.saved_tensors
         dq, dk, dv, d_table, d_segments = attention_backward(do, q, k, v, out, lse, ctx.scale, table, segments,
-                                                             ctx.extras)
+                                                             ctx.extras, ctx.needs_input_grad[3],
+                                                             ctx.needs_input_grad[4])
         return dq, dk, dv, d_table, d_segments, None, None
 
 
@@ -636,11 +862,9 @@ def fused_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, table: Tensor
     table (H|1, Lq + Lk - 1): the offset table T[h, i - j + Lk - 1]; segments (H|1, K, K): Ŝ; extras: see
     `Extras`. Tables are read as float32 (their gradients flow back through the cast)."""
     extras = extras or Extras()
-    # the backward writes dq, dk, dv (`empty_like`) with the strides of q, k, v: those must be dense (a view
-    # of a fused qkv projection is not, and empty_like would not keep its strides)
-    q, k, v = (x if x.stride(-1) == 1 and _dense(x) else x.contiguous() for x in (q, k, v))
-    if table is not None:
+    q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
+    if table is not None and (table.dtype != torch.float32 or not table.is_contiguous()):
         table = table.float().contiguous()
-    if segments is not None:
+    if segments is not None and (segments.dtype != torch.float32 or not segments.is_contiguous()):
         segments = segments.float().contiguous()
     return FusedAttention.apply(q, k, v, table, segments, scale, extras)

@@ -70,22 +70,31 @@ def compile_for(fn, dtype: str, constexprs: dict, warps: int, stages: int, arch:
 
 
 def cases(first_only: bool):
-    """(label, kernel, dtype, constexprs, warps, stages) for the attention kernels' tile lists."""
+    """(label, kernel, dtype, constexprs, warps, stages) for the attention kernels' tile lists: every length
+    masked (the most code) and, in the full listing, the interior tiles of lengths that are multiples of them."""
     from dietpe.attention.kernels import attention as A
 
     widths = [(64, 0, 64), (128, 0, 128), (128, 16, 64)]
-    for dtype, (d1, d2, dvp) in [(t, w) for t in ("bf16", "fp32") for w in widths]:
+    evens = [False] if first_only else [False, True]
+    for dtype, (d1, d2, dvp), even in [(t, w, e) for t in ("bf16", "fp32") for w in widths for e in evens]:
         if first_only and (dtype, d1, d2) != ("bf16", 64, 0):
             continue
+        if even and (dtype, d1, d2) != ("bf16", 64, 0):
+            continue
         size = 2 if dtype == "bf16" else 4
-        flags = dict(EVERY_TERM, PREC="ieee" if dtype == "fp32" else "tf32", D1=d1, D2=d2, DVP=dvp)
-        lists = [(A._forward_kernel, A.FORWARD_CONFIGS, lambda c: dict(BM=c[0], BN=c[1]), 2),
-                 (A._backward_kv_kernel, A.BACKWARD_KV_CONFIGS, lambda c: dict(BLK=c[0], NSEG2P=4), 1),
-                 (A._backward_q_kernel, A.BACKWARD_Q_CONFIGS, lambda c: dict(BLK=c[0]), 1)]
-        for kernel, configs, tiles, rest in lists:
-            for config in A._configs(configs, _torch_dtype(size), max(d1, dvp))[:1 if first_only else None]:
-                label = f"{kernel.__name__} {dtype} {d1}+{d2}/{dvp} {config}"
-                yield label, kernel, dtype, {**flags, **tiles(config)}, *config[rest:]
+        flags = dict(EVERY_TERM, PREC="ieee" if dtype == "fp32" else "tf32", D1=d1, D2=d2, DVP=dvp, EVEN_M=even,
+                     EVEN_N=even, EVEN_D=even and d2 == 0)
+        tiles = lambda c: dict(BM=c[0], BN=c[1])  # noqa: E731
+        lists = [(A._forward_kernel, A.FORWARD_CONFIGS, {}),
+                 (A._backward_kv_kernel, A.BACKWARD_KV_CONFIGS, {}),
+                 (A._backward_q_kernel, A.BACKWARD_Q_CONFIGS, dict(NSEG2P=4, TAB_GRAD=True, SEG_GRAD=True))]
+        for kernel, configs, extra in lists:
+            chosen = A._configs(configs, _torch_dtype(size), max(d1, dvp))
+            if extra.get("TAB_GRAD"):
+                chosen = [c for c in chosen if c[0] == c[1]]
+            for config in chosen[:1 if first_only else None]:
+                label = f"{kernel.__name__} {dtype} {d1}+{d2}/{dvp}{' even' if even else ''} {config}"
+                yield label, kernel, dtype, {**flags, **extra, **tiles(config)}, *config[2:]
 
 
 def _torch_dtype(size: int):
@@ -107,7 +116,7 @@ def main(argv=None) -> int:
 
     failed = 0
     todo = list(cases(args.check)) + [
-        ("_offset_sum_kernel", A._offset_sum_kernel, "fp32", dict(BLK=32, RB=256), 4, 1),
+        ("_offset_sum_kernel", A._offset_sum_kernel, "fp32", dict(BLK=64, RB=256, CAUSAL=True), 4, 1),
         ("_rotary_kernel bf16", R._rotary_kernel, "bf16", dict(ROWS=R.ROWS, HALF=32), 4, 1)]
     for label, kernel, dtype, constexprs, warps, stages in todo:
         try:

@@ -18,8 +18,15 @@ from torch import Tensor
 
 from dietpe.attention.kernels import interpreting
 
-#: rows of (B·H·L, Dh) per program
-ROWS = 16
+#: elements of each half a program rotates (rows × Dh/2): 16 per thread at 4 warps, enough per program for the
+#: memory system to stream (a program of 16 rows of 32 moved 4 values per thread)
+ELEMENTS = 2048
+#: rows of (B·H·L, Dh) per program at the smallest head size (Dh = 32 and below); tests and `resources` use it
+ROWS = 64
+
+
+def rows_per_program(half: int) -> int:
+    return max(16, min(ROWS, ELEMENTS // half))
 
 
 @triton.jit
@@ -68,16 +75,18 @@ def rotate(q: Tensor, k: Tensor, q_angles: tuple[Tensor, Tensor], k_angles: tupl
     sign -1 rotates back (the backward). Returns new contiguous tensors."""
     b, h, lq, d = q.shape
     lk = k.shape[2]
-    cq, sq = (a.float().contiguous() for a in q_angles)
-    ck, sk = (a.float().contiguous() for a in k_angles)
+    cq, sq, ck, sk = (a if a.dtype == torch.float32 and a.stride(-1) == 1 else a.float().contiguous()
+                      for a in (*q_angles, *k_angles))
     qo, ko = torch.empty(b, h, lq, d, dtype=q.dtype, device=q.device), torch.empty(b, h, lk, d, dtype=k.dtype,
                                                                                     device=k.device)
     nq, nk = b * h * lq, b * h * lk
     half = d // 2
-    grid = (triton.cdiv(nq, ROWS) + triton.cdiv(nk, ROWS),)
+    half_p2 = max(16, 1 << (half - 1).bit_length())
+    rows = rows_per_program(half_p2) if not interpreting() else 16
+    grid = (triton.cdiv(nq, rows) + triton.cdiv(nk, rows),)
     _rotary_kernel[grid](q, k, qo, ko, cq, sq, ck, sk, h, lq, lk, nq, nk, *q.stride()[:3], *k.stride()[:3],
-                         *_angle_strides(cq), *_angle_strides(ck), half, sign, ROWS=ROWS,
-                         HALF=max(16, 1 << (half - 1).bit_length()), num_warps=4 if not interpreting() else 1)
+                         *_angle_strides(cq), *_angle_strides(ck), half, sign, ROWS=rows, HALF=half_p2,
+                         num_warps=4 if not interpreting() else 1)
     return qo, ko
 
 

@@ -6,7 +6,8 @@ For every method the fused backend serves (the registry's), a one-layer model wi
 segments and a padded row, at 300 tokens (several tiles, cut at the edge): the output and every parameter's
 gradient against the eager reference in float32 (TF32 off); in bfloat16, no further from float32's reference
 than three times the eager reference's own bfloat16 run (a sanity check: both round differently); two backward passes that must give the same bits; the causal
-LM; attention dropout against the equation with the kernel's own mask; the rotary kernel against
+LM; attention dropout against the equation with the kernel's own mask; in bfloat16 at 512 tokens (whole
+tiles: the unmasked paths), every tile configuration the autotuner may pick; the rotary kernel against
 `apply_rotary`. Prints one line per check and ends with `selftest: OK`
 (exit 0) or `selftest: FAILED n of m: ...` (exit 1). Most of its time (about a minute) is Triton compiling
 each kernel variant. `--device cpu --length 24` runs the same checks under Triton's interpreter
@@ -16,6 +17,7 @@ each kernel variant. `--device cpu --length 24` runs the same checks under Trito
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
@@ -117,6 +119,64 @@ def check_dropout(n: int) -> list[tuple[str, bool]]:
     return [("dropout", err <= FP32_GRAD and abs(keep.float().mean().item() - 0.9) < 0.05)]
 
 
+def _equation(q, k, v, scale, table, segments, ex, keep):
+    """The equation written out densely in float32 (the reference of `check_whole_tiles`)."""
+    n = q.shape[2]
+    i, j = torch.arange(n, device=DEVICE)[:, None], torch.arange(n, device=DEVICE)[None, :]
+    s = scale * q.float() @ k.float().transpose(-1, -2) + table[:, i - j + n - 1]
+    if segments is not None:
+        s = s + segments[:, ex.q_segments.long()[:, :, None], ex.k_segments.long()[:, None, :]].transpose(0, 1)
+    if ex.mask is not None:
+        s = s + ex.mask.float()
+    if ex.causal:
+        s = s.masked_fill(j > i, float("-inf"))
+    p = s.softmax(-1)
+    if keep is not None:
+        p = p * keep / (1 - ex.dropout)
+    return p @ v.float()
+
+
+def check_whole_tiles(n: int) -> list[tuple[str, bool]]:
+    """bfloat16 at a length that is a multiple of every tile (the kernels' unmasked paths, which the models'
+    300 tokens never take), in every tile configuration the autotuner may pick: output and gradients against
+    the equation in float32 from the same inputs, and two runs the same bits."""
+    from dietpe.attention.kernels.attention import Extras, dropout_keep, forcing, fused_attention
+
+    cases = {"table": dict(), "table+dropout": dict(dropout=0.1), "causal table+dropout": dict(causal=True,
+             dropout=0.1), "table+segments+padding": dict(segments=True, padding=True)}
+    results = []
+    for label, case in cases.items():
+        g = torch.Generator().manual_seed(0)
+        q, k, v = (torch.randn(2, 4, n, 64, generator=g).to(DEVICE, torch.bfloat16).requires_grad_()
+                   for _ in range(3))
+        table = torch.randn(4, 2 * n - 1, generator=g).to(DEVICE).requires_grad_()
+        segments = torch.randn(4, 2, 2, generator=g).to(DEVICE).requires_grad_() if case.get("segments") else None
+        ex = Extras(causal=case.get("causal", False), dropout=case.get("dropout", 0.0), seed=99)
+        if segments is not None:
+            ex.q_segments = ex.k_segments = (torch.arange(n) >= n // 2).long().expand(2, n).contiguous().to(DEVICE)
+        if case.get("padding"):
+            ex.mask = torch.zeros(2, 1, 1, n, device=DEVICE, dtype=torch.bfloat16)
+            ex.mask[1, ..., -n // 8:] = torch.finfo(torch.bfloat16).min
+        keep = dropout_keep(ex.seed, ex.dropout, 2, 4, n, n, DEVICE) if ex.dropout else None
+        leaves = [x for x in (q, k, v, table, segments) if x is not None]
+        want = _equation(q, k, v, 0.125, table, segments, ex, keep)
+        w = torch.randn(want.shape, generator=g).to(DEVICE)
+        want_grads = torch.autograd.grad((want * w).sum(), leaves)
+        for index in range(3 if DEVICE == "cuda" else 1):  # the interpreter has one tile
+            with forcing(index):
+                runs = []
+                for _ in range(2):
+                    out = fused_attention(q, k, v, 0.125, table, segments, ex)
+                    runs.append((out, *torch.autograd.grad((out.float() * w).sum(), leaves)))
+            same = all(torch.equal(a, b) for a, b in zip(*runs))
+            err = max(((a.float() - b).abs().max() / b.abs().max()).item()
+                      for a, b in zip(runs[0], (want, *want_grads)))
+            print(f"{f'{label} tiles #{index}':>34}: max relative difference {err:.1e}, two runs same bits: {same}",
+                  flush=True)
+            results.append((f"{label} tiles #{index}", err <= 3e-2 and same))
+    return results
+
+
 def check_rotary(n: int) -> list[tuple[str, bool]]:
     from dietpe.attention.kernels.rotary import rotary_qk
     from dietpe.positions.functional import apply_rotary, rotary_angles
@@ -152,6 +212,8 @@ def main(argv=None) -> int:
     from dietpe.attention.registry import ALL_BACKENDS
     from dietpe.positions.registry import REGISTRY
 
+    # the models run the fixed tiles (the first of each list); `check_whole_tiles` runs every one
+    os.environ.setdefault("DIETPE_FUSED_AUTOTUNE", "0")
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     start = time.perf_counter()
@@ -165,6 +227,7 @@ def main(argv=None) -> int:
     for name in ("diet-rel", "alibi", "t5"):
         results += check_method(name, "none", True, n)
     results += check_dropout(n)
+    results += check_whole_tiles(512 if DEVICE == "cuda" else 32)
     results += check_rotary(n)
     failed = [label for label, ok in results if not ok]
     print(f"selftest: {'OK' if not failed else f'FAILED {len(failed)} of {len(results)}: ' + ', '.join(failed)} "
