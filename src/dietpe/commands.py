@@ -12,6 +12,7 @@ import importlib
 from pathlib import Path
 
 from dietpe import validate as V
+from dietpe.data.vocab import MAX_VOCAB_SIZE, TOKENIZER_TYPES
 from dietpe.presets import PRESETS
 from dietpe.tasks.recipes import FINETUNE_RECIPES, PRETRAIN_RECIPES, SIZES
 
@@ -40,6 +41,21 @@ def _later(module: str, name: str):
         return getattr(importlib.import_module(module), name)(args)
     run.__qualname__ = f"{module}.{name}"
     return run
+
+
+def vocab_size(low: int, why: str):
+    """An argparse type: a vocabulary size from `low` up to MAX_VOCAB_SIZE (the DIET paper's multilingual
+    120,000)."""
+    at_least = V.int_at_least(low, why)
+
+    def parse(text: str) -> int:
+        value = at_least(text)
+        if value > MAX_VOCAB_SIZE:
+            raise argparse.ArgumentTypeError(f"{text} is too large (must be <= {MAX_VOCAB_SIZE:,}, the DIET paper's "
+                                             f"multilingual vocabulary)")
+        return value
+    parse.__name__ = f"vocabulary size {low}..{MAX_VOCAB_SIZE}"
+    return parse
 
 
 def hidden_alias(parser, *names: str, dest: str, **kwargs) -> None:
@@ -86,8 +102,8 @@ def add_pretrain_options(p: argparse.ArgumentParser, recipe_default: str = "cpu"
     g.add_argument("--size", choices=sorted(SIZES), help="model size preset (default: the recipe's)")
     g.add_argument("--tokenizer", help="an existing tokenizer (directory or tokenizer.json); default: train "
                                        "WordPiece on the corpus")
-    g.add_argument("--vocab-size", type=V.int_at_least(6, ": 5 special tokens and a word"),
-                   help="WordPiece vocabulary size when training one")
+    g.add_argument("--vocab-size", type=vocab_size(6, ": 5 special tokens and a word"),
+                   help="vocabulary size when training a tokenizer (default: the recipe's)")
     g.add_argument("--max-length", type=V.int_at_least(3, ": [CLS], a token and [SEP]"),
                    help="block length in tokens ([CLS] and [SEP] included)")
     g.add_argument("--steps", type=V.positive_int, help="optimizer steps")
@@ -122,6 +138,22 @@ def add_data_options(g) -> None:
                         "inside each document")
     g.add_argument("--tokenizer-sample", type=V.positive_int, metavar="N",
                    help="train the tokenizer on the first N training documents only (very large corpora)")
+    g.add_argument("--tokenizer-type", choices=TOKENIZER_TYPES,
+                   help="the tokenizer trained on the corpus: wordpiece (BERT's), unigram (SentencePiece's, the "
+                        "DIET paper's multilingual one) or bpe (default: the recipe's, wordpiece except "
+                        "paper-multilingual and xtreme)")
+    g.add_argument("--special-tokens", metavar="ROLE=NAME,...",
+                   help="names of the trained tokenizer's special tokens by role (pad, unk, cls, sep, mask, bos, "
+                        "eos), e.g. cls=<s>,sep=</s> (default: [PAD] [UNK] [CLS] [SEP] [MASK] for wordpiece, "
+                        "<pad> <unk> <s> </s> <mask> otherwise)")
+    g.add_argument("--languages", metavar="L1,L2,...",
+                   help="a multilingual corpus: the corpus is a template holding {lang} (a file, folder or "
+                        "Hugging Face name, e.g. wikimedia/wikipedia:20231101.{lang}) or a folder of <lang>.txt "
+                        "files; languages are sampled by the exponent rule (--language-alpha)")
+    g.add_argument("--language-alpha", type=V.positive_float, metavar="ALPHA",
+                   help="with --languages: sample language i with probability proportional to p_i^ALPHA, p_i its "
+                        "share of the sentences (default 0.5, XLM's, which the DIET paper follows; mBERT 0.7, "
+                        "XLM-R 0.3; 1 keeps the shares)")
 
 
 def register_pretrain(subparsers) -> None:
@@ -160,8 +192,8 @@ def register_prepare(subparsers) -> None:
                    help="the pre-training recipe whose vocabulary size and block length are the defaults")
     p.add_argument("--tokenizer", help="an existing tokenizer (directory or tokenizer.json); default: train "
                                        "WordPiece on the corpus")
-    p.add_argument("--vocab-size", type=V.int_at_least(6, ": 5 special tokens and a word"),
-                   help="WordPiece vocabulary size when training one (default: the recipe's)")
+    p.add_argument("--vocab-size", type=vocab_size(6, ": 5 special tokens and a word"),
+                   help="vocabulary size when training a tokenizer (default: the recipe's)")
     p.add_argument("--max-length", type=V.int_at_least(3, ": [CLS], a token and [SEP]"),
                    help="block length in tokens (default: the recipe's)")
     p.add_argument("--max-documents", type=V.positive_int, help="use only the first N documents of the corpus")
@@ -284,7 +316,7 @@ def register_translate(subparsers) -> None:
                    help="model size preset (transformer-base is the paper's)")
     hidden_alias(t, "--position", dest="method")
     hidden_alias(t, "--preset", dest="preset", choices=SEQ2SEQ_SIZES)
-    t.add_argument("--vocab-size", type=V.int_at_least(5, ": 4 special tokens and a piece"), default=8000, help="joint BPE vocabulary size")
+    t.add_argument("--vocab-size", type=vocab_size(5, ": 4 special tokens and a piece"), default=8000, help="joint BPE vocabulary size")
     t.add_argument("--max-length", type=V.int_at_least(2, ": a token and </s>"), default=128, help="longest source or target, tokens with </s>")
     t.add_argument("--bad-lines", choices=("skip", "error"), default="skip",
                    help="pairs with an empty side or over --max-length: skip and count (default) or stop")

@@ -195,8 +195,15 @@ def chunk_documents(mode: str, strings: list[str]) -> list[Document]:
 
 
 def resolve_source(source: str, split: str = "train") -> tuple[str, str, str] | None:
-    """(kind, where, origin) of a corpus split without reading it: kind is txt/jsonl/tsv/hf; None when a
-    non-train split does not exist (the caller holds out part of train)."""
+    """(kind, where, origin) of a corpus split without reading it: kind is txt/jsonl/tsv/hf, or mix for a
+    multilingual mixture (`dietpe.data.multilingual`); None when a non-train split does not exist (the caller
+    holds out part of train)."""
+    from dietpe.data import multilingual
+
+    if multilingual.is_mixture(source):
+        mix = multilingual.Mixture.parse(source)
+        return "mix", source, (f"{len(mix.languages)} languages ({', '.join(c for c, _ in mix.languages)}; "
+                               f"alpha {mix.alpha:g})[{split}]")
     path = Path(source)
     if path.is_dir():
         found = find_split_file(path, split)
@@ -249,6 +256,10 @@ def _records(kind: str, where: str, split: str):
             if len(cells) <= index:
                 raise DataError(f"{path}:{lineno}: {len(cells)} columns, the header names {len(header)}")
             yield "documents", cells[index]
+    elif kind == "mix":
+        from dietpe.data.multilingual import mixture_records
+        for text in mixture_records(where, split):
+            yield "documents", text
     else:
         rows = stream_hf_dataset(where, split)
         column = None

@@ -66,6 +66,7 @@ class PretrainRecipe:
     # learning rate of logit-unit position parameters relative to learning_rate, every method alike
     # (dietpe.tasks.optim): an option; the stored scale (DietConfig.logit_scale) makes 1 train them
     logit_lr_scale: float = 1.0
+    tokenizer_type: str = "wordpiece"  # the tokenizer trained on the corpus (dietpe.data.tokenizer)
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,7 @@ class FinetuneRecipe:
     warmup: float = 0.1
     weight_decay: float = 0.01
     max_grad_norm: float = 1.0
+    doc_stride: int | None = None  # QA windows' overlap (None: dietpe.commands.DOC_STRIDE)
 
 
 PRETRAIN_RECIPES = {
@@ -96,6 +98,14 @@ PRETRAIN_RECIPES = {
     # {1e-4, 3e-4, 1e-3}; 10 % warm-up (as good as 6 %, gentler on the fresh terms). Size and vocabulary are
     # the checkpoint's.
     "init": PretrainRecipe(1e-3, 0.1, 128, 32, 600, 100, size="bert-mini", vocab_size=8000),
+    # DIET appendix A, Table 7 (multilingual): 125k steps, lr 0.0018, warm-up 2.5%, length 512, batch 4096, a
+    # 120k SentencePiece vocabulary (Unigram, SentencePiece's default model type; the paper does not say which)
+    # on Wikipedia in 100 languages; --languages samples them with XLM's alpha 0.5 (dietpe.data.multilingual).
+    "paper-multilingual": PretrainRecipe(1.8e-3, 0.025, 512, 4096, 125_000, 20_000, vocab_size=120_000,
+                                         tokenizer_type="unigram"),
+    # The built-in cross-lingual suite (docs/xtreme.md): the study size, 128-token blocks for QA's windows.
+    "xtreme": PretrainRecipe(2e-3, 0.06, 128, 32, 600, 150, size="study", vocab_size=8000,
+                             tokenizer_type="unigram"),
 }
 
 
@@ -109,4 +119,9 @@ FINETUNE_RECIPES = {
     "study": FinetuneRecipe((1e-3,), 1, 8, 32, 32),
     # ... and with --budget 2 or more the papers' protocol: the grid, the median of 3 fine-tuning seeds.
     "study-full": FinetuneRecipe((1e-3, 3e-3), 3, 8, 32, 32),
+    # DIET appendix A, Table 7 (multilingual) and §4.2: lr {1,2,3,4}e-5, warm-up 10%, batch 32, 3 epochs,
+    # length 512, 5 trials (median). The paper does not give QA's window overlap: BERT's and XTREME's 128.
+    "paper-multilingual": FinetuneRecipe((1e-5, 2e-5, 3e-5, 4e-5), 5, 3, 32, 512, doc_stride=128),
+    # The built-in cross-lingual suite (docs/xtreme.md).
+    "xtreme": FinetuneRecipe((1e-3,), 1, 4, 32, 128, doc_stride=64),
 }
