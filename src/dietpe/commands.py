@@ -14,7 +14,7 @@ from pathlib import Path
 from dietpe import validate as V
 from dietpe.data.vocab import MAX_VOCAB_SIZE, TOKENIZER_TYPES
 from dietpe.presets import PRESETS
-from dietpe.tasks.recipes import FINETUNE_RECIPES, PRETRAIN_RECIPES, SIZES
+from dietpe.tasks.recipes import FINETUNE_RECIPES, PRETRAIN_RECIPES, SIZES, TRANSLATION_RECIPES
 
 # Names the parsers offer, kept here so that listing them imports no model code; tests check they match
 # `dietpe.data.mlm.PACKINGS` and `dietpe.models.seq2seq.SEQ2SEQ_PRESETS`.
@@ -291,6 +291,14 @@ def register_compare(subparsers) -> None:
     add_device_options(p, deterministic_default=True)  # the study's runs are the same bits on CUDA too
     p.add_argument("--jobs", type=V.positive_int, help="runs trained side by side, one process each (default: CPU "
                                                        "cores / threads, e.g. 2 on 2 cores)")
+    x = p.add_argument_group("cross-lingual suite")
+    x.add_argument("--suite", choices=("glue", "xtreme"), default="glue",
+                   help="glue: the English study; xtreme: pre-train on a multilingual corpus, fine-tune on English "
+                        "and evaluate zero-shot in every language of XNLI, XQuAD, MLQA, TyDiQA-GoldP (DIET Tables "
+                        "3 and 5; docs/xtreme.md); its --tasks are xnli, xquad, mlqa, tydiqa, each "
+                        "TASK[=EVAL][@TRAIN]; without --corpus and --tasks the built-in suite on XNLI and XQuAD")
+    x.add_argument("--data-dir", help="--suite xtreme's built-in data: a folder holding xnli/ and xquad/ (default: "
+                                      "$DIETPE_DATA, else shared/data in or above the working directory)")
     p.set_defaults(func=_later("dietpe.tasks.compare", "main"))
 
 
@@ -298,8 +306,25 @@ def register_compare(subparsers) -> None:
 def register_translate(subparsers) -> None:
     parser = subparsers.add_parser("translate", help="train and evaluate encoder-decoder translation models",
                                    description=_doc("dietpe.tasks.translate"))
-    sub = parser.add_subparsers(dest="translate_command", metavar="{train,eval}")
+    sub = parser.add_subparsers(dest="translate_command", metavar="{prepare,train,eval}")
     parser.set_defaults(func=lambda a: (parser.print_help(), 2)[1])
+
+    w = sub.add_parser("prepare", help="parallel text (WMT by Hugging Face name, local files, or the built-in "
+                                       "Multi30k) into the folder `translate train --data` reads",
+                       description=_doc("dietpe.tasks.wmt"))
+    w.add_argument("-o", "--output-dir", required=True, help="the folder: train.L1/L2, valid.*, test.*, prepare.json")
+    w.add_argument("--pair", help="language pair L1-L2 of --dataset or the local files, e.g. de-en, cs-en")
+    w.add_argument("--dataset", help="a Hugging Face translation dataset, e.g. wmt/wmt18 (its train, validation = "
+                                     "newstest2017 and test = newstest2018 splits; needs a network)")
+    for split, what in (("train", "training"), ("valid", "validation"), ("test", "test")):
+        w.add_argument(f"--{split}", nargs=2, action="append", metavar=("SRC", "TGT"),
+                       help=f"{what} files, line-aligned text or WMT SGML (.sgm); "
+                            + ("repeat to concatenate corpora (Europarl v7, Common Crawl, News Commentary v13)"
+                               if split == "train" else "repeatable"))
+    w.add_argument("--max-train-pairs", type=V.positive_int, help="keep only the first N training pairs")
+    w.add_argument("--data-dir", help="without --dataset or files: the folder holding multi30k/ (default: "
+                                      "$DIETPE_DATA, else shared/data in or above the working directory)")
+    w.set_defaults(func=_later("dietpe.tasks.wmt", "main"))
 
     t = sub.add_parser("train", help="train a translation model on line-aligned parallel files")
     t.add_argument("--data", help="directory with train.L1/train.L2 and val.L1/val.L2 (or valid./dev.)")
@@ -312,24 +337,38 @@ def register_translate(subparsers) -> None:
     t.add_argument("--method", default="sinusoidal",
                    help="position method spec, as for dietpe pretrain, with DietSeq2SeqConfig fields: e.g. t5, "
                         "shaw:shaw_max_distance=16, diet-rel:num_decoder_layers=4:hidden_size=256")
-    t.add_argument("--size", dest="preset", default="transformer-small", choices=SEQ2SEQ_SIZES,
-                   help="model size preset (transformer-base is the paper's)")
+    t.add_argument("--recipe", choices=sorted(TRANSLATION_RECIPES), default="default",
+                   help="defaults of every option below: 'default' small CPU runs; 'paper' the DIET paper's "
+                        "(appendix A, after Vaswani et al. in tensor2tensor): transformer-base, 250k steps, "
+                        "batches of 4096 tokens x 8 accumulated, warm-up 4000 to lr 7e-4, a 32k vocabulary, and "
+                        "at eval beam 10 with GNMT's length penalty 0.6")
+    t.add_argument("--size", dest="preset", choices=SEQ2SEQ_SIZES,
+                   help="model size preset (transformer-base is the paper's; default: the recipe's)")
     hidden_alias(t, "--position", dest="method")
     hidden_alias(t, "--preset", dest="preset", choices=SEQ2SEQ_SIZES)
-    t.add_argument("--vocab-size", type=vocab_size(5, ": 4 special tokens and a piece"), default=8000, help="joint BPE vocabulary size")
-    t.add_argument("--max-length", type=V.int_at_least(2, ": a token and </s>"), default=128, help="longest source or target, tokens with </s>")
+    t.add_argument("--vocab-size", type=vocab_size(5, ": 4 special tokens and a piece"),
+                   help="joint BPE vocabulary size (default: the recipe's, 8000)")
+    t.add_argument("--max-length", type=V.int_at_least(2, ": a token and </s>"),
+                   help="longest source or target, tokens with </s> (default: the recipe's, 128)")
     t.add_argument("--bad-lines", choices=("skip", "error"), default="skip",
                    help="pairs with an empty side or over --max-length: skip and count (default) or stop")
-    t.add_argument("--batch-size", type=V.positive_int, default=64, help="sentence pairs per step")
-    t.add_argument("--grad-accum", type=V.positive_int, default=1, help="gradient accumulation steps per update")
-    t.add_argument("--lr", dest="learning_rate", metavar="LR", type=V.positive_float, default=1e-3, help="peak learning rate, reached at the end of warm-up")
+    t.add_argument("--batch-size", type=V.positive_int,
+                   help="sentence pairs per step (default: the recipe's, 64; 'paper' counts tokens)")
+    t.add_argument("--batch-tokens", type=V.positive_int,
+                   help="tokens per step instead, as tensor2tensor counts them: pairs of similar length grouped so "
+                        "that the longest side times the pairs stays within N (padding included)")
+    t.add_argument("--grad-accum", type=V.positive_int, help="gradient accumulation steps per update (default: "
+                                                            "the recipe's)")
+    t.add_argument("--lr", dest="learning_rate", metavar="LR", type=V.positive_float,
+                   help="peak learning rate, reached at the end of warm-up (default: the recipe's, 1e-3)")
     hidden_alias(t, "--learning-rate", dest="learning_rate", type=V.positive_float)
-    t.add_argument("--warmup-steps", type=V.non_negative_int, default=1000, help="linear warm-up steps")
-    t.add_argument("--label-smoothing", type=V.fraction, default=0.1, help="label smoothing of the loss, in [0, 1)")
+    t.add_argument("--warmup-steps", type=V.non_negative_int, help="linear warm-up steps (default: the recipe's)")
+    t.add_argument("--label-smoothing", type=V.fraction, help="label smoothing of the loss, in [0, 1) (default: 0.1)")
     t.add_argument("--dropout", type=V.fraction, default=None, help="hidden and attention dropout (preset: 0.1)")
     t.add_argument("--max-grad-norm", type=V.non_negative_float, default=1.0, help="gradient clipping norm (0: off)")
-    t.add_argument("--epochs", type=V.positive_int, default=10, help="passes over the training pairs")
-    t.add_argument("--max-steps", type=V.positive_int, default=None, help="optimizer steps; overrides --epochs")
+    t.add_argument("--epochs", type=V.positive_int, help="passes over the training pairs (default: the recipe's, 10)")
+    t.add_argument("--max-steps", type=V.positive_int, default=None,
+                   help="optimizer steps; overrides --epochs (default: the recipe's, 'paper' 250k)")
     t.add_argument("--eval-steps", type=V.positive_int, default=500, help="validation loss every N steps")
     t.add_argument("--save-steps", type=V.positive_int, default=500, help="checkpoint every N steps")
     t.add_argument("--save-total-limit", type=V.positive_int, default=2, help="checkpoints kept")
@@ -347,8 +386,12 @@ def register_translate(subparsers) -> None:
     e.add_argument("--reference", help="reference translations, line-aligned; gives BLEU")
     e.add_argument("--output", help="detokenised translations (default: MODEL/translations.SOURCE)")
     e.add_argument("--report", help="JSON report (default: OUTPUT.json)")
-    e.add_argument("--beams", type=V.positive_int, default=10, help="beam width")
-    e.add_argument("--length-penalty", type=V.finite_float, default=0.6, help="alpha in log P / len^alpha")
+    e.add_argument("--beams", type=V.positive_int, help="beam width (default: the training recipe's, 10)")
+    e.add_argument("--length-penalty", type=V.finite_float,
+                   help="alpha of the length penalty (default: the training recipe's, 0.6)")
+    e.add_argument("--length-penalty-form", choices=("hf", "gnmt"),
+                   help="hf: log P / |Y|^alpha (transformers'); gnmt: log P / ((5 + |Y|) / 6)^alpha (GNMT's, "
+                        "tensor2tensor's, the paper's) (default: the training recipe's, gnmt for 'paper')")
     e.add_argument("--batch-size", type=V.positive_int, default=32, help="sentences per generate() call")
     e.add_argument("--max-new-tokens", type=V.positive_int, default=None, help="default: 1.5 x source length + 10")
     e.add_argument("--limit", type=V.positive_int, default=None, help="translate only the first N lines (a fixed subset)")

@@ -55,6 +55,7 @@ class XTask:
     hf_eval_split: str
     hf_train: str
     hf_train_split: str = "train"
+    local_eval_split: str = "test"  # the file prefix evaluated in a local folder of the official layout
 
 
 XTASKS = {
@@ -62,16 +63,18 @@ XTASKS = {
     "xquad": XTask("XQuAD", "qa", XQUAD_LANGUAGES, "google/xquad:xquad.{lang}", "validation", SQUAD_HF),
     "mlqa": XTask("MLQA", "qa", MLQA_LANGUAGES, "facebook/mlqa:mlqa.{lang}.{lang}", "test", SQUAD_HF),
     "tydiqa": XTask("TyDiQA", "qa", TYDIQA_LANGUAGES, "google-research-datasets/tydiqa:secondary_task",
-                    "validation", SQUAD_HF),
+                    "validation", SQUAD_HF, local_eval_split="dev"),
 }
 ALIASES = {"tydiqa-goldp": "tydiqa", "tydi": "tydiqa"}
 
 
 # -- the data folder -------------------------------------------------------------------------------------------
 
-def find_data_dir(given: str | None, needed: tuple[str, ...] = ("xnli", "xquad")) -> Path:
-    """The shared data folder: `given` (--data-dir), else $DIETPE_DATA, else `shared/data` in the working
-    directory's parent (the layout the docs' `../shared/data` commands assume) or any folder above it."""
+def find_data_dir(given: str | None, needed: tuple[str, ...] = ("xnli", "xquad"),
+                  hint: str = "or give the tasks with --tasks") -> Path:
+    """The shared data folder: `given` (--data-dir), else $DIETPE_DATA, else `data/` in the working directory,
+    else `shared/data` in it or any folder above it (the layout the docs' `../shared/data` commands assume), else
+    the same above the installed package (a source checkout beside the data)."""
     def complete(folder: Path) -> bool:
         return all((folder / n).is_dir() for n in needed)
 
@@ -85,14 +88,15 @@ def find_data_dir(given: str | None, needed: tuple[str, ...] = ("xnli", "xquad")
     tried = []
     if os.environ.get("DIETPE_DATA"):
         tried.append(Path(os.environ["DIETPE_DATA"]))
-    here = Path.cwd().resolve()
+    here, package = Path.cwd().resolve(), Path(__file__).resolve().parent
     tried += [here / "data"] + [p / "shared" / "data" for p in (here, *here.parents)]
+    tried += [p / "shared" / "data" for p in package.parents if p / "shared" / "data" not in tried]
     for folder in tried:
         if complete(folder):
             return folder
     raise DataError(f"no data folder with {' and '.join(f'{n}/' for n in needed)} found (looked in "
-                    f"{', '.join(str(p) for p in tried[:4])}{', ...' if len(tried) > 4 else ''}); pass --data-dir "
-                    f"DIR or set DIETPE_DATA, or give the tasks with --tasks")
+                    f"{', '.join(str(p) for p in tried[:4])}, ... and above the dietpe package); pass --data-dir "
+                    f"DIR or set DIETPE_DATA, {hint}")
 
 
 # -- the built-in data -----------------------------------------------------------------------------------------

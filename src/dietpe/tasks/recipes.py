@@ -104,7 +104,7 @@ PRETRAIN_RECIPES = {
     "paper-multilingual": PretrainRecipe(1.8e-3, 0.025, 512, 4096, 125_000, 20_000, vocab_size=120_000,
                                          tokenizer_type="unigram"),
     # The built-in cross-lingual suite (docs/xtreme.md): the study size, 128-token blocks for QA's windows.
-    "xtreme": PretrainRecipe(2e-3, 0.06, 128, 32, 600, 150, size="study", vocab_size=8000,
+    "xtreme": PretrainRecipe(2e-3, 0.06, 128, 32, 400, 100, size="study", vocab_size=8000,
                              tokenizer_type="unigram"),
 }
 
@@ -122,6 +122,41 @@ FINETUNE_RECIPES = {
     # DIET appendix A, Table 7 (multilingual) and §4.2: lr {1,2,3,4}e-5, warm-up 10%, batch 32, 3 epochs,
     # length 512, 5 trials (median). The paper does not give QA's window overlap: BERT's and XTREME's 128.
     "paper-multilingual": FinetuneRecipe((1e-5, 2e-5, 3e-5, 4e-5), 5, 3, 32, 512, doc_stride=128),
-    # The built-in cross-lingual suite (docs/xtreme.md).
-    "xtreme": FinetuneRecipe((1e-3,), 1, 4, 32, 128, doc_stride=64),
+    # The built-in cross-lingual suite (docs/xtreme.md): the paper's 3 epochs, the study's learning rate.
+    "xtreme": FinetuneRecipe((1e-3,), 1, 3, 32, 128, doc_stride=64),
+}
+
+
+@dataclass(frozen=True)
+class TranslationRecipe:
+    """`dietpe translate train` and `eval` unless the command line says otherwise."""
+
+    size: str
+    vocab_size: int            # the joint BPE vocabulary
+    max_length: int            # longest source or target, tokens with </s>
+    batch_size: int | None     # sentence pairs per step, or
+    batch_tokens: int | None   # tokens per step, as tensor2tensor counts them (dietpe.tasks.translate)
+    grad_accum: int
+    learning_rate: float       # peak, after the linear warm-up, then ∝ 1/√step
+    warmup_steps: int
+    label_smoothing: float
+    epochs: int
+    max_steps: int | None
+    beams: int                 # decoding
+    length_penalty: float
+    length_penalty_form: str   # hf: log P / |Y|^α; gnmt: log P / ((5 + |Y|) / 6)^α (dietpe.models.beam)
+
+
+TRANSLATION_RECIPES = {
+    # Small CPU runs (docs/translation.md, Multi30k).
+    "default": TranslationRecipe("transformer-small", 8000, 128, 64, None, 1, 1e-3, 1000, 0.1, 10, None, 10, 0.6,
+                                 "hf"),
+    # DIET appendix A, which follows Vaswani et al. (2017) in tensor2tensor: a 6-layer Transformer (base),
+    # Adam, 250k steps, beam 10, length penalty 0.6 (tensor2tensor's, GNMT's form). The paper is silent on the
+    # rest; from tensor2tensor's transformer_base and Vaswani et al.: batches of 4096 tokens on each of 8 devices
+    # (here 8 accumulated, Vaswani's ~25k source + 25k target tokens per step), warm-up 4000 steps to
+    # d^-0.5 · 4000^-0.5 = 7e-4, label smoothing 0.1, sequences up to 256 tokens, a shared 32k subword
+    # vocabulary (tensor2tensor's translate_ende_wmt32k).
+    "paper": TranslationRecipe("transformer-base", 32000, 256, None, 4096, 8, 7e-4, 4000, 0.1, 1, 250_000, 10, 0.6,
+                               "gnmt"),
 }
