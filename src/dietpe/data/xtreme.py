@@ -110,17 +110,22 @@ def _write_json(path: Path, obj) -> None:
     write_text_atomic(path, json.dumps(obj, ensure_ascii=False))
 
 
-def write_builtin(data_dir: Path, out: Path, xnli_languages=XNLI_LANGUAGES, xquad_languages=None,
-                  max_premises: int | None = None) -> dict[str, Path]:
+def write_builtin(data_dir: Path, out: Path) -> dict[str, Path]:
     """The built-in suite's files under `out`: `corpus/<lang>.txt`, `xnli/` and `xquad/` (see the module's
-    docstring); returns their paths. `max_premises` trims XNLI's development premises (tests)."""
+    docstring), from every language of `data_dir`'s `xnli/dev-<lang>.tsv` and `xquad/xquad.<lang>.json`; returns
+    their paths."""
     xnli, xquad = data_dir / "xnli", data_dir / "xquad"
-    if xquad_languages is None:
-        xquad_languages = tuple(sorted(p.name.split(".")[1] for p in xquad.glob("xquad.*.json")))
+    xnli_languages = sorted(p.stem.split("-", 1)[1] for p in xnli.glob("dev-*.tsv"))
+    xquad_languages = sorted(p.name.split(".")[1] for p in xquad.glob("xquad.*.json"))
+    for folder, langs, layout in ((xnli, xnli_languages, "dev-<lang>.tsv"), (xquad, xquad_languages,
+                                                                           "xquad.<lang>.json")):
+        if "en" not in langs:
+            raise DataError(f"{folder}: no English file ({layout.replace('<lang>', 'en')}), the language the suite "
+                            f"fine-tunes on")
     corpus: dict[str, list[str]] = {}
     for lang in xnli_languages:
         # the files are line-aligned translations, three hypotheses per premise: premise k is rows 3k..3k+2
-        dev = _xnli_rows(xnli / f"dev-{lang}.tsv")[:None if max_premises is None else 3 * max_premises]
+        dev = _xnli_rows(xnli / f"dev-{lang}.tsv")
         if len(dev) % 3 or any(dev[i][0] != dev[i - i % 3][0] for i in range(len(dev))):
             raise DataError(f"{xnli / f'dev-{lang}.tsv'}: expected three hypotheses per premise on consecutive "
                             f"lines (XNLI's layout)")
@@ -135,7 +140,7 @@ def write_builtin(data_dir: Path, out: Path, xnli_languages=XNLI_LANGUAGES, xqua
                 current = row[0]
                 docs.append([row[0]])
             docs[-1].append(row[1])
-        corpus[lang] = ["\n".join(d) for d in docs[:None if max_premises is None else 2 * max_premises]]
+        corpus[lang] = ["\n".join(d) for d in docs]
     for lang in xquad_languages:
         data = json.loads(read_text(xquad / f"xquad.{lang}.json"))
         articles = data["data"]
