@@ -337,8 +337,8 @@ def register_translate(subparsers) -> None:
     t.add_argument("--method", default="sinusoidal",
                    help="position method spec, as for dietpe pretrain, with DietSeq2SeqConfig fields: e.g. t5, "
                         "shaw:shaw_max_distance=16, diet-rel:num_decoder_layers=4:hidden_size=256")
-    t.add_argument("--recipe", choices=sorted(TRANSLATION_RECIPES), default="default",
-                   help="defaults of every option below: 'default' small CPU runs; 'paper' the DIET paper's "
+    t.add_argument("--recipe", choices=sorted(TRANSLATION_RECIPES), default="cpu",
+                   help="what the options below take when not given: 'cpu' small CPU runs; 'paper' the DIET paper's "
                         "(appendix A, after Vaswani et al. in tensor2tensor): transformer-base, 250k steps, "
                         "batches of 4096 tokens x 8 accumulated, warm-up 4000 to lr 7e-4, a 32k vocabulary, and "
                         "at eval beam 10 with GNMT's length penalty 0.6")

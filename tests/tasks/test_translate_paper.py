@@ -87,14 +87,14 @@ def test_the_paper_recipe_fills_what_the_command_line_leaves():
     mine = recipe_args(recipe="paper", batch_size=32, max_steps=100)
     T.apply_recipe(mine)  # the command line wins: sentence batches
     assert (mine.batch_size, mine.batch_tokens, mine.max_steps) == (32, None, 100)
-    default = recipe_args(recipe="default")
-    T.apply_recipe(default)
-    assert (default.preset, default.batch_size, default.batch_tokens, default.vocab_size) == (
+    cpu = recipe_args(recipe="cpu")
+    T.apply_recipe(cpu)
+    assert (cpu.preset, cpu.batch_size, cpu.batch_tokens, cpu.vocab_size) == (
         "transformer-small", 64, None, 8000)
     with pytest.raises(ConfigError, match="not both"):
-        T.apply_recipe(recipe_args(recipe="default", batch_size=8, batch_tokens=500))
+        T.apply_recipe(recipe_args(recipe="cpu", batch_size=8, batch_tokens=500))
     with pytest.raises(ConfigError, match="less than --max-length"):
-        T.apply_recipe(recipe_args(recipe="default", batch_tokens=50, max_length=64))
+        T.apply_recipe(recipe_args(recipe="cpu", batch_tokens=50, max_length=64))
 
 
 def pairs(folder, name, n, seed):
@@ -117,7 +117,7 @@ def test_token_batch_training_and_decoding_from_the_recipe(tmp_path, capsys):
     assert settings["batch_tokens"] == 64 and "recipe" not in settings
     assert "in batches of at most 64 tokens" in capsys.readouterr().err
     summary = json.loads((out / "final" / "train_summary.json").read_text())
-    assert summary["decoding"] == T.decoding_of("default") and summary["steps"] == 4
+    assert summary["decoding"] == T.decoding_of("cpu") and summary["steps"] == 4
     assert T.trained_decoding(out / "final")["length_penalty_form"] == "hf"
     assert main(["translate", "eval", str(out), "--source", str(tmp_path / "val.xx"), "--reference",
                  str(tmp_path / "val.yy"), "--length-penalty-form", "gnmt", "--threads", "1"]) == 0

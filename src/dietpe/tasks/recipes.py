@@ -149,7 +149,7 @@ class TranslationRecipe:
 
 TRANSLATION_RECIPES = {
     # Small CPU runs (docs/translation.md, Multi30k).
-    "default": TranslationRecipe("transformer-small", 8000, 128, 64, None, 1, 1e-3, 1000, 0.1, 10, None, 10, 0.6,
+    "cpu": TranslationRecipe("transformer-small", 8000, 128, 64, None, 1, 1e-3, 1000, 0.1, 10, None, 10, 0.6,
                                  "hf"),
     # DIET appendix A, which follows Vaswani et al. (2017) in tensor2tensor: a 6-layer Transformer (base),
     # Adam, 250k steps, beam 10, length penalty 0.6 (tensor2tensor's, GNMT's form). The paper is silent on the

@@ -94,7 +94,7 @@ def run_record(args) -> dict:
     record = {k: getattr(args, k) for k in RESULT_ARGS}
     if args.batch_tokens is not None:
         record["batch_tokens"] = args.batch_tokens
-    if args.recipe != "default":
+    if args.recipe != "cpu":
         record["recipe"] = args.recipe
     return record
 
@@ -405,7 +405,7 @@ def decoding_of(recipe: str) -> dict:
 
 def trained_decoding(model_dir: Path) -> dict:
     """The decoding of the recipe the model was trained with (`final/train_summary.json`, else the run's
-    settings), else the default recipe's."""
+    settings), else the `cpu` recipe's."""
     import json
     for path in (model_dir / "train_summary.json", model_dir.parent / "run_settings.json"):
         try:
@@ -415,8 +415,8 @@ def trained_decoding(model_dir: Path) -> dict:
         if isinstance(data.get("decoding"), dict):
             return data["decoding"]
         if path.name == "run_settings.json":
-            return decoding_of(data.get("recipe", "default"))
-    return decoding_of("default")
+            return decoding_of(data.get("recipe", "cpu"))
+    return decoding_of("cpu")
 
 
 def pad_batch(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
