@@ -61,7 +61,7 @@ def test_the_built_in_split_keeps_evaluated_examples_out_of_training_and_pre_tra
     write_xnli(shared / "xnli", split_names=("test",), labels=False, premises=4, seed=1)
     (shared / "xquad").mkdir()
     for lang in ("en", "de"):
-        (shared / "xquad" / f"xquad.{lang}.json").write_text(json.dumps(squad(8, lang)))
+        (shared / "xquad" / f"xquad.{lang}.json").write_text(json.dumps(squad(12, lang)))
     paths = XD.write_builtin(shared, tmp_path / "out")
     assert paths["languages"] == ("de", "en", "fr")
     train = (paths["xnli"] / "train-en.tsv").read_text().splitlines()
@@ -74,9 +74,9 @@ def test_the_built_in_split_keeps_evaluated_examples_out_of_training_and_pre_tra
     assert "fr test premise 3" in corpus["fr"] and "fr test hypothesis 3 2" in corpus["fr"]
     qa_train = json.loads((paths["xquad"] / "train-en.json").read_text())["data"]
     qa_eval = json.loads((paths["xquad"] / "xquad.de.json").read_text())["data"]
-    assert [a["title"] for a in qa_train] == ["t0", "t1", "t2", "t4", "t5", "t6"]
-    assert [a["title"] for a in qa_eval] == ["t3", "t7"]
-    assert "de article 0 paragraph 0" in corpus["de"] and "de article 3" not in corpus["de"]
+    assert [a["title"] for a in qa_train] == ["t0", "t1", "t2", "t3", "t4", "t6", "t7", "t8", "t9", "t10"]
+    assert [a["title"] for a in qa_eval] == ["t5", "t11"]
+    assert "de article 0 paragraph 0" in corpus["de"] and "de article 5" not in corpus["de"]
 
 
 def test_the_data_folder_is_found_or_named(tmp_path, monkeypatch):

@@ -17,7 +17,7 @@ The built-in data (`write_builtin`) comes from `xnli/` and `xquad/` of the share
 Its XNLI test files carry no labels (XTREME's release hides them), so the labelled development set is split by
 premise: two thirds of the premises (every premise whose index is not 2 mod 3), in English, are the training
 set; the other third, in all 15 languages, is evaluated; the translations of a training premise are never
-evaluated. XQuAD is split the same way by article (every fourth article evaluated, in 12 languages, the others
+evaluated. XQuAD is split the same way by article (every sixth article evaluated, in 12 languages, the others
 trained on in English). The pre-training corpus is text no evaluated example holds: the unlabelled XNLI test
 sentences of the 15 languages and the contexts of XQuAD's training articles in its 12 languages.
 """
@@ -146,11 +146,11 @@ def write_builtin(data_dir: Path, out: Path) -> dict[str, Path]:
         articles = data["data"]
         if lang == "en":
             _write_json(out / "xquad" / "train-en.json",
-                        dict(data=[a for k, a in enumerate(articles) if k % 4 != 3], version=data.get("version")))
+                        dict(data=[a for k, a in enumerate(articles) if k % 6 != 5], version=data.get("version")))
         _write_json(out / "xquad" / f"xquad.{lang}.json",
-                    dict(data=[a for k, a in enumerate(articles) if k % 4 == 3], version=data.get("version")))
+                    dict(data=[a for k, a in enumerate(articles) if k % 6 == 5], version=data.get("version")))
         corpus.setdefault(lang, []).extend(p["context"].replace("\n", " ") for k, a in enumerate(articles)
-                                           if k % 4 != 3 for p in a["paragraphs"])
+                                           if k % 6 != 5 for p in a["paragraphs"])
     for lang, docs in corpus.items():
         write_text_atomic(out / "corpus" / f"{lang}.txt", "\n\n".join(docs) + "\n")
     return dict(corpus=out / "corpus", xnli=out / "xnli", xquad=out / "xquad",

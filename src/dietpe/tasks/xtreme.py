@@ -86,7 +86,7 @@ def suite_data(args, out: Path, builtin: bool) -> tuple[str, dict[str, TaskData]
                  "XQuAD": load_task(str(paths["xquad"]), "qa", train_split="train", max_train=args.max_train)}
         note = (f"Built in from {data_dir} (docs/xtreme.md): the unlabelled XNLI test sentences of 15 languages "
                 f"and the contexts of XQuAD's training articles; XNLI's labelled development set split by premise "
-                f"(2/3 trained on in English, 1/3 evaluated in every language) and XQuAD's by article (3/4 and 1/4), "
+                f"(2/3 trained on in English, 1/3 evaluated in every language) and XQuAD's by article (5/6 and 1/6), "
                 f"so no evaluated example, in any language, is trained on or pre-trained on.")
         return corpus, tasks, note
     corpus = pt.corpus_of(args)
