@@ -114,6 +114,8 @@ def test_tasks_by_hugging_face_name_map_labels_and_tydiqa_languages(monkeypatch)
     xnli = XD.load_item(XD.TaskItem.parse("xnli"), "train", "test", "en", None)
     assert sorted(xnli.evals) == sorted(XD.XNLI_LANGUAGES) and xnli.source == "huggingface:facebook/xnli:{lang}"
     assert [e.label for e in xnli.train] == [1, 0]  # entailment, contradiction in NLI_LABELS; -1 dropped
+    mlqa = XD.load_item(XD.TaskItem.parse("mlqa"), "train", "test", "en", None)
+    assert mlqa.spec.name == "MLQA" and sorted(mlqa.evals) == sorted(XD.MLQA_LANGUAGES)  # MLQA's own scoring
     tydi = XD.load_item(XD.TaskItem.parse("tydiqa@my/squad"), "train", "dev", "en", None)
     assert {k: len(v) for k, v in tydi.evals.items()} == {"fi": 2, "te": 1}
     with pytest.raises(ConfigError, match="'wmt' is not one of xnli, xquad, mlqa, tydiqa"):
