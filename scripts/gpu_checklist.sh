@@ -2,6 +2,7 @@
 # The GPU checklist of docs/gpu.md in one go; every output goes under OUT (default gpu-checklist-<UTC time>).
 #
 #   scripts/gpu_checklist.sh [OUT] [STEP ...]      steps: env preflight tests flex bench pretrain determinism
+#                                                  (and, when named, xtreme: the cross-lingual suite, docs/xtreme.md)
 #
 # Without a GPU it runs what needs none (environment, the CPU/meta preflight tests), then stops in one line.
 # Each step writes OUT/<step>.txt (and its own files); OUT/summary.txt lists what ran and its exit status.
@@ -121,6 +122,10 @@ for kind in ("det", "nondet"):
     same = all((wa[k] == wb[k]).all().item() for k in wa)
     print(f"{kind}: val_loss {a['val_loss']!r} vs {b['val_loss']!r}; weights identical: {same}")
 EOF
+fi
+if wants xtreme; then  # the built-in cross-lingual suite with 8x the pre-training (docs/xtreme.md): 2 rows x 3 seeds
+    step xtreme dietpe compare --suite xtreme --device cuda --jobs 1 --threads 4 --methods absolute,diet-rel \
+        --steps 2000 --save-steps 500 --cache-dir "$OUT/cache" -o "$OUT/xtreme"
 fi
 echo "[gpu_checklist] done: $OUT/summary.txt" >&2
 cat "$OUT/summary.txt"
