@@ -58,6 +58,10 @@ def check_options(args) -> tuple[bool, int]:
                                "eval_split": "--eval-split"}, "to the built-in suite: its data is fixed")
     else:
         V.refuse_unused(args, {"data_dir": "--data-dir"}, "with --corpus and --tasks: no built-in data is read")
+        items = [XD.TaskItem.parse(text) for text in args.tasks]  # refused before any work
+        names = [i.task.name for i in items]
+        if len(set(names)) != len(names):
+            raise ConfigError(f"--tasks: {next(n for n in names if names.count(n) > 1)} given twice")
     pt.refuse_unused_options(args)
     args.train_language = args.train_language or "en"
     if builtin and args.train_language != "en":
@@ -93,8 +97,6 @@ def suite_data(args, out: Path, builtin: bool) -> tuple[str, dict[str, TaskData]
     tasks: dict[str, TaskData] = {}
     for text in args.tasks:
         item = XD.TaskItem.parse(text)
-        if item.task.name in tasks:
-            raise ConfigError(f"--tasks: {item.task.name} given twice")
         tasks[item.task.name] = XD.load_item(item, args.train_split or "train",
                                              args.eval_split or item.task.local_eval_split,
                                              args.train_language, args.max_train)
