@@ -127,6 +127,16 @@ def study_data(args, out: Path, builtin: bool, s_ft: FinetuneSettings) -> tuple[
     return corpus, tasks
 
 
+def tokenizer_record(args) -> dict:
+    """The tokenizer type, corpus languages and special tokens, recorded only when used (so that studies
+    begun before they existed still continue)."""
+    record = {"tokenizer_type": pt.tokenizer_type(args)} if pt.tokenizer_type(args) != "wordpiece" else {}
+    for key in ("languages", "language_alpha", "special_tokens"):
+        if getattr(args, key, None) is not None:
+            record[key] = getattr(args, key)
+    return record
+
+
 def _main(args) -> int:
     start = time.time()
     set_threads(args.threads)
@@ -140,7 +150,7 @@ def _main(args) -> int:
         task="compare", builtin=builtin, builtin_size=args.builtin_size if builtin else None,
         corpus=local_path(args.corpus), tokenizer=local_path(args.tokenizer), vocab_size=s_pre.vocab_size,
         max_length=s_pre.max_length, max_documents=args.max_documents, max_validation=args.max_validation,
-        seed=args.seed), "another -o (or delete the folder)",
+        seed=args.seed, **tokenizer_record(args)), "another -o (or delete the folder)",
         products=("tokenizer", "pretrain", "finetune", "report.md"))
     corpus, tasks = study_data(args, out, builtin, s_ft)
     task_names = list(tasks)
