@@ -15,7 +15,8 @@ from dietpe.study import xtreme as XS
 
 LANGS = ("en", "de", "fr")
 # three "languages" with their own words for the same things, so that every language's text differs
-WORDS = {"en": "cat dog sun tree red big small runs sleeps", "de": "katze hund sonne baum rot gross klein rennt schlaeft",
+WORDS = {"en": "cat dog sun tree red big small runs sleeps",
+         "de": "katze hund sonne baum rot gross klein rennt schlaeft",
          "fr": "chat chien soleil arbre rouge grand petit court dort"}
 
 

@@ -109,7 +109,8 @@ def test_token_batch_training_and_decoding_from_the_recipe(tmp_path, capsys):
     for name, n, seed in (("train", 120, 0), ("val", 12, 1)):
         pairs(tmp_path, name, n, seed)
     out = tmp_path / "run"
-    tiny = "sinusoidal:hidden_size=32:num_hidden_layers=1:num_decoder_layers=1:num_attention_heads=2:intermediate_size=64"
+    tiny = ("sinusoidal:hidden_size=32:num_hidden_layers=1:num_decoder_layers=1:num_attention_heads=2"
+            ":intermediate_size=64")
     assert main(["translate", "train", "--data", str(tmp_path), "--source", "xx", "--target", "yy", "-o", str(out),
                  "--method", tiny, "--vocab-size", "60", "--batch-tokens", "64", "--max-length", "16",
                  "--max-steps", "4", "--eval-steps", "4", "--save-steps", "4", "--threads", "1"]) == 0
@@ -131,7 +132,8 @@ def test_prepare_reads_text_and_sgml_and_refuses_what_does_not_align(tmp_path, c
     (tmp_path / "a.en").write_text("one\ntwo\n")
     (tmp_path / "b.de").write_text("drei\n")
     (tmp_path / "b.en").write_text("three\n")
-    sgm = '<refset><doc docid="x"><p><seg id="1">Guten &amp; Tag</seg>\n<seg id="2">Zeile\nzwei</seg></p></doc></refset>'
+    sgm = ('<refset><doc docid="x"><p><seg id="1">Guten &amp; Tag</seg>\n<seg id="2">Zeile\nzwei</seg></p></doc>'
+           '</refset>')
     (tmp_path / "t.de.sgm").write_text(sgm)
     (tmp_path / "t.en.sgm").write_text(sgm.replace("Guten &amp; Tag", "Good day").replace("Zeile\nzwei", "line two"))
     out = tmp_path / "prepared"

@@ -223,6 +223,35 @@ def sampling_table(mixture: dict | None) -> str:
     return "\n".join(lines)
 
 
+def setup_text(info: dict) -> str:
+    """The report's opening: data, protocol, model and time."""
+    pre, fin, lang = info["pretrain"], info["finetune"], info["train_language"]
+    tasks = "; ".join(f"{t} ({d['train_examples']:,} training examples from {d['source']}; "
+                      f"{len(d['languages'])} languages)" for t, d in info["tasks"].items())
+    cap = f", at most {fin['max_eval']} examples per language" if fin.get("max_eval") else ""
+    return "\n".join([
+        f"Command: `{info['command']}`", "",
+        f"Pre-training corpus: {info['corpus_text']}. {info['data_note']}",
+        f"Fine-tuning on {lang} only, evaluation in every language given (zero-shot for the others): {tasks}.",
+        f"Model: `{pre['size']}` size; {pre['steps']} pre-training steps of batch {pre['batch_size']} x "
+        f"{pre['max_length']} tokens, lr {pre['lr']:g}, warm-up {pre['warmup']:g}; tokenizer {info['tokenizer']}.",
+        f"Fine-tuning: lr grid {', '.join(f'{x:g}' for x in fin['lrs'])} x {fin['seeds']} seed(s), "
+        f"{fin['epochs']:g} epochs, batch {fin['batch_size']}, length {fin['max_length']}{cap}; the checkpoint of "
+        f"each run is chosen on {lang} (XTREME's zero-shot rule). Pre-training seeds "
+        f"{', '.join(map(str, info['pretrain_seeds']))}.",
+        f"This invocation's wall time: {info['seconds'] / 60:.1f} min, {info.get('jobs', 1)} run(s) at a time "
+        f"(runs finished by an earlier invocation are reused)."])
+
+
+RESULTS_NOTE = """Mean ± half-width of the 95% t interval over pre-training seeds. Each pre-trained model's number is
+the median over fine-tuning seeds at its best learning rate. Avg: the mean of the task columns' numbers (XNLI
+accuracy, each QA task's F1 and exact match), as DIET Table 3's Avg, over all languages (XTREME's average, {lang}
+included); Avg zero-shot: the same over the languages other than {lang}."""
+
+PER_LANGUAGE_NOTE = """`*`: the fine-tuning language (not zero-shot). Accuracy tables end with *chance*, the majority
+class's accuracy on each language's evaluation labels; span QA's chance is 0."""
+
+
 def write_report(out: Path, rows: list[dict], info: dict, claims: tuple[Claim, ...], final: bool) -> None:
     """`report.md`, `results.json` and the CSVs, rewritten after every finished unit."""
     tasks, lang = info["tasks"], info["train_language"]
@@ -230,62 +259,29 @@ def write_report(out: Path, rows: list[dict], info: dict, claims: tuple[Claim, .
     write_json_atomic(out / "results.json", {"settings": info, "methods": rows})
     write_csvs(out, rows, list(tasks))
     figures = []
-    if rows and final:
+    if rows and final:  # figures cost seconds: drawn for the final report only
         from dietpe.study.plots import plot_figures
         figures = plot_figures(out, rows, list(tasks), forest)
-    pre, fin = info["pretrain"], info["finetune"]
-    per_language = []
+    parts = ["# dietpe compare --suite xtreme: cross-lingual zero-shot transfer (DIET Tables 3 and 5)", ""]
+    if not final:
+        parts += ["**Partial report: the suite is still running or was interrupted; rerun the same command to "
+                  "continue.**", ""]
+    parts += [setup_text(info), "", claims_md]
+    if "claims_forest.png" in figures:
+        parts += ["![claims](claims_forest.png)", ""]
+    parts += ["## Environment", "", environment(info), "", "## Results", "", RESULTS_NOTE.format(lang=lang), "",
+              overview_table(rows, tasks), ""]
+    if info.get("mixture"):
+        parts += ["## Languages sampled for pre-training", "",
+                  f"Exponent rule q_i ∝ p_i^α, α = {info['alpha']:g}:", "", sampling_table(info["mixture"]), ""]
+    parts += ["## Per language", "", PER_LANGUAGE_NOTE, ""]
     for t, data in tasks.items():
         for metric in data["metrics"]:
-            per_language += [f"### {t}: {metric.replace('_', ' ')} per language", "",
-                             language_table(rows, t, data, metric, lang), ""]
-    status = "" if final else ("\n**Partial report: the suite is still running or was interrupted; rerun the same "
-                               "command to continue.**\n")
-    sampling = sampling_table(info.get("mixture"))
-    text = f"""# dietpe compare --suite xtreme: cross-lingual zero-shot transfer (DIET Tables 3 and 5)
-{status}
-Command: `{info['command']}`
-
-Pre-training corpus: {info['corpus_text']}. {info['data_note']}
-Fine-tuning on {lang} only, evaluation in every language given (zero-shot for the others): """ + "; ".join(
-        f"{t} ({d['train_examples']:,} training examples from {d['source']}; {len(d['languages'])} languages)"
-        for t, d in tasks.items()) + f""".
-Model: `{pre['size']}` size; {pre['steps']} pre-training steps of batch {pre['batch_size']} x {pre['max_length']}
-tokens, lr {pre['lr']:g}, warm-up {pre['warmup']:g}; tokenizer {info['tokenizer']}. Fine-tuning: lr grid
-{', '.join(f'{x:g}' for x in fin['lrs'])} x {fin['seeds']} seed(s), {fin['epochs']:g} epochs, batch
-{fin['batch_size']}, length {fin['max_length']}{f", at most {fin['max_eval']} examples per language" if fin.get('max_eval') else ''};
-the checkpoint of each run is chosen on {lang} (XTREME's zero-shot rule). Pre-training seeds
-{', '.join(map(str, info['pretrain_seeds']))}. This invocation's wall time: {info['seconds'] / 60:.1f} min,
-{info.get('jobs', 1)} run(s) at a time (runs finished by an earlier invocation are reused).
-
-{claims_md}
-{"![claims](claims_forest.png)" if forest and final else ""}
-
-## Environment
-
-{environment(info)}
-
-## Results
-
-Mean ± half-width of the 95% t interval over pre-training seeds. Each pre-trained model's number is the median
-over fine-tuning seeds at its best learning rate. Avg: the mean of the task columns' numbers (XNLI accuracy, each
-QA task's F1 and exact match), as DIET Table 3's Avg, over all languages (XTREME's average, {lang} included);
-Avg zero-shot: the same over the languages other than {lang}.
-
-{overview_table(rows, tasks)}
-
-{"## Languages sampled for pre-training" + chr(10) + chr(10) + "Exponent rule q_i ∝ p_i^α, α = " + format(info['alpha'], 'g') + ": " + chr(10) + chr(10) + sampling if sampling else ""}
-
-## Per language
-
-`*`: the fine-tuning language (not zero-shot). Accuracy tables end with *chance*, the majority class's accuracy
-on each language's evaluation labels; span QA's chance is 0.
-
-""" + "\n".join(per_language) + f"""
-Files: `results.json` (everything), `results.csv` (means and intervals of every measure), `seeds.csv`,
-`runs.csv` (every fine-tuning run, every language){''.join(f', `{f}`' for f in figures)}.
-"""
-    (out / "report.md").write_text(text, encoding="utf-8")
+            parts += [f"### {t}: {metric.replace('_', ' ')} per language", "",
+                      language_table(rows, t, data, metric, lang), ""]
+    parts += ["Files: `results.json` (everything), `results.csv` (means and intervals of every measure), `seeds.csv`, "
+              "`runs.csv` (every fine-tuning run, every language)" + "".join(f", `{f}`" for f in figures) + "."]
+    (out / "report.md").write_text("\n".join(parts) + "\n", encoding="utf-8")
 
 
 def task_info(name: str, data, train_language: str) -> dict:

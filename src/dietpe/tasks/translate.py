@@ -5,10 +5,11 @@ warm-up, label smoothing 0.1; beam 10, length penalty 0.6 at test time; BLEU by 
 
 train: line-aligned files -> joint BPE vocabulary (saved as `tokenizer/`) -> DietForConditionalGeneration on the
     Hugging Face `Trainer`; batches of sentence pairs, or of tokens as tensor2tensor counts them (`--batch-tokens`,
-    `TokenBatches`); `--recipe paper` is the paper's set-up (`dietpe.tasks.recipes.TRANSLATION_RECIPES`). Checkpoints are marked complete only once fully written, and a rerun of the same
-    command resumes from the newest complete one (`dietpe.tasks.checkpoints.CompleteCheckpoints`); the finished model
-    goes to `final/` (written to a temporary directory, then renamed). Validation loss (plain cross-entropy,
-    no smoothing) every `--eval-steps`.
+    `TokenBatches`); `--recipe paper` is the paper's set-up (`dietpe.tasks.recipes.TRANSLATION_RECIPES`).
+    Checkpoints are marked complete only once fully written, and a rerun of the same command resumes from the
+    newest complete one (`dietpe.tasks.checkpoints.CompleteCheckpoints`); the finished model goes to `final/`
+    (written to a temporary directory, then renamed). Validation loss (plain cross-entropy, no smoothing) every
+    `--eval-steps`.
 eval: batched beam search with `generate()` (beam width, length penalty and its form: the training recipe's
     unless given), detokenised output to a file, SacreBLEU with its signature;
     `--speed` decodes every batch with and without the cache, interleaved, checks the outputs match, and
@@ -552,7 +553,8 @@ def run_eval(args) -> int:
     os.replace(tmp, output)
     report = dict(model=str(model_dir), source=str(args.source), reference=args.reference, output=str(output),
                   sentences=len(hyps), beams=args.beams, length_penalty=args.length_penalty,
-                  length_penalty_form=args.length_penalty_form, length_penalty_formula=LP_FORMULAS[args.length_penalty_form],
+                  length_penalty_form=args.length_penalty_form,
+                  length_penalty_formula=LP_FORMULAS[args.length_penalty_form],
                   cache=not args.no_cache,
                   threads=torch.get_num_threads())
     n = len(hyps)
