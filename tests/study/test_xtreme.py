@@ -100,7 +100,7 @@ def test_the_data_folder_is_found_or_named(tmp_path, monkeypatch):
         XD.find_data_dir(None)
 
 
-def test_tasks_by_hugging_face_name_map_labels_and_tydiqa_languages(monkeypatch):
+def test_tasks_by_hugging_face_name_map_labels_and_tydiqa_languages(monkeypatch, tmp_path):
     import datasets
 
     def fake(name, split):
@@ -119,6 +119,9 @@ def test_tasks_by_hugging_face_name_map_labels_and_tydiqa_languages(monkeypatch)
     assert mlqa.spec.name == "MLQA" and sorted(mlqa.evals) == sorted(XD.MLQA_LANGUAGES)  # MLQA's own scoring
     tydi = XD.load_item(XD.TaskItem.parse("tydiqa@my/squad"), "train", "dev", "en", None)
     assert {k: len(v) for k, v in tydi.evals.items()} == {"fi": 2, "te": 1}
+    (tmp_path / "train-v1.1.json").write_text(json.dumps(squad(2, "en")))
+    local = XD.load_item(XD.TaskItem.parse(f"xquad@{tmp_path / 'train-v1.1.json'}"), "train", "test", "en", None)
+    assert len(local.train) == 8 and sorted(local.evals) == sorted(XD.XQUAD_LANGUAGES)  # local train, Hub evals
     with pytest.raises(ConfigError, match="'wmt' is not one of xnli, xquad, mlqa, tydiqa"):
         XD.TaskItem.parse("wmt=data")
 

@@ -206,6 +206,13 @@ def load_item(item: TaskItem, train_split: str, eval_split: str, train_language:
 
 
 def _hf_train(t: XTask, name: str) -> list:
+    """The English training set: a local file (MNLI's `train.tsv` or an XNLI-layout TSV; SQuAD JSON), or a
+    Hugging Face name."""
+    if Path(name).is_file():
+        from dietpe.data.tasks import GLUE, read_squad, read_tsv
+        if t.kind == "qa":
+            return read_squad(name)
+        return read_tsv(name, GLUE["mnli"] if Path(name).name == "train.tsv" else XNLI)
     rows = load_hf_dataset(name, t.hf_train_split)
     return _nli_rows(rows, name) if t.kind == "classification" else _qa_rows(rows, name)
 
