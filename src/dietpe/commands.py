@@ -299,7 +299,14 @@ def register_compare(subparsers) -> None:
                         "TASK[=EVAL][@TRAIN]; without --corpus and --tasks the built-in suite on XNLI and XQuAD")
     x.add_argument("--data-dir", help="--suite xtreme's built-in data: a folder holding xnli/ and xquad/ (default: "
                                       "$DIETPE_DATA, else shared/data in or above the working directory)")
-    p.set_defaults(func=_later("dietpe.tasks.compare", "main"))
+    p.set_defaults(func=_compare_suite)
+
+
+def _compare_suite(args):
+    """`dietpe compare`: the English study (`dietpe.tasks.compare`) or, with --suite xtreme, the cross-lingual
+    one (`dietpe.tasks.xtreme`), imported when it runs."""
+    module = "dietpe.tasks.xtreme" if getattr(args, "suite", "glue") == "xtreme" else "dietpe.tasks.compare"
+    return importlib.import_module(module).main(args)
 
 
 # -- translate -------------------------------------------------------------------------------------------

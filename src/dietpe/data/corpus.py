@@ -195,15 +195,8 @@ def chunk_documents(mode: str, strings: list[str]) -> list[Document]:
 
 
 def resolve_source(source: str, split: str = "train") -> tuple[str, str, str] | None:
-    """(kind, where, origin) of a corpus split without reading it: kind is txt/jsonl/tsv/hf, or mix for a
-    multilingual mixture (`dietpe.data.multilingual`); None when a non-train split does not exist (the caller
-    holds out part of train)."""
-    from dietpe.data import multilingual
-
-    if multilingual.is_mixture(source):
-        mix = multilingual.Mixture.parse(source)
-        return "mix", source, (f"{len(mix.languages)} languages ({', '.join(c for c, _ in mix.languages)}; "
-                               f"alpha {mix.alpha:g})[{split}]")
+    """(kind, where, origin) of a corpus split without reading it: kind is txt/jsonl/tsv/hf; None when a
+    non-train split does not exist (the caller holds out part of train)."""
     path = Path(source)
     if path.is_dir():
         found = find_split_file(path, split)
@@ -256,10 +249,6 @@ def _records(kind: str, where: str, split: str):
             if len(cells) <= index:
                 raise DataError(f"{path}:{lineno}: {len(cells)} columns, the header names {len(header)}")
             yield "documents", cells[index]
-    elif kind == "mix":
-        from dietpe.data.multilingual import mixture_records
-        for text in mixture_records(where, split):
-            yield "documents", text
     else:
         rows = stream_hf_dataset(where, split)
         column = None
@@ -273,10 +262,16 @@ def _records(kind: str, where: str, split: str):
 
 def iter_chunks(kind: str, where: str, split: str = "train", chunk_chars: int | None = None):
     """Chunks `(mode, strings)` of about `chunk_chars` characters, in corpus order; memory is one chunk."""
+    return chunk_records(_records(kind, where, split), chunk_chars)
+
+
+def chunk_records(records, chunk_chars: int | None = None):
+    """Records `(mode, string)` gathered into chunks of about `chunk_chars` characters that end where a document
+    does."""
     chunk_chars = chunk_chars or CHUNK_CHARS
     strings: list[str] = []
     size, mode = 0, "paragraphs"
-    for mode, text in _records(kind, where, split):
+    for mode, text in records:
         text = text or ""
         strings.append(text)
         size += len(text)

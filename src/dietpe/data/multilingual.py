@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from dietpe.data.corpus import EXTENSIONS, chunk_documents, is_hf_name, iter_chunks, resolve_source
 from dietpe.errors import ConfigError, DataError
 
 PREFIX = "mix:"
@@ -82,8 +83,6 @@ def is_mixture(source: str) -> bool:
 
 def language_sources(corpus: str, languages: list[str]) -> list[tuple[str, str]]:
     """(code, source) per language: `corpus` with `{lang}` replaced, or the language's entry of a directory."""
-    from dietpe.data.corpus import EXTENSIONS, is_hf_name
-
     bad = [code for code in languages if not _LANGUAGE.match(code)]
     if bad:
         raise ConfigError(f"--languages: {bad[0]!r} is not a language code (letters, digits, _ . -)")
@@ -146,8 +145,6 @@ def uniform(*parts) -> float:
 # -- reading ---------------------------------------------------------------------------------------------------
 
 def _documents(source: str, split: str) -> Iterator[list[str]]:
-    from dietpe.data.corpus import chunk_documents, iter_chunks, resolve_source
-
     resolved = resolve_source(source, split)
     if resolved is None:
         return
@@ -173,8 +170,6 @@ class Language:
 def languages(source: str) -> tuple[Language, ...]:
     """Each language's counts (one streamed pass over each), kept for the process: every pass of the
     preparation (documents, tokenizer, shards) samples from the same numbers."""
-    from dietpe.data.corpus import resolve_source
-
     out = []
     for code, src in Mixture.parse(source).languages:
         own = resolve_source(src, "validation") is not None

@@ -1,6 +1,6 @@
 """Prepare a pre-training corpus once into memory-mapped token shards, and read blocks back from them.
 
-The corpus is streamed a chunk at a time (`dietpe.data.corpus.iter_chunks`); worker processes split chunks into
+The corpus is streamed a chunk at a time (`dietpe.data.sources`: a corpus, or a multilingual mixture); worker processes split chunks into
 documents and sentences, count words (for the tokenizer) and encode sentences with the fast tokenizer; the main
 process packs the sentences into blocks (`dietpe.data.mlm.iter_blocks`, the papers' FULL-SENTENCES rule or
 `documents`) and appends them to the shard files. Memory is a few chunks and the word counts, whatever the size
@@ -40,7 +40,9 @@ from pathlib import Path
 
 import numpy as np
 
-from dietpe.data.corpus import chunk_documents, iter_chunks, resolve_source
+from dietpe.data.corpus import chunk_documents
+from dietpe.data.sources import chunks as iter_chunks
+from dietpe.data.sources import resolve as resolve_source
 from dietpe.errors import DataError
 
 FORMAT = 1

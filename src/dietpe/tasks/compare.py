@@ -41,9 +41,6 @@ from dietpe.tasks.settings import FinetuneSettings, PretrainSettings
 
 
 def main(args) -> int:
-    if getattr(args, "suite", None) == "xtreme":  # the cross-lingual protocol (DIET Tables 3, 5)
-        from dietpe.tasks import xtreme
-        return xtreme.main(args)
     V.refuse_unused(args, {"data_dir": "--data-dir"}, "without --suite xtreme")
     out = V.check_output_dir(args.output_dir, "-o")
     if args.cache_dir:

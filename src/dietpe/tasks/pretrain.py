@@ -24,7 +24,8 @@ import torch
 from dietpe import validate as V
 from dietpe.config import DietConfig
 from dietpe.data import shards
-from dietpe.data.corpus import iter_chunks, resolve_source
+from dietpe.data.sources import chunks as iter_chunks
+from dietpe.data.sources import resolve as resolve_source
 from dietpe.data.mlm import MlmCollator
 from dietpe.data.tokenizer import load_tokenizer, save_tokenizer
 from dietpe.errors import ConfigError, DataError
