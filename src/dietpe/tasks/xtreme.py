@@ -37,6 +37,9 @@ from dietpe.tasks.recipes import PRETRAIN_RECIPES, build_config
 from dietpe.tasks.runtime import is_main_process, set_threads, trainer_device_args
 
 
+BUILTIN_MAX_EVAL = 400  # XNLI examples per language the built-in suite evaluates (XQuAD has about 200 questions)
+
+
 def main(args) -> int:
     out = V.check_output_dir(args.output_dir, "-o")
     if args.cache_dir:
@@ -66,6 +69,8 @@ def check_options(args) -> tuple[bool, int]:
     args.train_language = args.train_language or "en"
     if builtin and args.train_language != "en":
         raise ConfigError("the built-in suite fine-tunes on English (its only training set); --train-language en")
+    if builtin and args.max_eval is None:
+        args.max_eval = BUILTIN_MAX_EVAL
     args.recipe = args.recipe or ("xtreme" if builtin else "cpu")
     args.ft_recipe = args.ft_recipe or ("xtreme" if builtin else "cpu")
     if not args.tokenizer:
