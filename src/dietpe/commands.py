@@ -101,7 +101,7 @@ def add_pretrain_options(p: argparse.ArgumentParser, recipe_default: str = "cpu"
                         "built-in data, else 'cpu')")
     g.add_argument("--size", choices=sorted(SIZES), help="model size preset (default: the recipe's)")
     g.add_argument("--tokenizer", help="an existing tokenizer (directory or tokenizer.json); default: train "
-                                       "WordPiece on the corpus")
+                                       "one on the corpus (--tokenizer-type)")
     g.add_argument("--vocab-size", type=vocab_size(6, ": 5 special tokens and a word"),
                    help="vocabulary size when training a tokenizer (default: the recipe's)")
     g.add_argument("--max-length", type=V.int_at_least(3, ": [CLS], a token and [SEP]"),
@@ -191,7 +191,7 @@ def register_prepare(subparsers) -> None:
     p.add_argument("--recipe", choices=sorted(PRETRAIN_RECIPES), default="cpu",
                    help="the pre-training recipe whose vocabulary size and block length are the defaults")
     p.add_argument("--tokenizer", help="an existing tokenizer (directory or tokenizer.json); default: train "
-                                       "WordPiece on the corpus")
+                                       "one on the corpus (--tokenizer-type)")
     p.add_argument("--vocab-size", type=vocab_size(6, ": 5 special tokens and a word"),
                    help="vocabulary size when training a tokenizer (default: the recipe's)")
     p.add_argument("--max-length", type=V.int_at_least(3, ": [CLS], a token and [SEP]"),
