@@ -625,6 +625,36 @@ case("compare --doc-stride without a QA task", f"{CMP} --doc-stride 8", "--doc-s
 case("translate train --train-source with --data", f"{TT} --train-source {{para}}/train.de", "--train-source",
      "does not apply", "--data")
 
+# -- tokenizers, multilingual corpora, the cross-lingual suite, translation data -------------------------
+XT = "compare --suite xtreme -o {out} --threads 1 --jobs 1"
+case("pretrain --vocab-size beyond 120k", f"{PRE} --vocab-size 120001", "--vocab-size", "120001", "120,000")
+case("pretrain --tokenizer-type nope", f"{PRE} --tokenizer-type sentencepiece", "--tokenizer-type",
+     "sentencepiece", "unigram")
+case("pretrain --special-tokens not role=name", f"{PRE} --special-tokens cls", "'cls'", "role=name")
+case("pretrain --tokenizer-type with --tokenizer", f"{PRE} --tokenizer {{model}} --tokenizer-type unigram",
+     "--tokenizer-type", "does not apply", "--tokenizer")
+case("pretrain --languages without a corpus per language", f"{PRE} --languages en,xx", "no corpus for language",
+     "'en'")
+case("pretrain --language-alpha without --languages", f"{PRE} --language-alpha 0.5", "--language-alpha",
+     "--languages")
+case("compare --suite xtreme --corpus without --tasks", f"{XT} --corpus {{corpus}}", "--corpus", "--tasks")
+case("compare --suite xtreme unknown task", f"{XT} --corpus {{corpus}} --languages en --tasks wmt",
+     "'wmt'", "xnli, xquad")
+case("compare --suite xtreme --data-dir missing", f"{XT} --data-dir {{root}}/nope", "nope", "xnli/")
+case("compare --data-dir without --suite", f"{CMP} --data-dir {{root}}", "--data-dir", "does not apply")
+case("translate train --batch-tokens with --batch-size", f"{TT} --batch-tokens 256", "--batch-size",
+     "--batch-tokens", "not both")
+case("translate train --batch-tokens below --max-length", TT.replace("--batch-size 8 ", "") + " --batch-tokens 16",
+     "--batch-tokens 16", "--max-length 32")
+case("translate eval --length-penalty-form nope", f"{TE} --length-penalty-form t2t", "--length-penalty-form",
+     "t2t", "gnmt")
+case("translate prepare --pair not L1-L2", "translate prepare -o {out} --pair german --train {para}/train.de "
+     "{para}/train.en", "--pair", "german", "L1-L2")
+case("translate prepare files that do not align", "translate prepare -o {out} --pair de-en --train "
+     "{para}/train.de {pair_count}/train.en", "train.de has", "lines|sentences", "align")
+case("translate prepare --dataset with files", "translate prepare -o {out} --dataset wmt/wmt18 --pair de-en "
+     "--train {para}/train.de {para}/train.en", "--dataset", "not both")
+
 # -- analyze ----------------------------------------------------------------------------------------------
 options("analyze", AN, [
     ("--length", "0", (">= 3",)), ("--length", "-1", (">= 3",)), ("--length", "2", (">= 3",)), ("--batch-size", "0", POS),

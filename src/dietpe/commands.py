@@ -12,8 +12,9 @@ import importlib
 from pathlib import Path
 
 from dietpe import validate as V
+from dietpe.data.vocab import MAX_VOCAB_SIZE, TOKENIZER_TYPES
 from dietpe.presets import PRESETS
-from dietpe.tasks.recipes import FINETUNE_RECIPES, PRETRAIN_RECIPES, SIZES, STUDY_PLANS
+from dietpe.tasks.recipes import FINETUNE_RECIPES, PRETRAIN_RECIPES, SIZES, STUDY_PLANS, TRANSLATION_RECIPES
 
 # Names the parsers offer, kept here so that listing them imports no model code; tests check they match
 # `dietpe.data.mlm.PACKINGS` and `dietpe.models.seq2seq.SEQ2SEQ_PRESETS`.
@@ -40,6 +41,21 @@ def _later(module: str, name: str):
         return getattr(importlib.import_module(module), name)(args)
     run.__qualname__ = f"{module}.{name}"
     return run
+
+
+def vocab_size(low: int, why: str):
+    """An argparse type: a vocabulary size from `low` up to MAX_VOCAB_SIZE (the DIET paper's multilingual
+    120,000)."""
+    at_least = V.int_at_least(low, why)
+
+    def parse(text: str) -> int:
+        value = at_least(text)
+        if value > MAX_VOCAB_SIZE:
+            raise argparse.ArgumentTypeError(f"{text} is too large (must be <= {MAX_VOCAB_SIZE:,}, the DIET paper's "
+                                             f"multilingual vocabulary)")
+        return value
+    parse.__name__ = f"vocabulary size {low}..{MAX_VOCAB_SIZE}"
+    return parse
 
 
 def hidden_alias(parser, *names: str, dest: str, **kwargs) -> None:
@@ -87,9 +103,9 @@ def add_pretrain_options(p: argparse.ArgumentParser, recipe_default: str = "cpu"
                         "built-in data, else 'cpu')")
     g.add_argument("--size", choices=sorted(SIZES), help="model size preset (default: the recipe's)")
     g.add_argument("--tokenizer", help="an existing tokenizer (directory or tokenizer.json); default: train "
-                                       "WordPiece on the corpus")
-    g.add_argument("--vocab-size", type=V.int_at_least(6, ": 5 special tokens and a word"),
-                   help="WordPiece vocabulary size when training one")
+                                       "one on the corpus (--tokenizer-type)")
+    g.add_argument("--vocab-size", type=vocab_size(6, ": 5 special tokens and a word"),
+                   help="vocabulary size when training a tokenizer (default: the recipe's)")
     g.add_argument("--max-length", type=V.int_at_least(3, ": [CLS], a token and [SEP]"),
                    help="block length in tokens ([CLS] and [SEP] included)")
     g.add_argument("--steps", type=V.positive_int, help="optimizer steps")
@@ -133,6 +149,22 @@ def add_data_options(g) -> None:
                         "inside each document")
     g.add_argument("--tokenizer-sample", type=V.positive_int, metavar="N",
                    help="train the tokenizer on the first N training documents only (very large corpora)")
+    g.add_argument("--tokenizer-type", choices=TOKENIZER_TYPES,
+                   help="the tokenizer trained on the corpus: wordpiece (BERT's), unigram (SentencePiece's, the "
+                        "DIET paper's multilingual one) or bpe (default: the recipe's, wordpiece except "
+                        "paper-multilingual and xtreme)")
+    g.add_argument("--special-tokens", metavar="ROLE=NAME,...",
+                   help="names of the trained tokenizer's special tokens by role (pad, unk, cls, sep, mask, bos, "
+                        "eos), e.g. cls=<s>,sep=</s> (default: [PAD] [UNK] [CLS] [SEP] [MASK] for wordpiece, "
+                        "<pad> <unk> <s> </s> <mask> otherwise)")
+    g.add_argument("--languages", metavar="L1,L2,...",
+                   help="a multilingual corpus: the corpus is a template holding {lang} (a file, folder or "
+                        "Hugging Face name, e.g. wikimedia/wikipedia:20231101.{lang}) or a folder of <lang>.txt "
+                        "files; languages are sampled by the exponent rule (--language-alpha)")
+    g.add_argument("--language-alpha", type=V.positive_float, metavar="ALPHA",
+                   help="with --languages: sample language i with probability proportional to p_i^ALPHA, p_i its "
+                        "share of the sentences (default 0.5, XLM's, which the DIET paper follows; mBERT 0.7, "
+                        "XLM-R 0.3; 1 keeps the shares)")
 
 
 def _steps(text: str) -> tuple[int, ...]:
@@ -181,9 +213,9 @@ def register_prepare(subparsers) -> None:
     p.add_argument("--recipe", choices=sorted(PRETRAIN_RECIPES), default="cpu",
                    help="the pre-training recipe whose vocabulary size and block length are the defaults")
     p.add_argument("--tokenizer", help="an existing tokenizer (directory or tokenizer.json); default: train "
-                                       "WordPiece on the corpus")
-    p.add_argument("--vocab-size", type=V.int_at_least(6, ": 5 special tokens and a word"),
-                   help="WordPiece vocabulary size when training one (default: the recipe's)")
+                                       "one on the corpus (--tokenizer-type)")
+    p.add_argument("--vocab-size", type=vocab_size(6, ": 5 special tokens and a word"),
+                   help="vocabulary size when training a tokenizer (default: the recipe's)")
     p.add_argument("--max-length", type=V.int_at_least(3, ": [CLS], a token and [SEP]"),
                    help="block length in tokens (default: the recipe's)")
     p.add_argument("--max-documents", type=V.positive_int, help="use only the first N documents of the corpus")
@@ -286,15 +318,47 @@ def register_compare(subparsers) -> None:
     add_device_options(p, deterministic_default=True)  # the study's runs are the same bits on CUDA too
     p.add_argument("--jobs", type=V.positive_int, help="runs trained side by side, one process each (default: CPU "
                                                        "cores / threads, e.g. 2 on 2 cores)")
-    p.set_defaults(func=_later("dietpe.tasks.compare", "main"))
+    x = p.add_argument_group("cross-lingual suite")
+    x.add_argument("--suite", choices=("glue", "xtreme"), default="glue",
+                   help="glue: the English study; xtreme: pre-train on a multilingual corpus, fine-tune on English "
+                        "and evaluate zero-shot in every language of XNLI, XQuAD, MLQA, TyDiQA-GoldP (DIET Tables "
+                        "3 and 5; docs/xtreme.md); its --tasks are xnli, xquad, mlqa, tydiqa, each "
+                        "TASK[=EVAL][@TRAIN]; without --corpus and --tasks the built-in suite on XNLI and XQuAD")
+    x.add_argument("--data-dir", help="--suite xtreme's built-in data: a folder holding xnli/ and xquad/ (default: "
+                                      "$DIETPE_DATA, else shared/data in or above the working directory)")
+    p.set_defaults(func=_compare_suite)
+
+
+def _compare_suite(args):
+    """`dietpe compare`: the English study (`dietpe.tasks.compare`) or, with --suite xtreme, the cross-lingual
+    one (`dietpe.tasks.xtreme`), imported when it runs."""
+    module = "dietpe.tasks.xtreme" if getattr(args, "suite", "glue") == "xtreme" else "dietpe.tasks.compare"
+    return importlib.import_module(module).main(args)
 
 
 # -- translate -------------------------------------------------------------------------------------------
 def register_translate(subparsers) -> None:
     parser = subparsers.add_parser("translate", help="train and evaluate encoder-decoder translation models",
                                    description=_doc("dietpe.tasks.translate"))
-    sub = parser.add_subparsers(dest="translate_command", metavar="{train,eval}")
+    sub = parser.add_subparsers(dest="translate_command", metavar="{prepare,train,eval}")
     parser.set_defaults(func=lambda a: (parser.print_help(), 2)[1])
+
+    w = sub.add_parser("prepare", help="parallel text (WMT by Hugging Face name, local files, or the built-in "
+                                       "Multi30k) into the folder `translate train --data` reads",
+                       description=_doc("dietpe.tasks.wmt"))
+    w.add_argument("-o", "--output-dir", required=True, help="the folder: train.L1/L2, valid.*, test.*, prepare.json")
+    w.add_argument("--pair", help="language pair L1-L2 of --dataset or the local files, e.g. de-en, cs-en")
+    w.add_argument("--dataset", help="a Hugging Face translation dataset, e.g. wmt/wmt18 (its train, validation = "
+                                     "newstest2017 and test = newstest2018 splits; needs a network)")
+    for split, what in (("train", "training"), ("valid", "validation"), ("test", "test")):
+        w.add_argument(f"--{split}", nargs=2, action="append", metavar=("SRC", "TGT"),
+                       help=f"{what} files, line-aligned text or WMT SGML (.sgm); "
+                            + ("repeat to concatenate corpora (Europarl v7, Common Crawl, News Commentary v13)"
+                               if split == "train" else "repeatable"))
+    w.add_argument("--max-train-pairs", type=V.positive_int, help="keep only the first N training pairs")
+    w.add_argument("--data-dir", help="without --dataset or files: the folder holding multi30k/ (default: "
+                                      "$DIETPE_DATA, else shared/data in or above the working directory)")
+    w.set_defaults(func=_later("dietpe.tasks.wmt", "main"))
 
     t = sub.add_parser("train", help="train a translation model on line-aligned parallel files")
     t.add_argument("--data", help="directory with train.L1/train.L2 and val.L1/val.L2 (or valid./dev.)")
@@ -307,24 +371,38 @@ def register_translate(subparsers) -> None:
     t.add_argument("--method", default="sinusoidal",
                    help="position method spec, as for dietpe pretrain, with DietSeq2SeqConfig fields: e.g. t5, "
                         "shaw:shaw_max_distance=16, diet-rel:num_decoder_layers=4:hidden_size=256")
-    t.add_argument("--size", dest="preset", default="transformer-small", choices=SEQ2SEQ_SIZES,
-                   help="model size preset (transformer-base is the paper's)")
+    t.add_argument("--recipe", choices=sorted(TRANSLATION_RECIPES), default="cpu",
+                   help="what the options below take when not given: 'cpu' small CPU runs; 'paper' the DIET paper's "
+                        "(appendix A, after Vaswani et al. in tensor2tensor): transformer-base, 250k steps, "
+                        "batches of 4096 tokens x 8 accumulated, warm-up 4000 to lr 7e-4, a 32k vocabulary, and "
+                        "at eval beam 10 with GNMT's length penalty 0.6")
+    t.add_argument("--size", dest="preset", choices=SEQ2SEQ_SIZES,
+                   help="model size preset (transformer-base is the paper's; default: the recipe's)")
     hidden_alias(t, "--position", dest="method")
     hidden_alias(t, "--preset", dest="preset", choices=SEQ2SEQ_SIZES)
-    t.add_argument("--vocab-size", type=V.int_at_least(5, ": 4 special tokens and a piece"), default=8000, help="joint BPE vocabulary size")
-    t.add_argument("--max-length", type=V.int_at_least(2, ": a token and </s>"), default=128, help="longest source or target, tokens with </s>")
+    t.add_argument("--vocab-size", type=vocab_size(5, ": 4 special tokens and a piece"),
+                   help="joint BPE vocabulary size (default: the recipe's, 8000)")
+    t.add_argument("--max-length", type=V.int_at_least(2, ": a token and </s>"),
+                   help="longest source or target, tokens with </s> (default: the recipe's, 128)")
     t.add_argument("--bad-lines", choices=("skip", "error"), default="skip",
                    help="pairs with an empty side or over --max-length: skip and count (default) or stop")
-    t.add_argument("--batch-size", type=V.positive_int, default=64, help="sentence pairs per step")
-    t.add_argument("--grad-accum", type=V.positive_int, default=1, help="gradient accumulation steps per update")
-    t.add_argument("--lr", dest="learning_rate", metavar="LR", type=V.positive_float, default=1e-3, help="peak learning rate, reached at the end of warm-up")
+    t.add_argument("--batch-size", type=V.positive_int,
+                   help="sentence pairs per step (default: the recipe's, 64; 'paper' counts tokens)")
+    t.add_argument("--batch-tokens", type=V.positive_int,
+                   help="tokens per step instead, as tensor2tensor counts them: pairs of similar length grouped so "
+                        "that the longest side times the pairs stays within N (padding included)")
+    t.add_argument("--grad-accum", type=V.positive_int, help="gradient accumulation steps per update (default: "
+                                                            "the recipe's)")
+    t.add_argument("--lr", dest="learning_rate", metavar="LR", type=V.positive_float,
+                   help="peak learning rate, reached at the end of warm-up (default: the recipe's, 1e-3)")
     hidden_alias(t, "--learning-rate", dest="learning_rate", type=V.positive_float)
-    t.add_argument("--warmup-steps", type=V.non_negative_int, default=1000, help="linear warm-up steps")
-    t.add_argument("--label-smoothing", type=V.fraction, default=0.1, help="label smoothing of the loss, in [0, 1)")
+    t.add_argument("--warmup-steps", type=V.non_negative_int, help="linear warm-up steps (default: the recipe's)")
+    t.add_argument("--label-smoothing", type=V.fraction, help="label smoothing of the loss, in [0, 1) (default: 0.1)")
     t.add_argument("--dropout", type=V.fraction, default=None, help="hidden and attention dropout (preset: 0.1)")
     t.add_argument("--max-grad-norm", type=V.non_negative_float, default=1.0, help="gradient clipping norm (0: off)")
-    t.add_argument("--epochs", type=V.positive_int, default=10, help="passes over the training pairs")
-    t.add_argument("--max-steps", type=V.positive_int, default=None, help="optimizer steps; overrides --epochs")
+    t.add_argument("--epochs", type=V.positive_int, help="passes over the training pairs (default: the recipe's, 10)")
+    t.add_argument("--max-steps", type=V.positive_int, default=None,
+                   help="optimizer steps; overrides --epochs (default: the recipe's, 'paper' 250k)")
     t.add_argument("--eval-steps", type=V.positive_int, default=500, help="validation loss every N steps")
     t.add_argument("--save-steps", type=V.positive_int, default=500, help="checkpoint every N steps")
     t.add_argument("--save-total-limit", type=V.positive_int, default=2, help="checkpoints kept")
@@ -342,8 +420,12 @@ def register_translate(subparsers) -> None:
     e.add_argument("--reference", help="reference translations, line-aligned; gives BLEU")
     e.add_argument("--output", help="detokenised translations (default: MODEL/translations.SOURCE)")
     e.add_argument("--report", help="JSON report (default: OUTPUT.json)")
-    e.add_argument("--beams", type=V.positive_int, default=10, help="beam width")
-    e.add_argument("--length-penalty", type=V.finite_float, default=0.6, help="alpha in log P / len^alpha")
+    e.add_argument("--beams", type=V.positive_int, help="beam width (default: the training recipe's, 10)")
+    e.add_argument("--length-penalty", type=V.finite_float,
+                   help="alpha of the length penalty (default: the training recipe's, 0.6)")
+    e.add_argument("--length-penalty-form", choices=("hf", "gnmt"),
+                   help="hf: log P / |Y|^alpha (transformers'); gnmt: log P / ((5 + |Y|) / 6)^alpha (GNMT's, "
+                        "tensor2tensor's, the paper's) (default: the training recipe's, gnmt for 'paper')")
     e.add_argument("--batch-size", type=V.positive_int, default=32, help="sentences per generate() call")
     e.add_argument("--max-new-tokens", type=V.positive_int, default=None, help="default: 1.5 x source length + 10")
     e.add_argument("--limit", type=V.positive_int, default=None, help="translate only the first N lines (a fixed subset)")

@@ -36,3 +36,16 @@ def test_squad_normalisation_and_scores():
                             {"a": ["Paris", "paris France"], "b": ["London"], "c": ["Rome"]})
     assert scores["exact_match"] == pytest.approx(100 / 3)  # "c" has no prediction: 0
     assert scores["f1"] == pytest.approx(100 * (1 + 2 / 3) / 3)
+
+
+def test_mlqa_normalisation_is_per_language():
+    from dietpe.data.metrics import mlqa_normalize, squad_scores
+
+    assert mlqa_normalize("Der Hund, «das» Tier!", "de") == "hund tier"  # German articles, Unicode punctuation
+    assert mlqa_normalize("El perro", "es") == "perro" and mlqa_normalize("The dog", "en") == "dog"
+    assert mlqa_normalize("北京大学，2008年", "zh") == "北 京 大 学 2008 年"  # characters, as MLQA's script
+    assert mlqa_normalize("the «x»", "xx") == "«x»"  # outside MLQA's languages: SQuAD's
+    # Chinese: one wrong character of four still shares three tokens (SQuAD's split would give F1 0)
+    scores = squad_scores({"q": "北京大楼"}, {"q": ["北京大学"]}, lang="zh")
+    assert scores["f1"] == pytest.approx(75.0) and scores["exact_match"] == 0.0
+    assert squad_scores({"q": "北京大楼"}, {"q": ["北京大学"]})["f1"] == 0.0

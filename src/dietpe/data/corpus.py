@@ -262,10 +262,16 @@ def _records(kind: str, where: str, split: str):
 
 def iter_chunks(kind: str, where: str, split: str = "train", chunk_chars: int | None = None):
     """Chunks `(mode, strings)` of about `chunk_chars` characters, in corpus order; memory is one chunk."""
+    return chunk_records(_records(kind, where, split), chunk_chars)
+
+
+def chunk_records(records, chunk_chars: int | None = None):
+    """Records `(mode, string)` gathered into chunks of about `chunk_chars` characters that end where a document
+    does."""
     chunk_chars = chunk_chars or CHUNK_CHARS
     strings: list[str] = []
     size, mode = 0, "paragraphs"
-    for mode, text in _records(kind, where, split):
+    for mode, text in records:
         text = text or ""
         strings.append(text)
         size += len(text)

@@ -1,6 +1,8 @@
 """Official task metrics: GLUE's (Matthews correlation, Pearson/Spearman, F1, accuracy) and SQuAD v1.1's
 F1 / exact match with the official `evaluate-v1.1.py` answer normalisation (lower-case, drop punctuation,
-drop the articles a/an/the, squeeze white space; the maximum over the gold answers).
+drop the articles a/an/the, squeeze white space; the maximum over the gold answers). MLQA's official script
+(`mlqa_evaluation_v1.py`, which XTREME uses for MLQA) normalises per language: every Unicode punctuation mark,
+the language's articles, and Chinese split into characters (`mlqa_normalize`).
 
 All scores are returned in percent, as the papers' tables print them.
 """
@@ -9,7 +11,10 @@ from __future__ import annotations
 
 import re
 import string
+import sys
+import unicodedata
 from collections import Counter
+from functools import lru_cache
 from collections.abc import Sequence
 
 import numpy as np
@@ -94,9 +99,49 @@ def normalize_answer(s: str) -> str:
     return " ".join(s.split())
 
 
-def squad_f1(prediction: str, truth: str) -> float:
-    pred_tokens = normalize_answer(prediction).split()
-    gold_tokens = normalize_answer(truth).split()
+@lru_cache(maxsize=1)
+def _punctuation() -> frozenset:
+    return frozenset(chr(i) for i in range(sys.maxunicode + 1)
+                     if unicodedata.category(chr(i)).startswith("P")) | frozenset(string.punctuation)
+
+
+MLQA_ARTICLES = {
+    "en": r"\b(a|an|the)\b", "es": r"\b(un|una|unos|unas|el|la|los|las)\b",
+    "vi": r"\b(của|là|cái|chiếc|những)\b",
+    "de": r"\b(ein|eine|einen|einem|eines|einer|der|die|das|den|dem|des)\b", "ar": r"\sال^|ال",
+    "hi": None, "zh": None,  # no articles
+}
+
+
+def _mixed_segmentation(text: str, punctuation) -> list[str]:
+    """MLQA's Chinese tokens: each CJK character and punctuation mark alone, other runs split on spaces."""
+    out, run = [], ""
+    for ch in text:
+        if re.search(r"[\u4e00-\u9fa5]", ch) or ch in punctuation:
+            out.extend(run.split())
+            run = ""
+            out.append(ch)
+        else:
+            run += ch
+    return out + run.split()
+
+
+def mlqa_normalize(s: str, lang: str) -> str:
+    """MLQA's official answer normalisation for `lang`; SQuAD's for a language outside MLQA's seven."""
+    if lang not in MLQA_ARTICLES:
+        return normalize_answer(s)
+    punctuation = _punctuation()
+    s = "".join(ch for ch in s.lower() if ch not in punctuation)
+    if MLQA_ARTICLES[lang]:
+        s = re.sub(MLQA_ARTICLES[lang], " ", s)
+    tokens = _mixed_segmentation(s, punctuation) if lang == "zh" else s.split()
+    return " ".join(t for t in tokens if t.strip())
+
+
+def squad_f1(prediction: str, truth: str, lang: str | None = None) -> float:
+    norm = normalize_answer if lang is None else (lambda x: mlqa_normalize(x, lang))
+    pred_tokens = norm(prediction).split()
+    gold_tokens = norm(truth).split()
     common = Counter(pred_tokens) & Counter(gold_tokens)
     same = sum(common.values())
     if same == 0:
@@ -105,17 +150,19 @@ def squad_f1(prediction: str, truth: str) -> float:
     return 2 * precision * recall / (precision + recall)
 
 
-def squad_em(prediction: str, truth: str) -> float:
-    return float(normalize_answer(prediction) == normalize_answer(truth))
+def squad_em(prediction: str, truth: str, lang: str | None = None) -> float:
+    norm = normalize_answer if lang is None else (lambda x: mlqa_normalize(x, lang))
+    return float(norm(prediction) == norm(truth))
 
 
-def squad_scores(predictions: dict[str, str], answers: dict[str, list[str]]) -> dict[str, float]:
+def squad_scores(predictions: dict[str, str], answers: dict[str, list[str]],
+                 lang: str | None = None) -> dict[str, float]:
     """F1 and exact match (percent), each the max over gold answers, averaged over all questions in `answers`
-    (a question without a prediction scores 0, as in the official script)."""
+    (a question without a prediction scores 0, as in the official script); with `lang`, MLQA's normalisation."""
     f1 = em = 0.0
     for qid, golds in answers.items():
         pred = predictions.get(qid, "")
-        f1 += max(squad_f1(pred, g) for g in golds)
-        em += max(squad_em(pred, g) for g in golds)
+        f1 += max(squad_f1(pred, g, lang) for g in golds)
+        em += max(squad_em(pred, g, lang) for g in golds)
     n = max(len(answers), 1)
     return {"f1": 100 * f1 / n, "exact_match": 100 * em / n}

@@ -1,6 +1,6 @@
 """Prepare a pre-training corpus once into memory-mapped token shards, and read blocks back from them.
 
-The corpus is streamed a chunk at a time (`dietpe.data.corpus.iter_chunks`); worker processes split chunks into
+The corpus is streamed a chunk at a time (`dietpe.data.sources`: a corpus, or a multilingual mixture); worker processes split chunks into
 documents and sentences, count words (for the tokenizer) and encode sentences with the fast tokenizer; the main
 process packs the sentences into blocks (`dietpe.data.mlm.iter_blocks`, the papers' FULL-SENTENCES rule or
 `documents`) and appends them to the shard files. Memory is a few chunks and the word counts, whatever the size
@@ -40,10 +40,13 @@ from pathlib import Path
 
 import numpy as np
 
-from dietpe.data.corpus import chunk_documents, iter_chunks, resolve_source
+from dietpe.data.corpus import chunk_documents
+from dietpe.data.sources import chunks as iter_chunks
+from dietpe.data.sources import resolve as resolve_source
 from dietpe.errors import DataError
 
 FORMAT = 1
+TYPE_NAMES = {"wordpiece": "WordPiece", "unigram": "Unigram (SentencePiece-style)", "bpe": "BPE"}
 HOLDOUT = 20  # without a validation split, the first 1/20 of the documents (at least one) are held out
 
 
@@ -76,6 +79,11 @@ def fingerprint(source: str, split: str = "train") -> dict | None:
     kind, where, origin = resolved
     if kind == "hf":  # streamed, never downloaded whole: the name and split are its identity
         return dict(kind=kind, name=where, split=split, origin=origin)
+    if kind == "mix":  # each language's fingerprint, and the sampling
+        from dietpe.data.multilingual import Mixture
+        mix = Mixture.parse(where)
+        return dict(kind=kind, alpha=mix.alpha, split=split, origin=origin,
+                    languages={code: fingerprint(src, "train") for code, src in mix.languages})
     return dict(kind=kind, sha256=file_sha256(Path(where)), bytes=os.path.getsize(where), origin=origin)
 
 
@@ -104,7 +112,7 @@ def _count_documents(task) -> int:
 def _count_words(task) -> collections.Counter:
     from dietpe.data.tokenizer import word_splitter
     from dietpe.data.vocab import count_words
-    normalizer, pre_tokenizer = word_splitter(task[4])
+    normalizer, pre_tokenizer = word_splitter(*task[4])  # (lowercase, kind)
     return count_words((s for d in _select(task[:4]) for s in d), normalizer, pre_tokenizer)
 
 
@@ -194,7 +202,7 @@ def plan(corpus: str, validation: str | None, max_documents: int | None, tokeniz
     train_fp = fingerprint(corpus, "train")
     val_source, val_split = (validation, "train") if validation else (corpus, "validation")
     val_fp = fingerprint(val_source, val_split)
-    if val_fp is not None and val_fp["kind"] != "hf":  # small: a bad validation file is refused before any work
+    if val_fp is not None and val_fp["kind"] not in ("hf", "mix"):  # small: refused before any work
         for _ in iter_chunks(val_fp["kind"], val_fp["origin"], val_split):
             pass
     counts = {}
@@ -275,14 +283,15 @@ class _Writer:
                     files={n: dict(bytes=os.path.getsize(self.folder / n), sha256=h) for n, h in files.items()})
 
 
-def train_tokenizer(p: Plan, vocab_size: int, processes: int, lowercase: bool = True):
-    """WordPiece learned from word counts streamed over the tokenizer's documents (summed across chunks)."""
-    from dietpe.data.tokenizer import wordpiece_from_counts
+def train_tokenizer(p: Plan, spec, processes: int):
+    """The tokenizer of `spec` (a `TokenizerSpec`) learned from word counts streamed over the tokenizer's
+    documents (summed across chunks)."""
+    from dietpe.data.tokenizer import tokenizer_from_counts
     counts: collections.Counter = collections.Counter()
     with _Pool(processes) as pool:
-        for c in pool.map(_count_words, p.tokenizer.tasks(_counts(p, p.tokenizer), (lowercase,))):
+        for c in pool.map(_count_words, p.tokenizer.tasks(_counts(p, p.tokenizer), ((spec.lowercase, spec.kind),))):
             counts.update(c)
-    return wordpiece_from_counts(counts, vocab_size, lowercase)
+    return tokenizer_from_counts(counts, spec)
 
 
 def write_split(folder: Path, name: str, split: Split, counts, tokenizer, max_length: int, packing: str,
@@ -437,23 +446,25 @@ def _atomic_dir(final: Path, fill) -> None:
 def prepare(corpus: str, *, validation: str | None = None, tokenizer=None, vocab_size: int = 30000,
             max_length: int = 128, packing: str = "full-sentences", max_documents: int | None = None,
             tokenizer_sample: int | None = None, cache_dir: str | Path | None = None,
-            processes: int | None = None, log=print) -> Prepared:
-    """The corpus's shards, from the cache or prepared now: `tokenizer` is a loaded tokenizer (else WordPiece
-    is trained on the training documents, or on the first `tokenizer_sample` of them)."""
-    from dietpe.data.tokenizer import load_tokenizer
+            processes: int | None = None, log=print, tokenizer_type: str = "wordpiece",
+            special_tokens: str | None = None) -> Prepared:
+    """The corpus's shards, from the cache or prepared now: `tokenizer` is a loaded tokenizer (else one of
+    `tokenizer_type` is trained on the training documents, or on the first `tokenizer_sample` of them, with
+    `special_tokens` (`role=name,...`) or the type's default names)."""
+    from dietpe.data.tokenizer import load_tokenizer, tokenizer_spec
 
     processes = processes or min(8, os.cpu_count() or 1)
     root = cache_root(cache_dir)
+    spec = tokenizer_spec(tokenizer_type, vocab_size, special_tokens) if tokenizer is None else None
     p = plan(corpus, validation, max_documents, tokenizer_sample, processes)
     if tokenizer is None:
-        tok_key = dict(format=FORMAT, kind="wordpiece", vocab_size=vocab_size, train=p.key["train"],
-                       documents=p.key["tokenizer_documents"])
+        tok_key = dict(format=FORMAT, **spec.key(), train=p.key["train"], documents=p.key["tokenizer_documents"])
         tok_dir = root / "tokenizers" / _digest(tok_key)
         if not (tok_dir / "tokenizer.json").is_file():
-            log(f"training a WordPiece tokenizer (vocabulary {vocab_size:,}) on the corpus")
+            log(f"training a {TYPE_NAMES[spec.kind]} tokenizer (vocabulary {vocab_size:,}) on the corpus")
 
             def fill(tmp):
-                train_tokenizer(p, vocab_size, processes).save_pretrained(tmp)
+                train_tokenizer(p, spec, processes).save_pretrained(tmp)
                 (tmp / "key.json").write_text(json.dumps(tok_key, indent=1, sort_keys=True), encoding="utf-8")
 
             _atomic_dir(tok_dir, fill)

@@ -22,6 +22,11 @@ import heapq
 from collections import Counter
 from collections.abc import Iterable, Mapping
 
+# The tokenizer types `dietpe pretrain --tokenizer-type` learns (`dietpe.data.tokenizer`), and the largest
+# vocabulary: the DIET paper's multilingual SentencePiece model (appendix A, "120,000 token vocabulary").
+TOKENIZER_TYPES = ("wordpiece", "unigram", "bpe")
+MAX_VOCAB_SIZE = 120_000
+
 
 def count_words(texts: Iterable[str], normalizer, pre_tokenizer) -> Counter:
     """Word counts of `texts` after a `tokenizers` normalizer and pre-tokenizer (either may be None)."""

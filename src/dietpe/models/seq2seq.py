@@ -43,6 +43,7 @@ from dietpe.attention.layer import MultiHeadAttention
 from dietpe.attention.masks import CausalMask, additive, check_4d, is_4d, refuse_empty_rows
 from dietpe.config import PRESETS, DietConfig, _check
 from dietpe.errors import ConfigError, InputError, may_read
+from dietpe.models.beam import GnmtBeamSearch
 from dietpe.models.modeling import (
     DietModel, DietPreTrainedModel, cache_argument, check_kwargs, padding_mask, with_cache,
 )
@@ -285,8 +286,9 @@ def ensure_layers(cache: DynamicCache, n: int) -> None:
         cache.layers.append(DynamicLayer())
 
 
-class DietForConditionalGeneration(DietPreTrainedModel, GenerationMixin):
-    """Encoder-decoder with a language-model head tied to the shared embedding; works with `generate()`."""
+class DietForConditionalGeneration(GnmtBeamSearch, DietPreTrainedModel, GenerationMixin):
+    """Encoder-decoder with a language-model head tied to the shared embedding; works with `generate()`, whose
+    beam search also takes GNMT's length penalty (`length_penalty_form="gnmt"`, `dietpe.models.beam`)."""
 
     config_class = DietSeq2SeqConfig
     config: DietSeq2SeqConfig

@@ -46,15 +46,17 @@ def seed_measures(unit: dict, task_names: list[str]) -> dict:
     return m
 
 
-def aggregate(methods: list[Method], units: dict, task_names: list[str]) -> list[dict]:
-    """Per method: the per-seed measures and their means with 95% t intervals."""
+def aggregate(methods: list[Method], units: dict, task_names: list[str], measures=None) -> list[dict]:
+    """Per method: the per-seed measures (`measures(unit, task_names)`, default `seed_measures`) and their means
+    with 95% t intervals."""
+    measures = measures or seed_measures
     rows = []
     for method in methods:
         mine = {seed: u for (name, seed), u in sorted(units.items()) if name == method.name}
         if not mine:
             continue
         first = next(iter(mine.values()))
-        seeds = {seed: seed_measures(u, task_names) for seed, u in mine.items()}
+        seeds = {seed: measures(u, task_names) for seed, u in mine.items()}
         keys = sorted({k for v in seeds.values() for k in v})
         est = {k: stats.t_interval([v[k] for v in seeds.values() if k in v]) for k in keys
                if any(k in v for v in seeds.values())}

@@ -41,6 +41,7 @@ from dietpe.tasks.settings import FinetuneSettings, PretrainSettings
 
 
 def main(args) -> int:
+    V.refuse_unused(args, {"data_dir": "--data-dir"}, "without --suite xtreme")
     out = V.check_output_dir(args.output_dir, "-o")
     if args.cache_dir:
         V.check_output_dir(args.cache_dir, "--cache-dir")
@@ -60,6 +61,8 @@ def check_data_options(args) -> bool:
         V.refuse_unused(args, {"train_split": "--train-split", "eval_split": "--eval-split",
                                "train_language": "--train-language"},
                         "to the built-in tasks: they have one training and one evaluation file each")
+        V.refuse_unused(args, {"languages": "--languages", "language_alpha": "--language-alpha"},
+                        "to the built-in study: its corpus is generated (--suite xtreme is the multilingual one)")
     pt.refuse_unused_options(args)
     args.builtin_size = args.builtin_size or BUILTIN_SIZE
     args.train_split, args.eval_split = args.train_split or "train", args.eval_split or "dev"
@@ -107,7 +110,7 @@ def study_data(args, out: Path, builtin: bool, s_ft: FinetuneSettings) -> tuple[
         corpus = str(paths["corpus"])
         task_args = [(str(paths[t]), t) for t in BUILTIN_TASKS]
     else:
-        corpus = args.corpus
+        corpus = pt.corpus_of(args)
         task_args = [(spec.partition("=")[0], spec.partition("=")[2] or None) for spec in args.tasks]
     tasks = {}
     for path, name in task_args:
@@ -124,6 +127,16 @@ def study_data(args, out: Path, builtin: bool, s_ft: FinetuneSettings) -> tuple[
     return corpus, tasks
 
 
+def tokenizer_record(args) -> dict:
+    """The tokenizer type, corpus languages and special tokens, recorded only when used (so that studies
+    begun before they existed still continue)."""
+    record = {"tokenizer_type": pt.tokenizer_type(args)} if pt.tokenizer_type(args) != "wordpiece" else {}
+    for key in ("languages", "language_alpha", "special_tokens"):
+        if getattr(args, key, None) is not None:
+            record[key] = getattr(args, key)
+    return record
+
+
 def _main(args) -> int:
     start = time.time()
     set_threads(args.threads)
@@ -137,7 +150,7 @@ def _main(args) -> int:
         task="compare", builtin=builtin, builtin_size=args.builtin_size if builtin else None,
         corpus=local_path(args.corpus), tokenizer=local_path(args.tokenizer), vocab_size=s_pre.vocab_size,
         max_length=s_pre.max_length, max_documents=args.max_documents, max_validation=args.max_validation,
-        seed=args.seed), "another -o (or delete the folder)",
+        seed=args.seed, **tokenizer_record(args)), "another -o (or delete the folder)",
         products=("tokenizer", "pretrain", "finetune", "report.md"))
     corpus, tasks = study_data(args, out, builtin, s_ft)
     task_names = list(tasks)
@@ -146,7 +159,8 @@ def _main(args) -> int:
     out.mkdir(parents=True, exist_ok=True)
     prepared = pt.prepare_data(corpus, None, args.tokenizer, s_pre.vocab_size, s_pre.max_length, out,
                                args.max_documents, log, args.max_validation, cache_dir=args.cache_dir,
-                               packing=args.packing, tokenizer_sample=args.tokenizer_sample)
+                               packing=args.packing, tokenizer_sample=args.tokenizer_sample,
+                               tokenizer_type=pt.tokenizer_type(args), special_tokens=args.special_tokens)
     units = scheduler.plan(methods, pretrain_seeds)
     jobs = scheduler.job_count(args.jobs, len(units), args.threads)
     info = dict(command="dietpe " + " ".join(shlex.quote(a) for a in sys.argv[1:]), corpus=corpus, builtin=builtin,

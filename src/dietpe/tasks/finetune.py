@@ -104,7 +104,8 @@ class Scorer:
             examples, meta = gold
             start, end = predictions
             answers = best_answers(examples, meta, start, end)
-            return M.squad_scores(answers, {e.id: [a["text"] for a in e.answers] for e in examples})
+            lang = name if self.spec.name == "MLQA" else None  # MLQA's official per-language normalisation
+            return M.squad_scores(answers, {e.id: [a["text"] for a in e.answers] for e in examples}, lang)
         logits = predictions[0] if isinstance(predictions, tuple) else predictions
         pred = logits.reshape(-1) if self.spec.kind == "regression" else logits.argmax(-1)
         return M.task_metrics(self.spec.metrics, pred, gold)

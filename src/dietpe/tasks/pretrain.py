@@ -24,7 +24,8 @@ import torch
 from dietpe import validate as V
 from dietpe.config import DietConfig
 from dietpe.data import shards
-from dietpe.data.corpus import iter_chunks, resolve_source
+from dietpe.data.sources import chunks as iter_chunks
+from dietpe.data.sources import resolve as resolve_source
 from dietpe.data.mlm import MlmCollator
 from dietpe.data.tokenizer import load_tokenizer, save_tokenizer
 from dietpe.errors import ConfigError, DataError
@@ -40,7 +41,7 @@ from dietpe.tasks.checkpoints import (
     train_resumable,
     write_json_atomic,
 )
-from dietpe.tasks.recipes import build_config
+from dietpe.tasks.recipes import PRETRAIN_RECIPES, build_config
 from dietpe.tasks.runtime import (
     ListDataset,
     ProgressBar,
@@ -95,9 +96,9 @@ def prepare_data(corpus: str, validation: str | None, tokenizer_path: str | None
                  max_length: int, output_dir: Path, max_documents: int | None, log=print,
                  max_validation: int | None = None, *, cache_dir: str | None = None,
                  packing: str = "full-sentences", tokenizer_sample: int | None = None,
-                 processes: int | None = None):
+                 processes: int | None = None, tokenizer_type: str = "wordpiece", special_tokens: str | None = None):
     """The corpus prepared once into memory-mapped shards (`dietpe.data.shards`, reused from the cache):
-    (tokenizer, train blocks, validation blocks)."""
+    (tokenizer, train blocks, validation blocks); a tokenizer of `tokenizer_type` is trained unless given."""
     saved = output_dir / "tokenizer"
     if tokenizer_path:
         tokenizer = load_tokenizer(tokenizer_path)
@@ -107,7 +108,8 @@ def prepare_data(corpus: str, validation: str | None, tokenizer_path: str | None
         tokenizer = None
     prepared = shards.prepare(corpus, validation=validation, tokenizer=tokenizer, vocab_size=vocab_size,
                               max_length=max_length, packing=packing, max_documents=max_documents,
-                              tokenizer_sample=tokenizer_sample, cache_dir=cache_dir, processes=processes, log=log)
+                              tokenizer_sample=tokenizer_sample, cache_dir=cache_dir, processes=processes, log=log,
+                              tokenizer_type=tokenizer_type, special_tokens=special_tokens)
     if tokenizer is None and is_main_process():
         output_dir.mkdir(parents=True, exist_ok=True)
         tmp = output_dir / "tokenizer.tmp"
@@ -163,6 +165,10 @@ def run_record(job: PretrainJob, per_device: int, accumulation: int, prepared) -
         run["packing"] = job.packing
     if job.tokenizer_sample:
         run["tokenizer_sample"] = job.tokenizer_sample
+    if job.tokenizer_type != "wordpiece":  # likewise
+        run["tokenizer_type"] = job.tokenizer_type
+    if job.special_tokens:
+        run["special_tokens"] = job.special_tokens
     if prepared is not None:  # compare's shared data: the vocabulary itself identifies it
         run["vocabulary_sha256"] = hashlib.sha256(prepared[0].backend_tokenizer.to_str().encode()).hexdigest()[:16]
     return run
@@ -293,7 +299,8 @@ def run_pretrain(job: PretrainJob, prepared=None) -> dict:
             prepared = prepare_data(job.corpus, job.validation, job.tokenizer, s.vocab_size, s.max_length,
                                     output_dir, job.max_documents, log, job.max_validation,
                                     cache_dir=job.cache_dir, packing=job.packing,
-                                    tokenizer_sample=job.tokenizer_sample)
+                                    tokenizer_sample=job.tokenizer_sample, tokenizer_type=job.tokenizer_type,
+                                    special_tokens=job.special_tokens)
     tok, train_blocks, val_blocks = prepared
     collator = MlmCollator(tok)
     val_set = ListDataset(collator.premask(val_blocks.examples(), VALIDATION_SEED))
@@ -340,8 +347,21 @@ def refuse_unused_options(args) -> None:
     if getattr(args, "init", None):
         V.refuse_unused(args, {"size": "--size"}, "with --init: the model's sizes are the checkpoint's")
     if args.tokenizer or getattr(args, "init", None):
-        V.refuse_unused(args, {"tokenizer_sample": "--tokenizer-sample"},
+        V.refuse_unused(args, {"tokenizer_sample": "--tokenizer-sample", "tokenizer_type": "--tokenizer-type",
+                               "special_tokens": "--special-tokens"},
                         f"with {'--tokenizer' if args.tokenizer else '--init'}: no tokenizer is trained")
+
+
+def tokenizer_type(args) -> str:
+    """--tokenizer-type, else the recipe's (WordPiece, or Unigram for `paper-multilingual`)."""
+    from dietpe.tasks.settings import recipe_name
+    return getattr(args, "tokenizer_type", None) or PRETRAIN_RECIPES[recipe_name(args)].tokenizer_type
+
+
+def corpus_of(args) -> str:
+    """The corpus the command line names: one corpus, or with --languages a multilingual mixture."""
+    from dietpe.data.multilingual import corpus_source
+    return corpus_source(args.corpus, getattr(args, "languages", None), getattr(args, "language_alpha", None))
 
 
 def main(args) -> int:
@@ -358,17 +378,19 @@ def main(args) -> int:
         V.check_output_dir(args.cache_dir, "--cache-dir")
     if args.tokenizer:
         load_tokenizer(args.tokenizer)
+    corpus = corpus_of(args)
     if args.overwrite and out.exists():  # --overwrite deletes the old run: read the new data first (streamed)
-        for source in filter(None, (args.corpus, args.validation)):
+        for source in filter(None, (corpus, args.validation)):
             kind, where, _ = resolve_source(source, "train")
-            if kind != "hf":
+            if kind not in ("hf", "mix"):
                 for _ in iter_chunks(kind, where):
                     pass
     with V.created_only_on_success(out):
         run_pretrain(PretrainJob(
-            args.corpus, method, out, s, validation=args.validation, tokenizer=args.tokenizer or args.init,
+            corpus, method, out, s, validation=args.validation, tokenizer=args.tokenizer or args.init,
             seed=args.seed, device_batch_size=args.device_batch_size, max_documents=args.max_documents,
             max_validation=args.max_validation, overwrite=args.overwrite, init=args.init, device=args.device,
             precision=args.precision, deterministic=args.deterministic, cache_dir=args.cache_dir,
-            packing=args.packing, tokenizer_sample=args.tokenizer_sample, config=None if args.init else config))
+            packing=args.packing, tokenizer_sample=args.tokenizer_sample, config=None if args.init else config,
+            tokenizer_type=tokenizer_type(args), special_tokens=getattr(args, "special_tokens", None)))
     return 0

@@ -80,6 +80,7 @@ class PretrainRecipe:
     # steps whose model is kept besides the last (a convergence study fine-tunes them; TUPE Fig. 5); with
     # --steps the recipe's are scaled to the new length
     keep_steps: tuple[int, ...] = ()
+    tokenizer_type: str = "wordpiece"  # the tokenizer trained on the corpus (dietpe.data.tokenizer)
 
 
 @dataclass(frozen=True)
@@ -98,6 +99,7 @@ class FinetuneRecipe:
     # the metric that picks the best evaluation and is reported, by task name, where it is not the task's first
     metrics: tuple[tuple[str, str], ...] = ()
     adam_epsilon: float = 1e-8
+    doc_stride: int | None = None  # QA windows' overlap (None: dietpe.commands.DOC_STRIDE)
 
 
 # The papers' "5 or 10 epochs": TUPE's Table 2 footnote says which (DIET's Table 7 has the same words):
@@ -134,6 +136,15 @@ PRETRAIN_RECIPES = {
     # {1e-4, 3e-4, 1e-3}; 10 % warm-up (as good as 6 %, gentler on the fresh terms). Size and vocabulary are
     # the checkpoint's.
     "init": PretrainRecipe(1e-3, 0.1, 128, 32, 600, 100, size="bert-mini", vocab_size=8000),
+    # DIET appendix A, Table 7 (multilingual): 125k steps, lr 0.0018, warm-up 2.5%, length 512, batch 4096, a
+    # 120k SentencePiece vocabulary (Unigram, SentencePiece's default model type; the paper does not say which)
+    # on Wikipedia in 100 languages; --languages samples them with XLM's alpha 0.5 (dietpe.data.multilingual).
+    "paper-multilingual": PretrainRecipe(1.8e-3, 0.025, 512, 4096, 125_000, 20_000, vocab_size=120_000,
+                                         tokenizer_type="unigram"),
+    # The built-in cross-lingual suite (docs/xtreme.md): the study size, 128-token blocks (XNLI's pairs reach
+    # 125 tokens; QA's windows), 150 steps, one evaluation: what fits two CPU cores in well under an hour.
+    "xtreme": PretrainRecipe(2e-3, 0.06, 128, 32, 150, 150, size="study", vocab_size=8000,
+                             tokenizer_type="unigram"),
 }
 
 
@@ -158,6 +169,48 @@ FINETUNE_RECIPES = {
     "study": FinetuneRecipe((1e-3,), 1, 8, 32, 32),
     # ... and with --budget 2 or more the papers' protocol: the grid, the median of 3 fine-tuning seeds.
     "study-full": FinetuneRecipe((1e-3, 3e-3), 3, 8, 32, 32),
+    # DIET appendix A, Table 7 (multilingual) and §4.2: lr {1,2,3,4}e-5, warm-up 10%, batch 32, 3 epochs,
+    # length 512, 5 trials (median). The paper does not give QA's window overlap: BERT's and XTREME's 128.
+    "paper-multilingual": FinetuneRecipe((1e-5, 2e-5, 3e-5, 4e-5), 5, 3, 32, 512, doc_stride=128),
+    # The built-in cross-lingual suite (docs/xtreme.md): 2 epochs (the paper's 3 cost half as much again), the
+    # study's learning rate; QA windows overlap by 32 tokens, which XQuAD's longest question (88 tokens in Greek)
+    # leaves room for.
+    "xtreme": FinetuneRecipe((1e-3,), 1, 2, 32, 128, doc_stride=32),
+}
+
+
+@dataclass(frozen=True)
+class TranslationRecipe:
+    """`dietpe translate train` and `eval` unless the command line says otherwise."""
+
+    size: str
+    vocab_size: int            # the joint BPE vocabulary
+    max_length: int            # longest source or target, tokens with </s>
+    batch_size: int | None     # sentence pairs per step, or
+    batch_tokens: int | None   # tokens per step, as tensor2tensor counts them (dietpe.tasks.translate)
+    grad_accum: int
+    learning_rate: float       # peak, after the linear warm-up, then ∝ 1/√step
+    warmup_steps: int
+    label_smoothing: float
+    epochs: int
+    max_steps: int | None
+    beams: int                 # decoding
+    length_penalty: float
+    length_penalty_form: str   # hf: log P / |Y|^α; gnmt: log P / ((5 + |Y|) / 6)^α (dietpe.models.beam)
+
+
+TRANSLATION_RECIPES = {
+    # Small CPU runs (docs/translation.md, Multi30k).
+    "cpu": TranslationRecipe("transformer-small", 8000, 128, 64, None, 1, 1e-3, 1000, 0.1, 10, None, 10, 0.6,
+                                 "hf"),
+    # DIET appendix A, which follows Vaswani et al. (2017) in tensor2tensor: a 6-layer Transformer (base),
+    # Adam, 250k steps, beam 10, length penalty 0.6 (tensor2tensor's, GNMT's form). The paper is silent on the
+    # rest; from tensor2tensor's transformer_base and Vaswani et al.: batches of 4096 tokens on each of 8 devices
+    # (here 8 accumulated, Vaswani's ~25k source + 25k target tokens per step), warm-up 4000 steps to
+    # d^-0.5 · 4000^-0.5 = 7e-4, label smoothing 0.1, sequences up to 256 tokens, a shared 32k subword
+    # vocabulary (tensor2tensor's translate_ende_wmt32k).
+    "paper": TranslationRecipe("transformer-base", 32000, 256, None, 4096, 8, 7e-4, 4000, 0.1, 1, 250_000, 10, 0.6,
+                               "gnmt"),
 }
 
 

@@ -165,7 +165,7 @@ class FinetuneSettings:
                    max_length=_given(args.ft_max_length, r.max_length), warmup=r.warmup,
                    weight_decay=r.weight_decay, max_grad_norm=r.max_grad_norm,
                    eval_steps=_given(args.eval_steps, r.eval_steps), max_eval=args.max_eval,
-                   doc_stride=_given(args.doc_stride, DOC_STRIDE),
+                   doc_stride=_given(args.doc_stride, r.doc_stride or DOC_STRIDE),
                    task_epochs=r.task_epochs if args.epochs is None else (),  # --epochs: every task
                    metrics=r.metrics, adam_epsilon=r.adam_epsilon)
 
@@ -226,6 +226,8 @@ class PretrainJob:
     cache_dir: str | None = None         # prepared shards (dietpe.data.shards)
     packing: str = "full-sentences"
     tokenizer_sample: int | None = None
+    tokenizer_type: str = "wordpiece"    # the tokenizer trained unless `tokenizer` is given
+    special_tokens: str | None = None    # its special tokens' names, `role=name,...` (default: the type's)
     # the model's config, built (and so validated) once before any work; the tokenizer sets its vocabulary and
     # pad id. None: built when the run starts
     config: DietConfig | None = None

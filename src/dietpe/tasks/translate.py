@@ -4,16 +4,20 @@ Vaswani et al. 2017, §5: Adam β=(0.9, 0.98), ε=1e-9, inverse-square-root lear
 warm-up, label smoothing 0.1; beam 10, length penalty 0.6 at test time; BLEU by SacreBLEU).
 
 train: line-aligned files -> joint BPE vocabulary (saved as `tokenizer/`) -> DietForConditionalGeneration on the
-    Hugging Face `Trainer`. Checkpoints are marked complete only once fully written, and a rerun of the same
-    command resumes from the newest complete one (`dietpe.tasks.checkpoints.CompleteCheckpoints`); the finished model
-    goes to `final/` (written to a temporary directory, then renamed). Validation loss (plain cross-entropy,
-    no smoothing) every `--eval-steps`.
-eval: batched beam search with `generate()`, detokenised output to a file, SacreBLEU with its signature;
+    Hugging Face `Trainer`; batches of sentence pairs, or of tokens as tensor2tensor counts them (`--batch-tokens`,
+    `TokenBatches`); `--recipe paper` is the paper's set-up (`dietpe.tasks.recipes.TRANSLATION_RECIPES`).
+    Checkpoints are marked complete only once fully written, and a rerun of the same command resumes from the
+    newest complete one (`dietpe.tasks.checkpoints.CompleteCheckpoints`); the finished model goes to `final/`
+    (written to a temporary directory, then renamed). Validation loss (plain cross-entropy, no smoothing) every
+    `--eval-steps`.
+eval: batched beam search with `generate()` (beam width, length penalty and its form: the training recipe's
+    unless given), detokenised output to a file, SacreBLEU with its signature;
     `--speed` decodes every batch with and without the cache, interleaved, checks the outputs match, and
     reports sentences per second for each.
 
-Length penalty: Hugging Face's, score = log P(y) / |y|^α. The papers' (GNMT, tensor2tensor) divides by
-((5 + |y|) / 6)^α; both rank hypotheses of equal length alike and favour longer ones for α > 0.
+Length penalty: Hugging Face's, score = log P(y) / |y|^α, or the papers' (GNMT, tensor2tensor), dividing by
+((5 + |y|) / 6)^α (`--length-penalty-form gnmt`, `dietpe.models.beam`; the `paper` recipe's); both rank
+hypotheses of equal length alike and favour longer ones for α > 0.
 """
 
 from __future__ import annotations
@@ -62,6 +66,45 @@ RESULT_ARGS = ("preset", "vocab_size", "max_length", "bad_lines", "batch_size", 
                "eval_steps", "max_train_pairs", "max_valid_pairs", "seed")
 
 
+# -- the recipe ----------------------------------------------------------------------------------------------
+
+def apply_recipe(args) -> None:
+    """Fill the options the command line left unset from `--recipe` (`TRANSLATION_RECIPES`). Batches are the
+    recipe's (sentences or tokens) unless --batch-size or --batch-tokens says; both at once are refused."""
+    from dietpe.tasks.recipes import TRANSLATION_RECIPES
+
+    r = TRANSLATION_RECIPES[args.recipe]
+    if args.batch_size is not None and args.batch_tokens is not None:
+        raise ConfigError("give --batch-size (sentence pairs per step) or --batch-tokens (tokens per step), not both")
+    if args.batch_size is None and args.batch_tokens is None:
+        args.batch_size, args.batch_tokens = r.batch_size, r.batch_tokens
+    for dest, value in (("preset", r.size), ("vocab_size", r.vocab_size), ("max_length", r.max_length),
+                        ("grad_accum", r.grad_accum), ("learning_rate", r.learning_rate),
+                        ("warmup_steps", r.warmup_steps), ("label_smoothing", r.label_smoothing),
+                        ("epochs", r.epochs), ("max_steps", r.max_steps)):
+        if getattr(args, dest, None) is None:
+            setattr(args, dest, value)
+    if args.batch_tokens is not None and args.batch_tokens < args.max_length:
+        raise ConfigError(f"--batch-tokens {args.batch_tokens} is less than --max-length {args.max_length}: a pair "
+                          f"of the longest length would not fit in a batch")
+
+
+def run_record(args) -> dict:
+    """The options that change the trained model; the recipe and token batches only when used, so runs made
+    before they existed still resume."""
+    record = {k: getattr(args, k) for k in RESULT_ARGS}
+    if args.batch_tokens is not None:
+        record["batch_tokens"] = args.batch_tokens
+    if args.recipe != "cpu":
+        record["recipe"] = args.recipe
+    return record
+
+
+def eval_batch_size(args) -> int:
+    """Validation's sentences per batch: --batch-size, or as many of the longest pairs as --batch-tokens holds."""
+    return args.batch_size or max(1, args.batch_tokens // args.max_length)
+
+
 # -- shared helpers ------------------------------------------------------------------------------------------
 
 # config fields the run sets from its tokenizer; any other DietSeq2SeqConfig field may be set in --method
@@ -94,7 +137,9 @@ class TranslationCollator:
     def __init__(self, pad_id: int, start_id: int):
         self.pad_id, self.start_id = pad_id, start_id
 
-    def __call__(self, features: list[dict]) -> dict:
+    def __call__(self, features: list) -> dict:
+        if features and isinstance(features[0], list):  # one item of `TokenBatches`: a whole batch
+            features = [f for batch in features for f in batch]
         b = len(features)
         s = max(len(f["input_ids"]) for f in features)
         t = max(len(f["labels"]) for f in features)
@@ -110,6 +155,39 @@ class TranslationCollator:
         if bool(attention_mask.all()):  # nothing padded, seen on the host: no mask lets SDPA take flash on a GPU
             del batch["attention_mask"]
         return batch
+
+
+def token_batches(lengths: list[int], max_tokens: int) -> list[list[int]]:
+    """Indices grouped into batches of at most `max_tokens` tokens, counted as tensor2tensor counts them: a
+    batch's longest length times its size, padding included. Items sorted by length (ties by index) and cut
+    greedily, so a batch holds pairs of similar length; an item longer than `max_tokens` is a batch alone."""
+    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
+    batches: list[list[int]] = []
+    current: list[int] = []
+    for i in order:  # sorted: the newest item is the longest of its batch
+        if current and lengths[i] * (len(current) + 1) > max_tokens:
+            batches.append(current)
+            current = []
+        current.append(i)
+    if current:
+        batches.append(current)
+    return batches
+
+
+class TokenBatches(torch.utils.data.Dataset):
+    """Training pairs as batches of about `max_tokens` tokens (`token_batches`, a pair's length the longer of
+    its source and target, as tensor2tensor's): each item is one batch, so `SeededSampler` shuffles whole
+    batches, a pure function of (seed, epoch)."""
+
+    def __init__(self, pairs: list[dict], max_tokens: int):
+        lengths = [max(len(p["input_ids"]), len(p["labels"])) for p in pairs]
+        self.batches = [[pairs[i] for i in b] for b in token_batches(lengths, max_tokens)]
+
+    def __len__(self):
+        return len(self.batches)
+
+    def __getitem__(self, i):
+        return self.batches[i]
 
 
 class TranslationTrainer(SeededTrainer):
@@ -207,13 +285,15 @@ def training_arguments(args, out: Path, max_steps: int, device_args: dict) -> Tr
     """Vaswani et al.'s optimizer and schedule; transformers 5 writes safetensors only: no pickle checkpoints
     to opt out of."""
     return TrainingArguments(
-        output_dir=str(out), max_steps=max_steps, per_device_train_batch_size=args.batch_size,
-        per_device_eval_batch_size=args.batch_size, gradient_accumulation_steps=args.grad_accum,
+        output_dir=str(out), max_steps=max_steps,
+        per_device_train_batch_size=1 if args.batch_tokens else args.batch_size,  # TokenBatches: a batch an item
+        per_device_eval_batch_size=eval_batch_size(args), gradient_accumulation_steps=args.grad_accum,
         learning_rate=args.learning_rate, lr_scheduler_type="inverse_sqrt", warmup_steps=args.warmup_steps,
         adam_beta1=0.9, adam_beta2=0.98, adam_epsilon=1e-9, weight_decay=0.0, max_grad_norm=args.max_grad_norm,
         eval_strategy="steps", eval_steps=args.eval_steps, save_strategy="steps", save_steps=args.save_steps,
         save_total_limit=args.save_total_limit, logging_steps=args.logging_steps, seed=args.seed,
-        train_sampling_strategy="group_by_length", remove_unused_columns=False, prediction_loss_only=True,
+        train_sampling_strategy="random" if args.batch_tokens else "group_by_length",
+        remove_unused_columns=False, prediction_loss_only=True,
         report_to="none", dataloader_num_workers=0, **device_args)
 
 
@@ -228,7 +308,7 @@ def write_final(out: Path, args, trainer, tokenizer, config, result, eval_loss: 
         write_json_atomic(tmp / "train_summary.json", dict(
             position=config.position, method=args.method, preset=args.preset, steps=trainer.state.global_step,
             train_loss=result.training_loss if result is not None else None, eval_loss=eval_loss,
-            seconds_this_session=round(time.time() - started, 1),
+            seconds_this_session=round(time.time() - started, 1), decoding=decoding_of(args.recipe),
             parameters=sum(p.numel() for p in trainer.model.parameters()),
             curves=[{k: row[k] for k in ("step", "loss", "eval_loss") if k in row}
                     for row in trainer.state.log_history]))
@@ -247,7 +327,7 @@ def run_train(args, method: Method) -> int:
         shutil.rmtree(out)
     run = dict(task="translate train", **{k: str(Path(f).resolve()) for k, f in files.items()},
                **{f"{k}_sha256": file_fingerprint(f) for k, f in files.items()},
-               method=method.name, **{k: getattr(args, k) for k in RESULT_ARGS})
+               method=method.name, **run_record(args))
     # recorded before the tokenizer is trained, so a tokenizer left by a failed run is reused only by the same run
     check_run_settings(out, run, "--overwrite", products=("final", "tokenizer", "run.json", "data_report.json"))
     if (out / "final" / "config.json").is_file():
@@ -259,13 +339,18 @@ def run_train(args, method: Method) -> int:
     config = build_config(args, method, len(tokenizer), tokenizer)
     torch.manual_seed(args.seed)
     model = DietForConditionalGeneration(config)
-    steps_per_epoch = math.ceil(len(train) / (args.batch_size * args.grad_accum))
+    train_set = TokenBatches(train, args.batch_tokens) if args.batch_tokens else ListDataset(train)
+    per_step = args.grad_accum * (1 if args.batch_tokens else args.batch_size)
+    steps_per_epoch = math.ceil(len(train_set) / per_step)
     max_steps = args.max_steps or steps_per_epoch * args.epochs
     n_params = sum(p.numel() for p in model.parameters())
+    batches = (f"batches of at most {args.batch_tokens} tokens ({len(train_set)} of them)" if args.batch_tokens
+               else f"batches of {args.batch_size} pairs")
     print(f"dietpe translate: {args.preset} method={args.method}, {n_params / 1e6:.1f}M parameters, "
-          f"{len(train)} pairs, {max_steps} steps ({max_steps / steps_per_epoch:.2f} epochs)", file=sys.stderr)
+          f"{len(train)} pairs in {batches}, {max_steps} steps ({max_steps / steps_per_epoch:.2f} epochs)",
+          file=sys.stderr)
     trainer = TranslationTrainer(
-        model=model, args=training_arguments(args, out, max_steps, device_args), train_dataset=ListDataset(train),
+        model=model, args=training_arguments(args, out, max_steps, device_args), train_dataset=train_set,
         eval_dataset=ListDataset(valid),
         data_collator=TranslationCollator(config.pad_token_id, config.decoder_start_token_id),
         processing_class=tokenizer, callbacks=[CompleteCheckpoints(), PrintEvaluations()],
@@ -310,6 +395,31 @@ def load_model(path: str | Path):
     return model, tokenizer, model_dir
 
 
+LP_FORMULAS = {"hf": "log P / |Y|^alpha (transformers)", "gnmt": "log P / ((5 + |Y|) / 6)^alpha (GNMT, tensor2tensor)"}
+
+
+def decoding_of(recipe: str) -> dict:
+    from dietpe.tasks.recipes import TRANSLATION_RECIPES
+    r = TRANSLATION_RECIPES[recipe]
+    return dict(beams=r.beams, length_penalty=r.length_penalty, length_penalty_form=r.length_penalty_form)
+
+
+def trained_decoding(model_dir: Path) -> dict:
+    """The decoding of the recipe the model was trained with (`final/train_summary.json`, else the run's
+    settings), else the `cpu` recipe's."""
+    import json
+    for path in (model_dir / "train_summary.json", model_dir.parent / "run_settings.json"):
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(data.get("decoding"), dict):
+            return data["decoding"]
+        if path.name == "run_settings.json":
+            return decoding_of(data.get("recipe", "cpu"))
+    return decoding_of("cpu")
+
+
 def pad_batch(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     s = max(len(x) for x in seqs)
     ids = torch.full((len(seqs), s), pad_id, dtype=torch.long)
@@ -333,7 +443,8 @@ def new_tokens_for(model, source_length: int, requested: int | None) -> int:
 
 
 def translate(model, tokenizer, ids: list[list[int]], batch_size: int, beams: int, length_penalty: float,
-              max_new_tokens: int | None = None, use_cache: bool = True, speed: bool = False, progress=True):
+              max_new_tokens: int | None = None, use_cache: bool = True, speed: bool = False, progress=True,
+              length_penalty_form: str = "hf"):
     """Translate token-id sources in length-sorted batches; returns (hypotheses, timings).
 
     With `speed`, each batch is also decoded with the cache off, in alternating order, and timed."""
@@ -350,6 +461,7 @@ def translate(model, tokenizer, ids: list[list[int]], batch_size: int, beams: in
         device = next(model.parameters()).device
         src, mask = src.to(device), mask.to(device)
         kwargs = dict(attention_mask=mask, num_beams=beams, length_penalty=length_penalty, do_sample=False,
+                      length_penalty_form=length_penalty_form,
                       max_new_tokens=new_tokens_for(model, src.shape[1], max_new_tokens), early_stopping=True)
         modes = [use_cache] if not speed else ([True, False] if n % 2 == 0 else [False, True])
         outputs = {}
@@ -383,6 +495,7 @@ def train_main(args) -> int:
     from types import SimpleNamespace
 
     out = V.check_output_dir(args.output_dir, "--output-dir")
+    apply_recipe(args)
     trainer_device_args(args.device, args.precision)  # a missing CUDA, fp16 on the CPU: refused first
     method = parse_translation_method(args.method)  # the spec validated once, then passed on
     build_config(args, method, args.vocab_size, SimpleNamespace(pad_token_id=0, bos_token_id=1, eos_token_id=2))
@@ -405,10 +518,14 @@ def run_eval(args) -> int:
     sacrebleu = need("sacrebleu")
 
     set_threads(args.threads)
-    if args.beams < 1:
-        raise ConfigError(f"--beams {args.beams} must be at least 1")
     found = find_model_dir(args.model)
     V.check_model_files(found)
+    decoding = trained_decoding(found)
+    args.beams = decoding["beams"] if args.beams is None else args.beams
+    args.length_penalty = decoding["length_penalty"] if args.length_penalty is None else args.length_penalty
+    args.length_penalty_form = args.length_penalty_form or decoding["length_penalty_form"]
+    if args.beams < 1:
+        raise ConfigError(f"--beams {args.beams} must be at least 1")
     eval_outputs(args, found)  # before hours of decoding
     src_lines, ref_lines = read_parallel(args.source, args.reference)  # a bad file before the model loads
     from transformers.utils import logging as hf_logging
@@ -427,7 +544,8 @@ def run_eval(args) -> int:
             raise DataError(f"{args.reference}:{empty[0]}: empty reference line ({len(empty)} in all)")
     ids = encode_sources(tokenizer, src_lines, model.encoder.positions.max_length, str(args.source))
     hyps, timing = translate(model, tokenizer, ids, args.batch_size, args.beams, args.length_penalty,
-                             args.max_new_tokens, use_cache=not args.no_cache, speed=args.speed)
+                             args.max_new_tokens, use_cache=not args.no_cache, speed=args.speed,
+                             length_penalty_form=args.length_penalty_form)
     output = Path(args.output) if args.output else model_dir / f"translations.{Path(args.source).name}"
     output.parent.mkdir(parents=True, exist_ok=True)
     tmp = output.with_name(f".{output.name}.tmp-{os.getpid()}")
@@ -435,7 +553,9 @@ def run_eval(args) -> int:
     os.replace(tmp, output)
     report = dict(model=str(model_dir), source=str(args.source), reference=args.reference, output=str(output),
                   sentences=len(hyps), beams=args.beams, length_penalty=args.length_penalty,
-                  length_penalty_form="HF: log P / len^alpha", cache=not args.no_cache,
+                  length_penalty_form=args.length_penalty_form,
+                  length_penalty_formula=LP_FORMULAS[args.length_penalty_form],
+                  cache=not args.no_cache,
                   threads=torch.get_num_threads())
     n = len(hyps)
     if args.speed:
