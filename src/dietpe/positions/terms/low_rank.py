@@ -4,7 +4,6 @@ per-head segment table (DIET eq. 2, one-hot keys)."""
 
 from __future__ import annotations
 
-import functools
 from typing import Callable
 
 import torch
@@ -43,19 +42,15 @@ class SegmentBias(LowRankBias):
     kind = "segment"
 
     def __init__(self, table: Tensor, q_segments: Tensor, k_segments: Tensor):
-        # the factors are built when first read: a kernel reading the table directly never needs them
+        # the factors are built here, not when first read: a recomputed (checkpointed) layer must save what the
+        # first pass saved
         LogitTerm.__init__(self, (q_segments.shape[-1], k_segments.shape[-1]),
                            max(q_segments.shape[0], k_segments.shape[0]), table.shape[0])
         self.kept = None
         self.table, self.q_segments, self.k_segments = table, q_segments, k_segments
-
-    @functools.cached_property
-    def fq(self) -> Tensor:
-        return self.table[:, self.q_segments].transpose(0, 1)  # (B, H|1, Lq, k): row S(i) of Ŝ
-
-    @functools.cached_property
-    def fk(self) -> Tensor:  # (B, 1, Lk, k)
-        return torch.nn.functional.one_hot(self.k_segments, self.table.shape[-1]).to(self.table.dtype).unsqueeze(1)
+        self.fq = table[:, q_segments].transpose(0, 1)  # (B, H|1, Lq, k): row S(i) of Ŝ
+        onehot = torch.nn.functional.one_hot(k_segments, table.shape[-1])
+        self.fk = onehot.to(table.dtype).unsqueeze(1)  # (B, 1, Lk, k)
 
     def segment_table(self) -> SegmentTable:
         return SegmentTable(self.table, self.q_segments, self.k_segments)
