@@ -240,7 +240,9 @@ def test_the_tile_choice_is_fixed_under_deterministic_algorithms(monkeypatch):
     A._launch(("k",), ["big", "fits", "small"], launch, "interp")
     with A.forcing(2):
         A._launch(("k",), ["big", "fits", "small"], launch, "interp")
-    assert launched == ["big", "fits", "fits", "small"]
+    with A.forcing(0):  # a forced configuration that does not fit: the next one that does, as the tuner skips
+        A._launch(("k",), ["big", "fits", "small"], launch, "interp")
+    assert launched == ["big", "fits", "fits", "small", "big", "fits"]
     assert A.chosen_configs() == {("k", "fixed"): ("fits", {})}
 
 

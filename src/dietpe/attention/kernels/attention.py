@@ -613,8 +613,9 @@ _forced: list[int] = []
 
 @contextlib.contextmanager
 def forcing(index: int):
-    """Within it every launch takes configuration `index` of its list (the last where shorter), remembering
-    nothing: how the selftest checks each tile the autotuner may pick."""
+    """Within it every launch takes configuration `index` of its list (the last where shorter; the next that
+    fits where it exceeds the GPU's shared memory), remembering nothing: how the selftest checks each tile the
+    autotuner may pick."""
     _forced.append(index)
     try:
         yield
@@ -656,14 +657,21 @@ def _launch(key: tuple, configs: list, launch, interpreter_config: tuple) -> Non
     key's first call, the fastest of `configs` that fit the GPU (the first that fits when not tuning)."""
     if interpreting():
         return launch(interpreter_config)
-    if _forced:
-        return launch(configs[min(_forced[-1], len(configs) - 1)])
+    from triton.runtime.errors import OutOfResources
+
+    if _forced:  # that configuration, or the next one that fits this GPU's shared memory (as the tuner skips)
+        start = min(_forced[-1], len(configs) - 1)
+        for config in configs[start:] + configs[:start]:
+            try:
+                return launch(config)
+            except OutOfResources:
+                continue
+        raise RuntimeError(f"attn_backend='fused': no tile configuration of {configs} fits this GPU")
     tune = _tuning() and len(configs) > 1
     key = (*key, "tuned" if tune else "fixed")
     config = _chosen.get(key)
     if config is not None:
         return launch(config)
-    from triton.runtime.errors import OutOfResources
 
     times = {}
     for config in configs:
