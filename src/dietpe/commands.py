@@ -343,6 +343,12 @@ def register_translate(subparsers) -> None:
     sub = parser.add_subparsers(dest="translate_command", metavar="{prepare,train,eval}")
     parser.set_defaults(func=lambda a: (parser.print_help(), 2)[1])
 
+    _translate_prepare(sub)
+    _translate_train(sub)
+    _translate_eval(sub)
+
+
+def _translate_prepare(sub) -> None:
     w = sub.add_parser("prepare", help="parallel text (WMT by Hugging Face name, local files, or the built-in "
                                        "Multi30k) into the folder `translate train --data` reads",
                        description=_doc("dietpe.tasks.wmt"))
@@ -360,6 +366,8 @@ def register_translate(subparsers) -> None:
                                       "$DIETPE_DATA, else shared/data in or above the working directory)")
     w.set_defaults(func=_later("dietpe.tasks.wmt", "main"))
 
+
+def _translate_train(sub) -> None:
     t = sub.add_parser("train", help="train a translation model on line-aligned parallel files")
     t.add_argument("--data", help="directory with train.L1/train.L2 and val.L1/val.L2 (or valid./dev.)")
     t.add_argument("--source", help="source language code (file suffix), with --data")
@@ -414,6 +422,8 @@ def register_translate(subparsers) -> None:
     add_device_options(t)
     t.set_defaults(func=_later("dietpe.tasks.translate", "train_main"))
 
+
+def _translate_eval(sub) -> None:
     e = sub.add_parser("eval", help="beam-search translation and SacreBLEU")
     e.add_argument("model", help="a run directory (uses final/ or the newest checkpoint) or a model directory")
     e.add_argument("--source", required=True, help="source sentences, one per line")
