@@ -66,6 +66,18 @@ class Schedule:
     packing: str
 
 
+def schedule_for(args, corpus: str, out: Path, s_pre: PretrainSettings, s_ft: FinetuneSettings, configs: dict,
+                 counts: tuple[int, int, int], total: int, jobs: int, log: Callable[[str], None]) -> Schedule:
+    """The study's `Schedule` from its command line, logged as methods x seeds x (tasks x lr x seeds)."""
+    methods, seeds, tasks = counts
+    log(f"{methods} methods x {seeds} pre-training seeds x ({tasks} tasks x {len(s_ft.lrs)} lr x {s_ft.seeds} "
+        f"seeds), {jobs} at a time")
+    return Schedule(corpus=corpus, out=out, pretrain=s_pre, finetune=s_ft, configs=configs, threads=args.threads,
+                    device_batch_size=args.device_batch_size, train_language=args.train_language, quiet=jobs > 1,
+                    total=total, device=args.device, precision=args.precision, deterministic=args.deterministic,
+                    packing=args.packing)
+
+
 def plan(methods: list[Method], pretrain_seeds: list[int]) -> list[tuple[Method, int]]:
     """Seed-major: every method's first seed before any second seed."""
     return [(m, seed) for seed in pretrain_seeds for m in methods]

@@ -169,13 +169,8 @@ def _main(args) -> int:
                 pretrain=s_pre.record(), finetune=s_ft.record(), pretrain_seeds=pretrain_seeds,
                 budget=args.budget, seconds=0.0, processes=int(os.environ.get("WORLD_SIZE", "1")),
                 jobs=jobs, threads=args.threads)
-    log(f"{len(methods)} methods x {len(pretrain_seeds)} pre-training seeds x ({len(tasks)} tasks x "
-        f"{len(s_ft.lrs)} lr x {s_ft.seeds} seeds), {jobs} at a time")
-    schedule = scheduler.Schedule(
-        corpus=corpus, out=out, pretrain=s_pre, finetune=s_ft, configs=configs, threads=args.threads,
-        device_batch_size=args.device_batch_size, train_language=args.train_language, quiet=jobs > 1,
-        total=len(units), device=args.device, precision=args.precision, deterministic=args.deterministic,
-        packing=args.packing)
+    schedule = scheduler.schedule_for(args, corpus, out, s_pre, s_ft, configs,
+                                      (len(methods), len(pretrain_seeds), len(tasks)), len(units), jobs, log)
     done: dict[tuple[str, int], dict] = {}
 
     def finished(i: int, unit: dict) -> None:
