@@ -12,7 +12,7 @@ import functools
 import re
 from dataclasses import dataclass
 
-from dietpe.config import SHAREABLE_POSITIONS, DietConfig
+from dietpe.config import DietConfig
 from dietpe.errors import ConfigError
 from dietpe.positions.registry import REGISTRY
 

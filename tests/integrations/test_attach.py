@@ -137,17 +137,23 @@ def test_relative_methods_ignore_a_shift(family, spec):
     torch.testing.assert_close(model(x, position_ids=shift).logits, model(x).logits, atol=2e-5, rtol=0)
 
 
+def assert_cached_equals_full(model, x, prefix=6):
+    """The prompt's first `prefix` tokens in one call, then one token a call through a DynamicCache: the logits of
+    the full forward."""
+    full = model(x).logits
+    cache = DynamicCache(config=model.config)
+    steps = [model(x[:, :prefix], past_key_values=cache, use_cache=True).logits]
+    for t in range(prefix, x.shape[1]):
+        steps.append(model(x[:, t:t + 1], past_key_values=cache, use_cache=True).logits)
+    torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=1e-4)
+
+
 @pytest.mark.parametrize("spec", ["diet-rel", "t5", "alibi", "diet-abs", "rotary", "absolute"])
 @pytest.mark.parametrize("family", ["llama", "gpt2"])
 def test_cached_decoding_equals_uncached(family, spec):
     model = dietpe.attach(build(family), spec).eval()
     x = ids(batch=2, length=10)
-    full = model(x).logits
-    cache = DynamicCache(config=model.config)
-    steps = [model(x[:, :6], past_key_values=cache, use_cache=True).logits]
-    for t in range(6, 10):
-        steps.append(model(x[:, t:t + 1], past_key_values=cache, use_cache=True).logits)
-    torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=1e-4)
+    assert_cached_equals_full(model, x)
     generated = model.generate(x[:, :4], max_new_tokens=5, do_sample=False, pad_token_id=0)
     uncached = model.generate(x[:, :4], max_new_tokens=5, do_sample=False, pad_token_id=0, use_cache=False)
     assert torch.equal(generated, uncached)

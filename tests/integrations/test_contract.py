@@ -6,11 +6,11 @@ import copy
 
 import pytest
 import torch
-from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, StaticCache
+from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, StaticCache
 
 import dietpe
 from dietpe.errors import ConfigError
-from tests.integrations.test_attach import LLAMA_LIKE, V, build, ids, method_params
+from tests.integrations.test_attach import LLAMA_LIKE, V, assert_cached_equals_full, build, ids, method_params
 
 # every rope_type transformers defines besides "default", with its factors (head size 8: 4 frequencies)
 ROPE = {
@@ -82,12 +82,7 @@ def test_sliding_window_cache_decoding_equals_uncached(spec):
     model = MistralForCausalLM(MistralConfig(**LLAMA_LIKE, sliding_window=4)).eval()
     dietpe.attach(model, spec)
     x = ids(2, 10)
-    full = model(x).logits
-    cache = DynamicCache(config=model.config)
-    steps = [model(x[:, :6], past_key_values=cache, use_cache=True).logits]
-    for t in range(6, 10):
-        steps.append(model(x[:, t:t + 1], past_key_values=cache, use_cache=True).logits)
-    torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=1e-4)
+    assert_cached_equals_full(model, x)
 
 
 @pytest.mark.parametrize("spec", ["diet-rel", "alibi", "rotary", "none"])

@@ -9,7 +9,6 @@ import pytest
 from dietpe.data.tasks import GLUE
 from dietpe.methods import parse_method
 from dietpe.tasks.pretrain import check_before_work
-from dietpe.tasks.recipes import FINETUNE_RECIPES, PRETRAIN_RECIPES
 from dietpe.tasks.settings import FinetuneSettings, PretrainSettings
 
 

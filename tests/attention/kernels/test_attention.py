@@ -107,6 +107,12 @@ CASES = {
 }
 
 
+def _assert_matches(out, grads, want, want_grads):
+    torch.testing.assert_close(out, want, atol=2e-5, rtol=1e-4)
+    for got, ref in zip(grads, want_grads):
+        torch.testing.assert_close(got, ref, atol=1e-5 * max(ref.abs().max().item(), 1), rtol=1e-4)
+
+
 @pytest.mark.parametrize("name", CASES)
 def test_kernel_matches_the_equation_with_gradients(name, device):
     case = CASES[name]
@@ -154,9 +160,7 @@ def test_dropout_on_whole_tiles_and_a_causal_diagonal(device):
     keep = dropout_keep(ex.seed, ex.dropout, 1, 2, 2 * E, 2 * E, device)
     out, grads = _run(inputs, ex)
     want, want_grads = _reference_run(inputs, ex, keep=keep)
-    torch.testing.assert_close(out, want, atol=2e-5, rtol=1e-4)
-    for got, ref in zip(grads, want_grads):
-        torch.testing.assert_close(got, ref, atol=1e-5 * max(ref.abs().max().item(), 1), rtol=1e-4)
+    _assert_matches(out, grads, want, want_grads)
 
 
 def test_a_table_without_a_gradient_is_read_and_not_summed(device):
@@ -195,27 +199,7 @@ def test_dropout_is_the_equation_with_the_kernels_own_mask(device):
     assert not torch.equal(keep, dropout_keep(ex.seed + 1, ex.dropout, 2, 2, L, L + 3, device))
     out, grads = _run(inputs, ex)
     want, want_grads = _reference_run(inputs, ex, keep=keep)
-    torch.testing.assert_close(out, want, atol=2e-5, rtol=1e-4)
-    for got, ref in zip(grads, want_grads):
-        torch.testing.assert_close(got, ref, atol=1e-5 * max(ref.abs().max().item(), 1), rtol=1e-4)
-
-
-def test_views_of_a_fused_projection(device):
-    """q, k, v as views of one qkv projection (GPT-2's `c_attn` split: strides with gaps): the gradient buffers
-    are written with the inputs' strides, so such views must be made dense first (else the writes overrun)."""
-    from dietpe.attention.kernels.attention import Extras, fused_attention
-
-    b, h, length, d = 2, 2, 20, 16
-    g = torch.Generator().manual_seed(0)
-    qkv = torch.randn(b, length, 3 * h * d, generator=g).to(device).requires_grad_()
-    q, k, v = (t.view(b, length, h, d).transpose(1, 2) for t in qkv.split(h * d, dim=-1))
-    table = torch.randn(h, 2 * length - 1, generator=g).to(device).requires_grad_()
-    ex = Extras(causal=True)
-    w = torch.randn(b, h, length, d, generator=g).to(device)
-    got = torch.autograd.grad((fused_attention(q, k, v, 0.25, table, None, ex) * w).sum(), (qkv, table))
-    want = torch.autograd.grad((reference(q, k, v, 0.25, table, None, ex) * w).sum(), (qkv, table))
-    for a, e in zip(got, want):
-        torch.testing.assert_close(a, e, atol=2e-5, rtol=1e-4)
+    _assert_matches(out, grads, want, want_grads)
 
 
 def test_the_tile_choice_is_fixed_under_deterministic_algorithms(monkeypatch):

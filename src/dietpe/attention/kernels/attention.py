@@ -76,6 +76,17 @@ def _load_2d(base, rows, stride, n_rows, cols, n_cols, MASK_ROWS: tl.constexpr, 
 
 
 @triton.jit
+def _load_halves(base, rows, stride, n_rows, n_cols, D1: tl.constexpr, D2: tl.constexpr, MASK_ROWS: tl.constexpr,
+                 MASK_COLS: tl.constexpr):
+    """Rows of q or k as their first D1 channels and the D2 folded ones after them (the first again if none)."""
+    x1 = _load_2d(base, rows, stride, n_rows, tl.arange(0, D1), n_cols, MASK_ROWS, MASK_COLS)
+    x2 = x1
+    if D2 > 0:
+        x2 = _load_2d(base, rows, stride, n_rows, D1 + tl.arange(0, D2), n_cols, MASK_ROWS, MASK_COLS)
+    return x1, x2
+
+
+@triton.jit
 def _store_2d(base, rows, stride, n_rows, cols, n_cols, x, MASK_ROWS: tl.constexpr, MASK_COLS: tl.constexpr):
     at = base + rows[:, None] * stride + cols[None, :]
     if MASK_ROWS and MASK_COLS:
@@ -178,10 +189,7 @@ def _forward_tile(acc, l_i, m_i, q1, q2, start, offs_m, k_base, v_base, skn, svn
                   MASK_N: tl.constexpr, MASK_D: tl.constexpr, DIAG: tl.constexpr):
     """One key block of the online softmax: (acc, l, m) updated."""
     offs_n = start + tl.arange(0, BN)
-    k1 = _load_2d(k_base, offs_n, skn, LK, tl.arange(0, D1), DQ, MASK_N, MASK_D)
-    k2 = k1
-    if D2 > 0:
-        k2 = _load_2d(k_base, offs_n, skn, LK, D1 + tl.arange(0, D2), DQ, MASK_N, MASK_D)
+    k1, k2 = _load_halves(k_base, offs_n, skn, LK, DQ, D1, D2, MASK_N, MASK_D)
     s = _scores(q1, q2, k1, k2, D2, PREC) * qk_scale
     s = _add_terms(s, offs_m[:, None], offs_n[None, :], b, h, LQ, LK, TAB, stab, KEEPQ, KEEPK, SEGT, sseg, QSEG,
                    sqs, KSEG, sks, MASK, smb, smh, smm, smn, HAS_TAB, HAS_KEEP, NSEG, MASK_KIND, MASK_M, MASK_N)
@@ -217,10 +225,7 @@ def _forward_kernel(Q, K, V, O, LSE, TAB, KEEPQ, KEEPK, SEGT, QSEG, KSEG, MASK,
     h = (bh % H).to(tl.int64)
     offs_m = pid_m * BM + tl.arange(0, BM)
     q_base, k_base, v_base = Q + b * sqb + h * sqh, K + b * skb + h * skh, V + b * svb + h * svh
-    q1 = _load_2d(q_base, offs_m, sqm, LQ, tl.arange(0, D1), DQ, not EVEN_M, not EVEN_D)
-    q2 = q1
-    if D2 > 0:
-        q2 = _load_2d(q_base, offs_m, sqm, LQ, D1 + tl.arange(0, D2), DQ, not EVEN_M, not EVEN_D)
+    q1, q2 = _load_halves(q_base, offs_m, sqm, LQ, DQ, D1, D2, not EVEN_M, not EVEN_D)
     m_i = tl.full([BM], float("-inf"), tl.float32)
     l_i = tl.zeros([BM], tl.float32)
     acc = tl.zeros([BM, DVP], tl.float32)
@@ -290,10 +295,7 @@ def _dq_tile(dq1, dq2, carry, seg, q1, q2, do, lse, delta, sq, start, offs_m, k_
              MASK_N: tl.constexpr, MASK_D: tl.constexpr, DIAG: tl.constexpr):
     """One key block of the dQ loop: dQ, and the tile's dS summed along its offsets and segment pairs."""
     offs_n = start + tl.arange(0, BN)
-    k1 = _load_2d(k_base, offs_n, skn, LK, tl.arange(0, D1), DQ, MASK_N, MASK_D)
-    k2 = k1
-    if D2 > 0:
-        k2 = _load_2d(k_base, offs_n, skn, LK, D1 + tl.arange(0, D2), DQ, MASK_N, MASK_D)
+    k1, k2 = _load_halves(k_base, offs_n, skn, LK, DQ, D1, D2, MASK_N, MASK_D)
     v = _load_2d(v_base, offs_n, svn, LK, tl.arange(0, DVP), DV_, MASK_N, MASK_D)
     s = _scores(q1, q2, k1, k2, D2, PREC) * qk_scale
     s = _add_terms(s, offs_m[:, None], offs_n[None, :], b, h, LQ, LK, TAB, stab, KEEPQ, KEEPK, SEGT, sseg, QSEG,
@@ -344,10 +346,7 @@ def _backward_q_kernel(Q, K, V, O, DO, LSE, DELTA, DQ_, PART, SPART, TAB, KEEPQ,
     d1 = tl.arange(0, D1)
     dv_cols = tl.arange(0, DVP)
     q_base, k_base, v_base = Q + b * sqb + h * sqh, K + b * skb + h * skh, V + b * svb + h * svh
-    q1 = _load_2d(q_base, offs_m, sqm, LQ, d1, DQ, not EVEN_M, not EVEN_D)
-    q2 = q1
-    if D2 > 0:
-        q2 = _load_2d(q_base, offs_m, sqm, LQ, D1 + tl.arange(0, D2), DQ, not EVEN_M, not EVEN_D)
+    q1, q2 = _load_halves(q_base, offs_m, sqm, LQ, DQ, D1, D2, not EVEN_M, not EVEN_D)
     do = _load_2d(DO + b * sdb + h * sdh, offs_m, sdm, LQ, dv_cols, DV_, not EVEN_M, not EVEN_D)
     o = _load_2d(O + b * sob + h * soh, offs_m, som, LQ, dv_cols, DV_, not EVEN_M, not EVEN_D)
     delta = tl.sum(do.to(tl.float32) * o.to(tl.float32), 1)
@@ -408,10 +407,7 @@ def _kv_tile(dk1, dk2, dv, k1, k2, v, start, n0, offs_n, q_base, do_base, sqm, s
              MASK_N: tl.constexpr, MASK_D: tl.constexpr, DIAG: tl.constexpr):
     """One query block of the dK/dV loop, the tile key-major: (BN keys, BM queries)."""
     offs_m = start + tl.arange(0, BM)
-    q1 = _load_2d(q_base, offs_m, sqm, LQ, tl.arange(0, D1), DQ, MASK_M, MASK_D)
-    q2 = q1
-    if D2 > 0:
-        q2 = _load_2d(q_base, offs_m, sqm, LQ, D1 + tl.arange(0, D2), DQ, MASK_M, MASK_D)
+    q1, q2 = _load_halves(q_base, offs_m, sqm, LQ, DQ, D1, D2, MASK_M, MASK_D)
     do = _load_2d(do_base, offs_m, sdm, LQ, tl.arange(0, DVP), DV_, MASK_M, MASK_D)
     lse = _load_1d(LSE + bh * LQ, offs_m, LQ, MASK_M, float("inf"))  # rows past Lq: p = 0
     delta = _load_1d(DELTA + bh * LQ, offs_m, LQ, MASK_M, 0.0)
@@ -456,10 +452,7 @@ def _backward_kv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, TAB, KEEPQ, KEEPK, SEGT
     dv_cols = tl.arange(0, DVP)
     q_base, k_base, v_base = Q + b * sqb + h * sqh, K + b * skb + h * skh, V + b * svb + h * svh
     do_base = DO + b * sdb + h * sdh
-    k1 = _load_2d(k_base, offs_n, skn, LK, d1, DQ, not EVEN_N, not EVEN_D)
-    k2 = k1
-    if D2 > 0:
-        k2 = _load_2d(k_base, offs_n, skn, LK, D1 + tl.arange(0, D2), DQ, not EVEN_N, not EVEN_D)
+    k1, k2 = _load_halves(k_base, offs_n, skn, LK, DQ, D1, D2, not EVEN_N, not EVEN_D)
     v = _load_2d(v_base, offs_n, svn, LK, dv_cols, DV_, not EVEN_N, not EVEN_D)
     dk1 = tl.zeros([BN, D1], tl.float32)
     dk2 = dk1
@@ -652,26 +645,31 @@ def _seconds(launch) -> float:
     return start.elapsed_time(end) / 1e3 / TUNE_REPEATS
 
 
+def _first_that_fits(configs: list, launch) -> None:
+    from triton.runtime.errors import OutOfResources
+
+    for config in configs:
+        try:
+            return launch(config)
+        except OutOfResources:
+            continue
+    raise RuntimeError(f"attn_backend='fused': no tile configuration of {configs} fits this GPU")
+
+
 def _launch(key: tuple, configs: list, launch, interpreter_config: tuple) -> None:
     """launch(config): under the interpreter its tile; else the configuration remembered for `key`, or, at the
     key's first call, the fastest of `configs` that fit the GPU (the first that fits when not tuning)."""
     if interpreting():
         return launch(interpreter_config)
-    from triton.runtime.errors import OutOfResources
-
     if _forced:  # that configuration, or the next one that fits this GPU's shared memory (as the tuner skips)
         start = min(_forced[-1], len(configs) - 1)
-        for config in configs[start:] + configs[:start]:
-            try:
-                return launch(config)
-            except OutOfResources:
-                continue
-        raise RuntimeError(f"attn_backend='fused': no tile configuration of {configs} fits this GPU")
+        return _first_that_fits(configs[start:] + configs[:start], launch)
     tune = _tuning() and len(configs) > 1
     key = (*key, "tuned" if tune else "fixed")
     config = _chosen.get(key)
     if config is not None:
         return launch(config)
+    from triton.runtime.errors import OutOfResources
 
     times = {}
     for config in configs:
