@@ -52,6 +52,8 @@ class Step:
     #: what the step runs on a machine without CUDA instead of a dry run (the GPU paths as the CPU and the
     #: `meta` device see them)
     cpu_commands: tuple[str, ...] = ()
+    #: in the plan run without --steps (a step left out runs when named)
+    default: bool = True
 
 
 def _dietpe(args: str) -> str:
@@ -93,18 +95,24 @@ def steps() -> list[Step]:
               _dietpe(f"pretrain {{work}}/data/corpus --method t5 --device cuda --deterministic {PRE} -o {{work}}/det_b"),
               f"{PY} {ROOT}/scripts/gpu_checklist.py --compare-runs {{work}}"),
              "bash -n scripts/gpu_commands.sh"),
-        Step("bench", "time", 100, "bench.md",
+        Step("bench", "time", 150, "bench.md",
              (_dietpe("bench --device cuda --precision bf16 --shapes bert-base --lengths 512 --batch 8 "
-                      "--methods diet-rel,diet-rel+seg,diet-abs,t5,alibi "
+                      "--methods diet-rel,diet-rel+seg,diet-abs,t5,alibi,fire "
                       "--backends fused,sdpa --repeats 6 --warmup 3 --no-memory"),),
              _dietpe("bench --help")),
+        # measured once (docs/measured/h200_study_time.json): run by name, for another GPU
         Step("study_time", "time", 50, "study_time.txt",
              (f"{PY} -m dietpe.bench.study_time --plan gpu-hour --device cuda --precision bf16",),
-             f"{PY} -m dietpe.bench.study_time --help"),
+             f"{PY} -m dietpe.bench.study_time --help", default=False),
         Step("attach", "time", 120, "attach.md",
              (f"{PY} -m dietpe.bench.attach --device cuda --dtype bfloat16 --shapes 8x2048 --budget 100",),
              f"{PY} -m dietpe.bench.attach --help"),
     ]
+
+
+def default_plan() -> list[Step]:
+    """The steps run when none are named."""
+    return [s for s in steps() if s.default]
 
 
 def budget(chosen: list[Step]) -> int:
@@ -180,7 +188,7 @@ def _environment() -> str:
 
 def run(out: Path, names: list[str] | None, dry: bool) -> int:
     import torch
-    chosen = [s for s in steps() if names is None or s.name in names]
+    chosen = [s for s in steps() if s.name in names] if names is not None else default_plan()
     unknown = set(names or ()) - {s.name for s in steps()}
     if unknown:
         raise SystemExit(f"gpu_checklist: unknown step(s) {sorted(unknown)}; allowed: "

@@ -20,7 +20,7 @@ def checklist():
 
 
 def test_the_plan_fits_one_window_and_eight_files(checklist):
-    plan = checklist.steps()
+    plan = checklist.default_plan()
     assert checklist.budget(plan) <= 9 * 60
     assert len(checklist.outputs(plan)) <= checklist.MAX_FILES
     assert {s.phase for s in plan} == {"check", "time"}
@@ -30,10 +30,12 @@ def test_the_plan_fits_one_window_and_eight_files(checklist):
 
 
 def test_the_plan_holds_what_the_window_must_show(checklist):
-    commands = " ".join(c for s in checklist.steps() for c in s.commands)
-    for needed in ("dietpe.bench.attach", "8x2048", " compare ", "--deterministic", "selftest", "gpu_flex.py", "gpu_commands.sh",
-                   "DIET_TEST_DEVICE", "study_time"):
-        assert needed in commands or any(needed in str(s.env) for s in checklist.steps()), needed
+    plan = checklist.default_plan()
+    commands = " ".join(c for s in plan for c in s.commands)
+    for needed in ("dietpe.bench.attach", "8x2048", " compare ", "--deterministic", "selftest", "gpu_flex.py",
+                   "gpu_commands.sh", "DIET_TEST_DEVICE", "fire "):
+        assert needed in commands or any(needed in str(s.env) for s in plan), needed
+    assert "study_time" in " ".join(c for s in checklist.steps() for c in s.commands)  # by name
 
 
 def test_a_step_past_its_limit_is_killed_and_summarised(checklist, tmp_path, monkeypatch):

@@ -76,7 +76,6 @@ def test_auto_picks_the_first_backend_that_serves(monkeypatch):
     monkeypatch.setattr(registry, "AUTO", ("fused", *registry.AUTO))  # with the kernel first, as it may be again
     auto = resolve_backend("auto", value_terms=False, dropout=0.1)
     assert (auto.name, auto.fallback.name) == ("fused", "sdpa")  # the kernel on CUDA, sdpa for what it declines
-    assert resolve_backend("auto", value_terms=False, method=REGISTRY["fire"]).name == "sdpa"
     assert resolve_backend("auto", value_terms=False, method=REGISTRY["xlnet"]).name == "sdpa"
     assert resolve_backend("auto", value_terms=True, dropout=0.1).name == "banded"
     assert serving_backend("flex", value_terms=True).name == "banded"  # a model attached to before its method

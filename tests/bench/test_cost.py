@@ -197,10 +197,10 @@ def test_lm_shapes_are_the_causal_lm_without_segments():
 
 def test_candidates_a_backend_refuses_are_left_out_with_a_log_line():
     logs = []
-    methods = [cost.Variant.parse(m) for m in ("alibi@sdpa", "fire@fused", "diet-rel+seg")]
+    methods = [cost.Variant.parse(m) for m in ("alibi@sdpa", "xlnet@fused", "diet-rel+seg")]
     rows = cost.measure("lm-bert-tiny", 8, 1, methods, repeats=1, warmup=0, modes=("infer",), log=logs.append)
     assert [r.method for r in rows] == ["none", "alibi@sdpa"]
-    assert any("fire@fused left out" in m and "tile" in m for m in logs)  # FIRE is no table of offsets
+    assert any("xlnet@fused left out" in m and "tile" in m for m in logs)  # XLNet's term reads the query
     assert any("diet-rel+seg left out" in m and "segments" in m for m in logs)
 
 

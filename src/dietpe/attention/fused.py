@@ -7,9 +7,10 @@ the forward nor the backward holds an (Lq, Lk) tensor, and the tables' gradients
 
 Each logit term says how it can be read (`dietpe.positions.terms.LogitTerm`): as an offset table T (DIET-REL,
 T5 and TUPE-R's buckets, ALiBi, KERPLE, over consecutive positions; TUPE's reset as the 0/1 vectors a, c), a
-segment table Ŝ (DIET's per-head segments), or low-rank factors folded into extra query/key channels
-(DIET-ABS, TUPE's correlation). qk terms (rotary) are applied before. Masks: causality (a flag; blocks above
-the diagonal skipped), padding (one value per key), any other 4-D mask read tile by tile.
+piecewise table in T's place (FIRE: slope·x + intercept of its MLP's linear piece at x = ψ(|i - j|) /
+ψ(max(L, i))), a segment table Ŝ (DIET's per-head segments), or low-rank factors folded into extra query/key
+channels (DIET-ABS, TUPE's correlation). qk terms (rotary) are applied before. Masks: causality (a flag;
+blocks above the diagonal skipped), padding (one value per key), any other 4-D mask read tile by tile.
 
 Served on CUDA, and on CPU tensors under Triton's interpreter (TRITON_INTERPRET=1, the tests). A call it
 cannot serve raises `NotServed` (a ConfigError) naming why: per-example or gapped positions (no offset
@@ -21,6 +22,8 @@ asked for by name, a method it cannot serve is refused when the model is built.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from torch import Tensor
 
@@ -28,7 +31,13 @@ from dietpe.attention.backends import apply_qk, fold_low_rank
 from dietpe.attention.kernels import device_problem
 from dietpe.attention.masks import CausalMask
 from dietpe.errors import NotServed
-from dietpe.positions.terms import LayerTerms, LogitTerm, OffsetTable, SegmentTable
+from dietpe.positions.terms import (
+    LayerTerms,
+    LogitTerm,
+    OffsetTable,
+    PiecewiseTable,
+    SegmentTable,
+)
 
 #: widest query/key head part the kernel's tiles are sized for (the folded width loads as two parts)
 MAX_HEAD_PART = 256
@@ -37,8 +46,8 @@ MAX_HEAD_PART = 256
 def method_refusal(method) -> str | None:
     """Why a method (its registry entry's traits) cannot be served, or None: checked when a model is built."""
     if "logits" in method.entry and not method.tile_terms:
-        return ("its logit term is not a per-offset table, a segment table or low-rank factors, which the kernel "
-                "reads in its tile")
+        return ("its logit term is not a per-offset, segment or piecewise table or low-rank factors, which the "
+                "kernel reads in its tile")
     return None
 
 
@@ -48,30 +57,46 @@ def skip_call(q: Tensor) -> bool:
     return not q.is_cuda or torch.compiler.is_compiling()
 
 
-def plan(terms: list[LogitTerm]) -> tuple[OffsetTable | None, SegmentTable | None, list[LogitTerm]]:
-    """The logit terms as (offset table, segment table, low-rank terms to fold); NotServed for any other."""
-    tables, segments, fold = [], [], []
+class Plan(NamedTuple):
+    """A layer's logit terms as the kernel reads them."""
+
+    table: OffsetTable | None
+    segments: SegmentTable | None
+    fold: list[LogitTerm]
+    piecewise: PiecewiseTable | None = None
+
+
+def _sort(term: LogitTerm, tables: list, segments: list, pieces: list, fold: list) -> None:
+    for capability, into in ((term.offset_table, tables), (term.segment_table, segments),
+                             (term.piecewise_table, pieces)):
+        found = capability()
+        if found is not None:
+            into.append(found)
+            return
+    if term.factors() is None:
+        raise NotServed(f"attn_backend='fused' cannot serve the logit term {type(term).__name__} here: it gives "
+                        f"no offset, segment or piecewise table (per-example or gapped position_ids) or low-rank "
+                        f"factors; use attn_backend='sdpa'")
+    fold.append(term)
+
+
+def plan(terms: list[LogitTerm]) -> Plan:
+    """The logit terms as an offset table, a segment table, a piecewise table and low-rank terms to fold;
+    NotServed for any other, or for a combination the kernel has no slot for."""
+    tables, segments, pieces, fold = [], [], [], []
     for term in terms:
-        table = term.offset_table()
-        segment = None if table is not None else term.segment_table()
-        if table is not None:
-            tables.append(table)
-        elif segment is not None:
-            segments.append(segment)
-        elif term.factors() is not None:
-            fold.append(term)
-        else:
-            raise NotServed(f"attn_backend='fused' cannot serve the logit term {type(term).__name__} here: it gives "
-                            f"no offset table (per-example or gapped position_ids), segment table or low-rank "
-                            f"factors; use attn_backend='sdpa'")
+        _sort(term, tables, segments, pieces, fold)
     if len(segments) > 1 or (len(tables) > 1 and any(t.q_keep is not None for t in tables)):
         raise NotServed("attn_backend='fused' reads one segment table and one offset table with a keep; use "
                         "attn_backend='sdpa'")
+    if len(pieces) > 1 or (pieces and tables):
+        raise NotServed("attn_backend='fused' reads a piecewise table's numerator where an offset table goes: it "
+                        "serves one piecewise table and no offset table beside it; use attn_backend='sdpa'")
     table = None
     if tables:
         table = OffsetTable(sum((t.values for t in tables[1:]), tables[0].values), tables[0].q_keep,
                             tables[0].k_keep)
-    return table, (segments[0] if segments else None), fold
+    return Plan(table, segments[0] if segments else None, fold, pieces[0] if pieces else None)
 
 
 def fused(q: Tensor, k: Tensor, v: Tensor, terms: LayerTerms, mask: Tensor | CausalMask | None, scale: float,
@@ -82,7 +107,7 @@ def fused(q: Tensor, k: Tensor, v: Tensor, terms: LayerTerms, mask: Tensor | Cau
         raise NotServed(f"attn_backend='fused': {problem}; use attn_backend='auto' or 'sdpa'")
     if terms.values:
         raise NotServed("attn_backend='fused' cannot add value terms (Shaw's); use attn_backend='eager'")
-    table, segments, fold = plan(terms.logits)
+    table, segments, fold, piecewise = plan(terms.logits)
     from dietpe.attention.kernels.attention import Extras, fused_attention, head_parts
 
     s = scale * terms.score_scale
@@ -101,6 +126,9 @@ def fused(q: Tensor, k: Tensor, v: Tensor, terms: LayerTerms, mask: Tensor | Cau
         # read in their own integer dtype: no cast per layer
         extras.q_segments, extras.k_segments = (x if x.stride(-1) == 1 else x.contiguous()
                                                 for x in (segments.q_ids, segments.k_ids))
-    out = fused_attention(q, k, v, s, table.values if table is not None else None,
-                          segments.table if segments is not None else None, extras)
+    values, pieces = (table.values if table is not None else None), None
+    if piecewise is not None:
+        values = piecewise.numerator.unsqueeze(0)  # (1, Lq + Lk - 1): the heads share it
+        pieces = (piecewise.den, piecewise.kinks, piecewise.slope, piecewise.intercept)
+    out = fused_attention(q, k, v, s, values, segments.table if segments is not None else None, extras, pieces)
     return out, None

@@ -26,7 +26,13 @@ from transformers import initialization as hf_init
 from dietpe.positions.context import Built, Context
 from dietpe.positions.fields import Field, positive_float, positive_int
 from dietpe.positions.method import PositionMethod, Traits
-from dietpe.positions.terms import LayerTerms, PositionBias, ScoreMod, position_at
+from dietpe.positions.terms import (
+    LayerTerms,
+    PiecewiseTable,
+    PositionBias,
+    ScoreMod,
+    position_at,
+)
 
 FIRE_WIDTH = Field("fire_width", 32, positive_int, "hidden units of FIRE's MLP f_θ")
 
@@ -59,11 +65,27 @@ def fire_pair(b: Tensor, h: Tensor, qi: Tensor, ki: Tensor, q_pos: Tensor, k_pos
 
 class FireBias(PositionBias):
     """FIRE's term: the dense form from `Fire.bias`; for FlexAttention the same piecewise-linear f_θ pair by
-    pair (pointwise operations only, as a fused kernel takes them), so flex never builds a query-key tensor."""
+    pair (pointwise operations only), so flex never builds a query-key tensor; for the fused kernel, over
+    consecutive positions (`diagonals`, the offsets i - j), ψ(|i - j|) per offset and ψ(max(L, i)) per query
+    with f_θ's pieces (`PiecewiseTable`), evaluated in its tile."""
 
-    def __init__(self, fire: "Fire", q_pos: Tensor, k_pos: Tensor):
+    def __init__(self, fire: "Fire", q_pos: Tensor, k_pos: Tensor, diagonals: Tensor | None = None):
         super().__init__(fire.bias, q_pos, k_pos, fire.w2.shape[0])
-        self.fire = fire
+        self.fire, self.diagonals = fire, diagonals
+
+    def piecewise_table(self) -> PiecewiseTable | None:
+        if self.diagonals is None or self.q_pos.dim() != 1:
+            return None
+
+        def build():
+            fire = self.fire
+            c, dtype = fire.c.abs(), fire.w1.dtype
+            numerator = torch.log1p(c * self.diagonals.abs().to(dtype))  # (Lq + Lk - 1,)
+            den = torch.log1p(c * torch.maximum(self.q_pos.to(dtype), fire.limit())) + EPS  # (Lq,)
+            slope, intercept, kinks = fire.pieces()
+            return PiecewiseTable(numerator, den, kinks, slope, intercept)
+
+        return self.per_forward("piecewise_table", build)
 
     def score_mod(self, q: Tensor | None = None) -> ScoreMod:
         fire = self.fire
@@ -74,7 +96,7 @@ class FireBias(PositionBias):
 
 class Fire(PositionMethod):
     name = "fire"
-    traits = Traits(entry=("logits",), key_positions=True)
+    traits = Traits(entry=("logits",), key_positions=True, tile_terms=True)
     fields = (FIRE_WIDTH, FIRE_THRESHOLD)
     profile_name = "FIRE bias"
 
@@ -137,7 +159,7 @@ class Fire(PositionMethod):
 
     def layer_terms(self, ctx: Context, layer: int) -> LayerTerms:
         def build():
-            term = FireBias(self, ctx.q_pos, ctx.k_pos)
+            term = FireBias(self, ctx.q_pos, ctx.k_pos, ctx.diagonal_offsets())
             return self.keep(ctx, "fire", tuple(self.parameters(recurse=False)), term)
 
         return LayerTerms(logits=[ctx.cached(Built(self), build)])

@@ -63,8 +63,8 @@ def _assert_same(got, want, atol=5e-5):
 
 def test_the_served_methods_are_the_tiled_ones():
     served = {name for name, _ in SERVED}
-    assert {"none", "rotary", "t5", "tupe-a", "tupe-r", "diet-abs", "diet-rel", "alibi", "kerple"} <= served
-    assert not served & {"fire", "xlnet", "shaw"}
+    assert {"none", "rotary", "t5", "tupe-a", "tupe-r", "diet-abs", "diet-rel", "alibi", "kerple", "fire"} <= served
+    assert not served & {"xlnet", "shaw"}
 
 
 @pytest.mark.parametrize("position,segment", SERVED)
@@ -77,7 +77,7 @@ def test_fused_matches_eager_with_gradients(position, segment, device):
     _assert_same(got, want)
 
 
-@pytest.mark.parametrize("position", ["diet-rel", "alibi", "tupe-a"])
+@pytest.mark.parametrize("position", ["diet-rel", "alibi", "tupe-a", "fire"])
 def test_causal_lm_matches_eager(position, device):
     """Causality alone reaches the kernel as a flag (blocks above the diagonal skipped)."""
     ref, fused = _pair(lambda **kw: DietCausalModel(tiny_lm(position, **kw)), device, num_hidden_layers=1)
@@ -122,7 +122,7 @@ def test_nothing_on_the_path_is_flagged_nondeterministic(position, segment, devi
 
 
 def test_methods_it_cannot_serve_are_refused_when_built():
-    for position in ("fire", "xlnet", "shaw"):
+    for position in ("xlnet", "shaw"):
         with pytest.raises(ConfigError, match="attn_backend='fused' cannot serve"):
             tiny(16, position=position, attn_backend="fused")
     assert DietConfig.from_preset("bert-tiny", position="t5", attn_backend="fused").attention_probs_dropout_prob > 0

@@ -17,6 +17,12 @@ the tile from small tables:
     M   the additive mask: padding (one value per key), a dense (Lq, Lk) one, or causality (a flag: blocks
         above the diagonal are skipped, blocks below it run without a mask)
 
+In T's place a piecewise term (PIECES > 0): F_h(x) = slope[p, h]·x + intercept[p, h] with x = T[i - j + Lk - 1]
+/ den_i and p the number of kinks below x, found by a binary search over the sorted kinks. That is FIRE's
+f_θ(ψ(i - j) / ψ(max(L, i))) (Li et al. 2023, eq. 4-6): its ReLU MLP of a scalar is piecewise linear, T holds
+ψ(|i - j|) per offset and den ψ(max(L, i)) per query. Its gradients: dT along the diagonals as for a table
+(of dS·slope / den), d den per query row, and per piece Σ dS and Σ dS·x (a loop over the pieces the tile meets).
+
 Tiles wholly inside the lengths (EVEN_M, EVEN_N, EVEN_D: constexpr) load and compute without bounds masks.
 
 Attention dropout multiplies P by Z / (1 - p) before P·V, Z drawn by Philox4x32-10 (Salmon et al. 2011) with
@@ -32,8 +38,9 @@ Gradients without atomics. The dQ kernel runs first: one program per query block
 computes its rows' rowsum(dO ∘ O), loops over the key blocks for dQ, and sums each (BLK, BLK) tile of dS
 along its diagonals (a shear by `tl.gather`, then a column sum), keeping the lower half as a carry for the
 next key block, whose offsets overlap it, and writing each finished stretch once to its own row of a partial
-buffer; segment-pair sums likewise per program. The dK/dV kernel (one program per key block, the tile held
-key-major as the FlashAttention tutorial does, so no operand is transposed in registers) has no reduction. A
+buffer; segment-pair and piece sums likewise per program. The dK/dV kernel (one program per key block, the
+tile held key-major as the FlashAttention tutorial does, so no operand is transposed in registers) has no
+reduction. A
 last kernel adds the partial rows of every program in a fixed order. So two runs give the same bits. The
 partial buffer holds B·H·⌈Lq/BLK⌉·(⌈Lk/BLK⌉ + 1)·BLK float32, about Lq·Lk·B·H/BLK.
 """
@@ -109,18 +116,68 @@ def _load_1d(at, idx, n, MASK: tl.constexpr, other):
 
 
 @triton.jit
+def _offset_values(TAB, stab, h, qi, kj, LQ, LK, MASK_M: tl.constexpr, MASK_N: tl.constexpr):
+    """T[h, i - j + Lk - 1] at the tile's pairs (0 past the lengths)."""
+    at = TAB + h * stab + (LK - 1) + qi - kj
+    if MASK_M or MASK_N:
+        t = tl.load(at, mask=(qi < LQ) & (kj < LK), other=0.0)
+    else:
+        t = tl.load(at)
+    return t
+
+
+@triton.jit
+def _piecewise(n, qi, h, LQ, DEN, PW, MASK_M: tl.constexpr, PIECES: tl.constexpr, LOGKP: tl.constexpr):
+    """F_h(x) = slope[p, h]·x + intercept[p, h] at x = n / den_i, p the number of kinks below x: a binary search
+    over PW's PIECES sorted kinks (+inf past the last real one). Returns (F, x, p, slope[p, h], den_i)."""
+    den = _load_1d(DEN, qi, LQ, MASK_M, 1.0)
+    x = n / den
+    p = tl.zeros_like(x).to(tl.int32)
+    for u in tl.static_range(LOGKP):
+        p = tl.where(tl.load(PW + p + ((PIECES >> (u + 1)) - 1)) < x, p + (PIECES >> (u + 1)), p)
+    p = tl.where(tl.load(PW + p) < x, p + 1, p)
+    row = PW + PIECES + h * (4 * PIECES)  # per head: slopes, then intercepts, 2·PIECES slots each
+    slope = tl.load(row + p)
+    return slope * x + tl.load(row + 2 * PIECES + p), x, p, slope, den
+
+
+@triton.jit
+def _piece_sums(acc, ds, x, p, PIECES: tl.constexpr):
+    """The slopes' and intercepts' gradients, as `_piecewise` lays them out: acc[p] += Σ dS·x and
+    acc[2·PIECES + p] += Σ dS over the tile's pairs in piece p, for the pieces the tile meets."""
+    slot = tl.arange(0, 4 * PIECES)
+    dsx = ds * x
+    for piece in range(tl.min(p), tl.max(p) + 1):
+        on = p == piece
+        acc += tl.where(slot == piece, tl.sum(tl.where(on, dsx, 0.0)), 0.0)
+        acc += tl.where(slot == 2 * PIECES + piece, tl.sum(tl.where(on, ds, 0.0)), 0.0)
+    return acc
+
+
+@triton.jit
+def _store_piece_partials(PWPART, DPART, DEN, pw_acc, den_acc, bh, pid_m, offs_m, LQ, PIECES: tl.constexpr,
+                          EVEN_M: tl.constexpr):
+    """One dQ program's piece sums (its own row of PWPART) and d den of its queries (-Σ_j dx·x / den_i)."""
+    tl.store(PWPART + (bh.to(tl.int64) * tl.num_programs(0) + pid_m) * (4 * PIECES) + tl.arange(0, 4 * PIECES),
+             pw_acc)
+    den = _load_1d(DEN, offs_m, LQ, not EVEN_M, 1.0)
+    if EVEN_M:
+        tl.store(DPART + bh * LQ + offs_m, -den_acc / den)
+    else:
+        tl.store(DPART + bh * LQ + offs_m, -den_acc / den, mask=offs_m < LQ)
+
+
+@triton.jit
 def _add_terms(s, qi, kj, b, h, LQ, LK, TAB, stab, KEEPQ, KEEPK, SEGT, sseg, QSEG, sqs, KSEG, sks, MASK, smb, smh,
-               smm, smn, HAS_TAB: tl.constexpr, HAS_KEEP: tl.constexpr, NSEG: tl.constexpr,
-               MASK_KIND: tl.constexpr, MASK_M: tl.constexpr, MASK_N: tl.constexpr):
+               smm, smn, DEN, PW, HAS_TAB: tl.constexpr, HAS_KEEP: tl.constexpr, NSEG: tl.constexpr,
+               MASK_KIND: tl.constexpr, PIECES: tl.constexpr, LOGKP: tl.constexpr, MASK_M: tl.constexpr, MASK_N: tl.constexpr):
     """s + log2(e) · (Σ position terms + mask) for one tile. qi, kj: the query and key indices, broadcastable
     to s's shape ((BM, 1) and (1, BN), or transposed for a key-major tile); MASK_M / MASK_N: the tile reaches
     past Lq / Lk, so reads are bounded."""
     if HAS_TAB:
-        at = TAB + h * stab + (LK - 1) + qi - kj
-        if MASK_M or MASK_N:
-            t = tl.load(at, mask=(qi < LQ) & (kj < LK), other=0.0)
-        else:
-            t = tl.load(at)
+        t = _offset_values(TAB, stab, h, qi, kj, LQ, LK, MASK_M, MASK_N)
+        if PIECES > 0:
+            t, _x, _piece, _slope, _den = _piecewise(t, qi, h, LQ, DEN, PW, MASK_M, PIECES, LOGKP)
         if HAS_KEEP:
             t = t * _load_1d(KEEPQ, qi, LQ, MASK_M, 0.0) * _load_1d(KEEPK, kj, LK, MASK_N, 0.0)
         s += t * LOG2E_C
@@ -183,16 +240,16 @@ def _scores(q1, q2, k1, k2, D2: tl.constexpr, PREC: tl.constexpr):
 @triton.jit
 def _forward_tile(acc, l_i, m_i, q1, q2, start, offs_m, k_base, v_base, skn, svn, b, h, bh, LQ, LK, DQ, DV_,
                   qk_scale, seed, p_drop, inv_keep, TAB, stab, KEEPQ, KEEPK, SEGT, sseg, QSEG, sqs, KSEG, sks,
-                  MASK, smb, smh, smm, smn, BM: tl.constexpr, BN: tl.constexpr, D1: tl.constexpr, D2: tl.constexpr,
+                  MASK, smb, smh, smm, smn, DEN, PW, BM: tl.constexpr, BN: tl.constexpr, D1: tl.constexpr, D2: tl.constexpr,
                   DVP: tl.constexpr, HAS_TAB: tl.constexpr, HAS_KEEP: tl.constexpr, NSEG: tl.constexpr,
-                  MASK_KIND: tl.constexpr, DROPOUT: tl.constexpr, PREC: tl.constexpr, MASK_M: tl.constexpr,
+                  MASK_KIND: tl.constexpr, PIECES: tl.constexpr, LOGKP: tl.constexpr, DROPOUT: tl.constexpr, PREC: tl.constexpr, MASK_M: tl.constexpr,
                   MASK_N: tl.constexpr, MASK_D: tl.constexpr, DIAG: tl.constexpr):
     """One key block of the online softmax: (acc, l, m) updated."""
     offs_n = start + tl.arange(0, BN)
     k1, k2 = _load_halves(k_base, offs_n, skn, LK, DQ, D1, D2, MASK_N, MASK_D)
     s = _scores(q1, q2, k1, k2, D2, PREC) * qk_scale
     s = _add_terms(s, offs_m[:, None], offs_n[None, :], b, h, LQ, LK, TAB, stab, KEEPQ, KEEPK, SEGT, sseg, QSEG,
-                   sqs, KSEG, sks, MASK, smb, smh, smm, smn, HAS_TAB, HAS_KEEP, NSEG, MASK_KIND, MASK_M, MASK_N)
+                   sqs, KSEG, sks, MASK, smb, smh, smm, smn, DEN, PW, HAS_TAB, HAS_KEEP, NSEG, MASK_KIND, PIECES, LOGKP, MASK_M, MASK_N)
     if MASK_N:
         s = tl.where(offs_n[None, :] < LK, s, float("-inf"))
     if DIAG:
@@ -209,13 +266,13 @@ def _forward_tile(acc, l_i, m_i, q1, q2, start, offs_m, k_base, v_base, skn, svn
 
 
 @triton.jit(do_not_specialize=["seed"])
-def _forward_kernel(Q, K, V, O, LSE, TAB, KEEPQ, KEEPK, SEGT, QSEG, KSEG, MASK,
+def _forward_kernel(Q, K, V, O, LSE, TAB, KEEPQ, KEEPK, SEGT, QSEG, KSEG, MASK, DEN, PW,
                     sqb, sqh, sqm, skb, skh, skn, svb, svh, svn, sob, soh, som,
                     stab, sseg, sqs, sks, smb, smh, smm, smn,
                     H, LQ, LK, DQ, DV_, qk_scale, seed, p_drop, inv_keep,
                     BM: tl.constexpr, BN: tl.constexpr, D1: tl.constexpr, D2: tl.constexpr, DVP: tl.constexpr,
                     HAS_TAB: tl.constexpr, HAS_KEEP: tl.constexpr, NSEG: tl.constexpr,
-                    MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr, PREC: tl.constexpr,
+                    MASK_KIND: tl.constexpr, PIECES: tl.constexpr, LOGKP: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr, PREC: tl.constexpr,
                     EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, EVEN_D: tl.constexpr):
     """One block of BM queries of one (batch row, head) against every key block: FlashAttention-2's forward.
     Key blocks wholly below the causal diagonal and inside Lk run without masks; the rest with them."""
@@ -240,14 +297,14 @@ def _forward_kernel(Q, K, V, O, LSE, TAB, KEEPQ, KEEPK, SEGT, QSEG, KSEG, MASK,
     for start in range(0, full, BN):
         acc, l_i, m_i = _forward_tile(acc, l_i, m_i, q1, q2, start, offs_m, k_base, v_base, skn, svn, b, h, bh,
                                       LQ, LK, DQ, DV_, qk_scale, seed, p_drop, inv_keep, TAB, stab, KEEPQ, KEEPK,
-                                      SEGT, sseg, QSEG, sqs, KSEG, sks, MASK, smb, smh, smm, smn, BM, BN, D1, D2, DVP,
-                                      HAS_TAB, HAS_KEEP, NSEG, MASK_KIND, DROPOUT, PREC, not EVEN_M, False,
+                                      SEGT, sseg, QSEG, sqs, KSEG, sks, MASK, smb, smh, smm, smn, DEN, PW, BM, BN, D1, D2, DVP,
+                                      HAS_TAB, HAS_KEEP, NSEG, MASK_KIND, PIECES, LOGKP, DROPOUT, PREC, not EVEN_M, False,
                                       not EVEN_D, False)
     for start in range(full, hi, BN):
         acc, l_i, m_i = _forward_tile(acc, l_i, m_i, q1, q2, start, offs_m, k_base, v_base, skn, svn, b, h, bh,
                                       LQ, LK, DQ, DV_, qk_scale, seed, p_drop, inv_keep, TAB, stab, KEEPQ, KEEPK,
-                                      SEGT, sseg, QSEG, sqs, KSEG, sks, MASK, smb, smh, smm, smn, BM, BN, D1, D2, DVP,
-                                      HAS_TAB, HAS_KEEP, NSEG, MASK_KIND, DROPOUT, PREC, not EVEN_M, not EVEN_N,
+                                      SEGT, sseg, QSEG, sqs, KSEG, sks, MASK, smb, smh, smm, smn, DEN, PW, BM, BN, D1, D2, DVP,
+                                      HAS_TAB, HAS_KEEP, NSEG, MASK_KIND, PIECES, LOGKP, DROPOUT, PREC, not EVEN_M, not EVEN_N,
                                       not EVEN_D, CAUSAL)
     acc = acc / l_i[:, None]
     _store_2d(O + b * sob + h * soh, offs_m, som, LQ, tl.arange(0, DVP), DV_, acc.to(O.dtype.element_ty),
@@ -286,11 +343,11 @@ def _segment_sums(ds, sq, sk, NSEG: tl.constexpr, NSEG2P: tl.constexpr):
 
 
 @triton.jit
-def _dq_tile(dq1, dq2, carry, seg, q1, q2, do, lse, delta, sq, start, offs_m, k_base, v_base, skn, svn, part_row, NN,
+def _dq_tile(dq1, dq2, carry, seg, pw_acc, den_acc, q1, q2, do, lse, delta, sq, start, offs_m, k_base, v_base, skn, svn, part_row, NN,
              b, h, bh, LQ, LK, DQ, DV_, qk_scale, seed, p_drop, inv_keep, TAB, stab, KEEPQ, KEEPK, SEGT, sseg, QSEG,
-             sqs, KSEG, sks, MASK, smb, smh, smm, smn, BM: tl.constexpr, BN: tl.constexpr, D1: tl.constexpr,
+             sqs, KSEG, sks, MASK, smb, smh, smm, smn, DEN, PW, BM: tl.constexpr, BN: tl.constexpr, D1: tl.constexpr,
              D2: tl.constexpr, DVP: tl.constexpr, HAS_TAB: tl.constexpr, HAS_KEEP: tl.constexpr,
-             NSEG: tl.constexpr, NSEG2P: tl.constexpr, MASK_KIND: tl.constexpr, DROPOUT: tl.constexpr,
+             NSEG: tl.constexpr, NSEG2P: tl.constexpr, MASK_KIND: tl.constexpr, PIECES: tl.constexpr, LOGKP: tl.constexpr, DROPOUT: tl.constexpr,
              PREC: tl.constexpr, TAB_GRAD: tl.constexpr, SEG_GRAD: tl.constexpr, MASK_M: tl.constexpr,
              MASK_N: tl.constexpr, MASK_D: tl.constexpr, DIAG: tl.constexpr):
     """One key block of the dQ loop: dQ, and the tile's dS summed along its offsets and segment pairs."""
@@ -299,7 +356,7 @@ def _dq_tile(dq1, dq2, carry, seg, q1, q2, do, lse, delta, sq, start, offs_m, k_
     v = _load_2d(v_base, offs_n, svn, LK, tl.arange(0, DVP), DV_, MASK_N, MASK_D)
     s = _scores(q1, q2, k1, k2, D2, PREC) * qk_scale
     s = _add_terms(s, offs_m[:, None], offs_n[None, :], b, h, LQ, LK, TAB, stab, KEEPQ, KEEPK, SEGT, sseg, QSEG,
-                   sqs, KSEG, sks, MASK, smb, smh, smm, smn, HAS_TAB, HAS_KEEP, NSEG, MASK_KIND, MASK_M, MASK_N)
+                   sqs, KSEG, sks, MASK, smb, smh, smm, smn, DEN, PW, HAS_TAB, HAS_KEEP, NSEG, MASK_KIND, PIECES, LOGKP, MASK_M, MASK_N)
     p = tl.math.exp2(s - lse[:, None])  # rows past Lq: lse = inf, p = 0
     if MASK_N:
         p = tl.where(offs_n[None, :] < LK, p, 0.0)
@@ -317,23 +374,30 @@ def _dq_tile(dq1, dq2, carry, seg, q1, q2, do, lse, delta, sq, start, offs_m, k_
         if HAS_KEEP:
             dt = ds * _load_1d(KEEPQ, offs_m, LQ, MASK_M, 0.0)[:, None] \
                 * _load_1d(KEEPK, offs_n, LK, MASK_N, 0.0)[None, :]
+        if PIECES > 0:  # F_h(n / den): dF/dx = slope, dx/dn = 1/den, dx/dden = -x/den
+            n = _offset_values(TAB, stab, h, offs_m[:, None], offs_n[None, :], LQ, LK, MASK_M, MASK_N)
+            _f, x, piece, slope, den = _piecewise(n, offs_m[:, None], h, LQ, DEN, PW, MASK_M, PIECES, LOGKP)
+            dx = ds * slope
+            dt = dx / den
+            den_acc += tl.sum(dx * x, 1)
+            pw_acc = _piece_sums(pw_acc, ds, x, piece, PIECES)
         lower, upper = _diagonal_sums(dt, BN)
         tl.store(part_row + (NN - start // BN) * BN + tl.arange(0, BN), upper + carry)  # finished offsets
         carry = lower
     if SEG_GRAD:
         sk = _load_1d(KSEG + b * sks, offs_n, LK, MASK_N, 0)
         seg += _segment_sums(ds, sq, sk, NSEG, NSEG2P)
-    return dq1, dq2, carry, seg
+    return dq1, dq2, carry, seg, pw_acc, den_acc
 
 
 @triton.jit(do_not_specialize=["seed"])
-def _backward_q_kernel(Q, K, V, O, DO, LSE, DELTA, DQ_, PART, SPART, TAB, KEEPQ, KEEPK, SEGT, QSEG, KSEG, MASK,
+def _backward_q_kernel(Q, K, V, O, DO, LSE, DELTA, DQ_, PART, SPART, DPART, PWPART, TAB, KEEPQ, KEEPK, SEGT, QSEG, KSEG, MASK, DEN, PW,
                        sqb, sqh, sqm, skb, skh, skn, svb, svh, svn, sob, soh, som, sdb, sdh, sdm, sgb, sgh, sgm,
                        stab, sseg, sqs, sks, smb, smh, smm, smn,
                        H, LQ, LK, DQ, DV_, qk_scale, scale, seed, p_drop, inv_keep, NN, W,
                        BM: tl.constexpr, BN: tl.constexpr, D1: tl.constexpr, D2: tl.constexpr, DVP: tl.constexpr,
                        HAS_TAB: tl.constexpr, HAS_KEEP: tl.constexpr, NSEG: tl.constexpr, NSEG2P: tl.constexpr,
-                       MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr, PREC: tl.constexpr,
+                       MASK_KIND: tl.constexpr, PIECES: tl.constexpr, LOGKP: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr, PREC: tl.constexpr,
                        TAB_GRAD: tl.constexpr, SEG_GRAD: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr,
                        EVEN_D: tl.constexpr):
     """rowsum(dO ∘ O) and dQ of one query block of one (batch row, head) by FlashAttention-2's second backward
@@ -361,6 +425,10 @@ def _backward_q_kernel(Q, K, V, O, DO, LSE, DELTA, DQ_, PART, SPART, TAB, KEEPQ,
         dq2 = tl.zeros([BM, D2], tl.float32)
     carry = tl.zeros([BN], tl.float32)
     seg = tl.zeros([NSEG2P], tl.float32)
+    pw_acc = tl.zeros([16], tl.float32)
+    if PIECES > 0:
+        pw_acc = tl.zeros([4 * PIECES], tl.float32)  # Σ dS and Σ dS·x per piece of F (FIRE's f_θ)
+    den_acc = tl.zeros([BM], tl.float32)  # Σ_j dx·x per query
     sq = offs_m
     if SEG_GRAD:
         sq = _load_1d(QSEG + b * sqs, offs_m, LQ, not EVEN_M, 0)
@@ -374,18 +442,18 @@ def _backward_q_kernel(Q, K, V, O, DO, LSE, DELTA, DQ_, PART, SPART, TAB, KEEPQ,
         hi = tl.minimum(LK, (pid_m + 1) * BM)
         full = tl.minimum(full, ((pid_m * BM + 1) // BN) * BN)
     for start in range(0, full, BN):
-        dq1, dq2, carry, seg = _dq_tile(dq1, dq2, carry, seg, q1, q2, do, lse, delta, sq, start, offs_m, k_base,
+        dq1, dq2, carry, seg, pw_acc, den_acc = _dq_tile(dq1, dq2, carry, seg, pw_acc, den_acc, q1, q2, do, lse, delta, sq, start, offs_m, k_base,
                                         v_base, skn, svn, part_row, NN, b, h, bh, LQ, LK, DQ, DV_, qk_scale, seed,
                                         p_drop, inv_keep, TAB, stab, KEEPQ, KEEPK, SEGT, sseg, QSEG, sqs, KSEG,
-                                        sks, MASK, smb, smh, smm, smn, BM, BN, D1, D2, DVP, HAS_TAB, HAS_KEEP,
-                                        NSEG, NSEG2P, MASK_KIND, DROPOUT, PREC, TAB_GRAD, SEG_GRAD, not EVEN_M,
+                                        sks, MASK, smb, smh, smm, smn, DEN, PW, BM, BN, D1, D2, DVP, HAS_TAB, HAS_KEEP,
+                                        NSEG, NSEG2P, MASK_KIND, PIECES, LOGKP, DROPOUT, PREC, TAB_GRAD, SEG_GRAD, not EVEN_M,
                                         False, not EVEN_D, False)
     for start in range(full, hi, BN):
-        dq1, dq2, carry, seg = _dq_tile(dq1, dq2, carry, seg, q1, q2, do, lse, delta, sq, start, offs_m, k_base,
+        dq1, dq2, carry, seg, pw_acc, den_acc = _dq_tile(dq1, dq2, carry, seg, pw_acc, den_acc, q1, q2, do, lse, delta, sq, start, offs_m, k_base,
                                         v_base, skn, svn, part_row, NN, b, h, bh, LQ, LK, DQ, DV_, qk_scale, seed,
                                         p_drop, inv_keep, TAB, stab, KEEPQ, KEEPK, SEGT, sseg, QSEG, sqs, KSEG,
-                                        sks, MASK, smb, smh, smm, smn, BM, BN, D1, D2, DVP, HAS_TAB, HAS_KEEP,
-                                        NSEG, NSEG2P, MASK_KIND, DROPOUT, PREC, TAB_GRAD, SEG_GRAD, not EVEN_M,
+                                        sks, MASK, smb, smh, smm, smn, DEN, PW, BM, BN, D1, D2, DVP, HAS_TAB, HAS_KEEP,
+                                        NSEG, NSEG2P, MASK_KIND, PIECES, LOGKP, DROPOUT, PREC, TAB_GRAD, SEG_GRAD, not EVEN_M,
                                         not EVEN_N, not EVEN_D, CAUSAL)
     if TAB_GRAD:  # the last tile's lower diagonals: nothing continues them
         tl.store(part_row + (NN - tl.cdiv(hi, BN)) * BN + tl.arange(0, BN), carry)
@@ -396,14 +464,16 @@ def _backward_q_kernel(Q, K, V, O, DO, LSE, DELTA, DQ_, PART, SPART, TAB, KEEPQ,
                   not EVEN_M, not EVEN_D)
     if SEG_GRAD:
         tl.store(SPART + (bh.to(tl.int64) * tl.num_programs(0) + pid_m) * NSEG2P + tl.arange(0, NSEG2P), seg)
+    if TAB_GRAD and PIECES > 0:
+        _store_piece_partials(PWPART, DPART, DEN, pw_acc, den_acc, bh, pid_m, offs_m, LQ, PIECES, EVEN_M)
 
 
 @triton.jit
 def _kv_tile(dk1, dk2, dv, k1, k2, v, start, n0, offs_n, q_base, do_base, sqm, sdm, b, h, bh, LQ, LK, DQ, DV_,
              qk_scale, seed, p_drop, inv_keep, LSE, DELTA, TAB, stab, KEEPQ, KEEPK, SEGT, sseg, QSEG, sqs, KSEG, sks,
-             MASK, smb, smh, smm, smn, BM: tl.constexpr, BN: tl.constexpr, D1: tl.constexpr, D2: tl.constexpr,
+             MASK, smb, smh, smm, smn, DEN, PW, BM: tl.constexpr, BN: tl.constexpr, D1: tl.constexpr, D2: tl.constexpr,
              DVP: tl.constexpr, HAS_TAB: tl.constexpr, HAS_KEEP: tl.constexpr, NSEG: tl.constexpr,
-             MASK_KIND: tl.constexpr, DROPOUT: tl.constexpr, PREC: tl.constexpr, MASK_M: tl.constexpr,
+             MASK_KIND: tl.constexpr, PIECES: tl.constexpr, LOGKP: tl.constexpr, DROPOUT: tl.constexpr, PREC: tl.constexpr, MASK_M: tl.constexpr,
              MASK_N: tl.constexpr, MASK_D: tl.constexpr, DIAG: tl.constexpr):
     """One query block of the dK/dV loop, the tile key-major: (BN keys, BM queries)."""
     offs_m = start + tl.arange(0, BM)
@@ -413,7 +483,7 @@ def _kv_tile(dk1, dk2, dv, k1, k2, v, start, n0, offs_n, q_base, do_base, sqm, s
     delta = _load_1d(DELTA + bh * LQ, offs_m, LQ, MASK_M, 0.0)
     st = _scores(k1, k2, q1, q2, D2, PREC) * qk_scale  # Sᵀ
     st = _add_terms(st, offs_m[None, :], offs_n[:, None], b, h, LQ, LK, TAB, stab, KEEPQ, KEEPK, SEGT, sseg, QSEG,
-                    sqs, KSEG, sks, MASK, smb, smh, smm, smn, HAS_TAB, HAS_KEEP, NSEG, MASK_KIND, MASK_M, MASK_N)
+                    sqs, KSEG, sks, MASK, smb, smh, smm, smn, DEN, PW, HAS_TAB, HAS_KEEP, NSEG, MASK_KIND, PIECES, LOGKP, MASK_M, MASK_N)
     pt = tl.math.exp2(st - lse[None, :])
     if DIAG:
         pt = tl.where(offs_m[None, :] >= offs_n[:, None], pt, 0.0)
@@ -432,13 +502,13 @@ def _kv_tile(dk1, dk2, dv, k1, k2, v, start, n0, offs_n, q_base, do_base, sqm, s
 
 
 @triton.jit(do_not_specialize=["seed"])
-def _backward_kv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, TAB, KEEPQ, KEEPK, SEGT, QSEG, KSEG, MASK,
+def _backward_kv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, TAB, KEEPQ, KEEPK, SEGT, QSEG, KSEG, MASK, DEN, PW,
                         sqb, sqh, sqm, skb, skh, skn, svb, svh, svn, sdb, sdh, sdm, sgkb, sgkh, sgkn, sgvb, sgvh, sgvn,
                         stab, sseg, sqs, sks, smb, smh, smm, smn,
                         H, LQ, LK, DQ, DV_, qk_scale, scale, seed, p_drop, inv_keep,
                         BM: tl.constexpr, BN: tl.constexpr, D1: tl.constexpr, D2: tl.constexpr, DVP: tl.constexpr,
                         HAS_TAB: tl.constexpr, HAS_KEEP: tl.constexpr, NSEG: tl.constexpr,
-                        MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr, PREC: tl.constexpr,
+                        MASK_KIND: tl.constexpr, PIECES: tl.constexpr, LOGKP: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr, PREC: tl.constexpr,
                         EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, EVEN_D: tl.constexpr):
     """dK, dV of one key block of one (batch row, head), by FlashAttention-2's first backward loop. Query
     blocks wholly above the causal diagonal are skipped, those below it and inside Lq run without masks."""
@@ -471,20 +541,20 @@ def _backward_kv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, TAB, KEEPQ, KEEPK, SEGT
     for start in range(lo, mid, BM):
         dk1, dk2, dv = _kv_tile(dk1, dk2, dv, k1, k2, v, start, n0, offs_n, q_base, do_base, sqm, sdm, b, h, bh, LQ,
                                 LK, DQ, DV_, qk_scale, seed, p_drop, inv_keep, LSE, DELTA, TAB, stab, KEEPQ, KEEPK,
-                                SEGT, sseg, QSEG, sqs, KSEG, sks, MASK, smb, smh, smm, smn, BM, BN, D1, D2, DVP,
-                                HAS_TAB, HAS_KEEP, NSEG, MASK_KIND, DROPOUT, PREC, not EVEN_M, not EVEN_N,
+                                SEGT, sseg, QSEG, sqs, KSEG, sks, MASK, smb, smh, smm, smn, DEN, PW, BM, BN, D1, D2, DVP,
+                                HAS_TAB, HAS_KEEP, NSEG, MASK_KIND, PIECES, LOGKP, DROPOUT, PREC, not EVEN_M, not EVEN_N,
                                 not EVEN_D, True)
     for start in range(mid, end, BM):
         dk1, dk2, dv = _kv_tile(dk1, dk2, dv, k1, k2, v, start, n0, offs_n, q_base, do_base, sqm, sdm, b, h, bh, LQ,
                                 LK, DQ, DV_, qk_scale, seed, p_drop, inv_keep, LSE, DELTA, TAB, stab, KEEPQ, KEEPK,
-                                SEGT, sseg, QSEG, sqs, KSEG, sks, MASK, smb, smh, smm, smn, BM, BN, D1, D2, DVP,
-                                HAS_TAB, HAS_KEEP, NSEG, MASK_KIND, DROPOUT, PREC, False, not EVEN_N, not EVEN_D,
+                                SEGT, sseg, QSEG, sqs, KSEG, sks, MASK, smb, smh, smm, smn, DEN, PW, BM, BN, D1, D2, DVP,
+                                HAS_TAB, HAS_KEEP, NSEG, MASK_KIND, PIECES, LOGKP, DROPOUT, PREC, False, not EVEN_N, not EVEN_D,
                                 False)
     for start in range(tl.maximum(mid, end), LQ, BM):
         dk1, dk2, dv = _kv_tile(dk1, dk2, dv, k1, k2, v, start, n0, offs_n, q_base, do_base, sqm, sdm, b, h, bh, LQ,
                                 LK, DQ, DV_, qk_scale, seed, p_drop, inv_keep, LSE, DELTA, TAB, stab, KEEPQ, KEEPK,
-                                SEGT, sseg, QSEG, sqs, KSEG, sks, MASK, smb, smh, smm, smn, BM, BN, D1, D2, DVP,
-                                HAS_TAB, HAS_KEEP, NSEG, MASK_KIND, DROPOUT, PREC, True, not EVEN_N, not EVEN_D,
+                                SEGT, sseg, QSEG, sqs, KSEG, sks, MASK, smb, smh, smm, smn, DEN, PW, BM, BN, D1, D2, DVP,
+                                HAS_TAB, HAS_KEEP, NSEG, MASK_KIND, PIECES, LOGKP, DROPOUT, PREC, True, not EVEN_N, not EVEN_D,
                                 False)
     _store_2d(DK + b * sgkb + h * sgkh, offs_n, sgkn, LK, d1, DQ, (dk1 * scale).to(DK.dtype.element_ty),
               not EVEN_N, not EVEN_D)
@@ -554,6 +624,13 @@ class Extras:
     #: attention dropout: the probability and the Philox seed (the backward draws the same mask)
     dropout: float = 0.0
     seed: int = 0
+    #: a piecewise-linear F_h of x = T[h, i - j + Lk - 1] / den_i in place of T's value (see `fused_attention`):
+    #: den (Lq,) float32; pieces, `pack_pieces`'s buffer of the sorted kinks and each head's slopes and
+    #: intercepts; slots, its kink slots (a power of two); n_pieces, the pieces (kinks + 1)
+    den: Tensor | None = None
+    pieces: Tensor | None = None
+    slots: int = 0
+    n_pieces: int = 0
 
 
 def _pow2(n: int) -> int:
@@ -709,6 +786,8 @@ def _aux_args(table: Tensor | None, segments: Tensor | None, ex: Extras, dummy: 
     qs = ex.q_segments if ex.q_segments is not None else dummy
     ks = ex.k_segments if ex.k_segments is not None else dummy
     mask = ex.mask if ex.mask is not None else dummy
+    den = ex.den if ex.den is not None else dummy
+    pieces = ex.pieces if ex.pieces is not None else dummy
     stab = table.stride(0) if table is not None and table.shape[0] > 1 else 0
     sseg = segments.stride(0) if segments is not None and segments.shape[0] > 1 else 0
     sqs = ex.q_segments.stride(0) if ex.q_segments is not None else 0
@@ -716,9 +795,21 @@ def _aux_args(table: Tensor | None, segments: Tensor | None, ex: Extras, dummy: 
     # broadcast dimensions (size 1) read the same entries for every index
     ms = tuple(0 if n == 1 else st for n, st in zip(ex.mask.shape, ex.mask.stride())) if ex.mask is not None \
         else (0, 0, 0, 0)
-    pointers = (tab, keep_q, keep_k, seg_t, qs, ks, mask)
+    pointers = (tab, keep_q, keep_k, seg_t, qs, ks, mask, den, pieces)
     strides = (stab, sseg, sqs, sks, *ms)
     return pointers, strides
+
+
+def pack_pieces(kinks: Tensor, slope: Tensor, intercept: Tensor) -> tuple[Tensor, int]:
+    """(buffer, slots): the W sorted kinks padded with +inf to `slots` (a power of two, at least 4), then per head
+    its W + 1 slopes and intercepts, each padded to 2·slots: the layout `_piecewise` reads, float32."""
+    w, heads = kinks.numel(), slope.shape[1]
+    slots = max(4, _pow2(w))
+    per_head = torch.zeros(heads, 2, 2 * slots, dtype=torch.float32, device=slope.device)
+    per_head[:, 0, :w + 1] = slope.detach().T
+    per_head[:, 1, :w + 1] = intercept.detach().T
+    pad = torch.full((slots - w,), torch.inf, dtype=torch.float32, device=kinks.device)
+    return torch.cat([kinks.detach().float(), pad, per_head.flatten()]), slots
 
 
 def _dropout_args(ex: Extras) -> tuple[int, float, float]:
@@ -730,6 +821,8 @@ def _flags(table, segments, ex: Extras, q: Tensor) -> dict:
     nseg = segments.shape[-1] if segments is not None else 0
     kind = 0 if ex.mask is None else (1 if ex.mask.shape[2] == 1 else 2)
     return dict(HAS_TAB=table is not None, HAS_KEEP=ex.q_keep is not None, NSEG=nseg, MASK_KIND=kind,
+                PIECES=ex.slots if ex.pieces is not None else 0,
+                LOGKP=ex.slots.bit_length() - 1 if ex.pieces is not None else 0,
                 CAUSAL=ex.causal, DROPOUT=ex.dropout > 0, PREC=_precision(q))
 
 
@@ -796,13 +889,16 @@ def attention_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
         w = (nn + 1) * bn
         part = torch.empty(b * h * nm, w, dtype=torch.float32, device=q.device) if tab_grad else lse
         spart = torch.empty(b * h * nm, nseg2p, dtype=torch.float32, device=q.device) if seg_grad else lse
-        _backward_q_kernel[(nm, b * h)](q, k, v, out, do, lse, delta, dq, part, spart, *pointers, *q.stride()[:3],
+        piece_grad = tab_grad and ex.pieces is not None
+        dpart = torch.empty(b * h, lq, dtype=torch.float32, device=q.device) if piece_grad else lse
+        pwpart = torch.empty(b * h * nm, 4 * ex.slots, dtype=torch.float32, device=q.device) if piece_grad else lse
+        _backward_q_kernel[(nm, b * h)](q, k, v, out, do, lse, delta, dq, part, spart, dpart, pwpart, *pointers, *q.stride()[:3],
                                         *k.stride()[:3], *v.stride()[:3], *out.stride()[:3], *do.stride()[:3],
                                         *dq.stride()[:3], *tail, nn, w, BM=bm, BN=bn, D1=d1, D2=d2, DVP=dvp, NSEG2P=nseg2p,
                                         TAB_GRAD=tab_grad, SEG_GRAD=seg_grad, EVEN_M=lq % bm == 0,
                                         EVEN_N=lk % bn == 0, EVEN_D=even_d, num_warps=warps, num_stages=stages,
                                         **flags)
-        result.update(part=part, spart=spart, blk=bn, nm=nm, nn=nn, width=w)
+        result.update(part=part, spart=spart, dpart=dpart, pwpart=pwpart, blk=bn, nm=nm, nn=nn, width=w)
 
     def launch_kv(config):
         bm, bn, warps, stages = config
@@ -829,7 +925,12 @@ def attention_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
         pairs = result["spart"].view(b, h, result["nm"], nseg2p)[..., :nseg * nseg].sum((0, 2))  # (H, K·K)
         d_segments = pairs.view(h, nseg, nseg)
         d_segments = d_segments.sum(0, keepdim=True) if segments.shape[0] == 1 else d_segments
-    return dq, dk, dv, d_table, d_segments
+    d_pieces = None
+    if tab_grad and ex.pieces is not None:  # (d den, d slope, d intercept), summed in a fixed order
+        sums = result["pwpart"].view(b, h, result["nm"], 4 * ex.slots).sum((0, 2))  # (H, 4·slots)
+        n, at = ex.n_pieces, 2 * ex.slots
+        d_pieces = (result["dpart"].sum(0), sums[:, :n].T, sums[:, at:at + n].T)
+    return dq, dk, dv, d_table, d_segments, d_pieces
 
 
 def _offset_sums(result: dict, b: int, h: int, n_offsets: int, lk: int, causal: bool) -> Tensor:
@@ -843,10 +944,11 @@ def _offset_sums(result: dict, b: int, h: int, n_offsets: int, lk: int, causal: 
 
 class FusedAttention(torch.autograd.Function):
     """out = softmax(s·q·kᵀ + T[h, i - j] · a_i · c_j + Ŝ[h, σ_i, τ_j] + mask) · v, by the kernels above;
-    gradients for q, k, v, the offset table T and the segment table Ŝ."""
+    gradients for q, k, v, the offset table T, the segment table Ŝ, and a piecewise F's den, slopes and
+    intercepts (their values reach the kernel packed in `extras`)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, table, segments, scale, extras):
+    def forward(ctx, q, k, v, table, segments, den, slope, intercept, scale, extras):
         out, lse = attention_forward(q, k, v, scale, table, segments, extras)
         ctx.save_for_backward(q, k, v, out, lse, table, segments)
         ctx.scale, ctx.extras = scale, extras
@@ -855,22 +957,38 @@ class FusedAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do):
         q, k, v, out, lse, table, segments = ctx.saved_tensors
-        dq, dk, dv, d_table, d_segments = attention_backward(do, q, k, v, out, lse, ctx.scale, table, segments,
-                                                             ctx.extras, ctx.needs_input_grad[3],
-                                                             ctx.needs_input_grad[4])
-        return dq, dk, dv, d_table, d_segments, None, None
+        needs = ctx.needs_input_grad
+        table_grad = needs[3] or (ctx.extras.pieces is not None and any(needs[5:8]))
+        dq, dk, dv, d_table, d_segments, d_pieces = attention_backward(do, q, k, v, out, lse, ctx.scale, table,
+                                                                       segments, ctx.extras, table_grad, needs[4])
+        d_den, d_slope, d_intercept = d_pieces if d_pieces is not None else (None, None, None)
+        return dq, dk, dv, d_table, d_segments, d_den, d_slope, d_intercept, None, None
+
+
+def _float32(x: Tensor | None) -> Tensor | None:
+    return x if x is None or (x.dtype == torch.float32 and x.is_contiguous()) else x.float().contiguous()
 
 
 def fused_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, table: Tensor | None = None,
-                    segments: Tensor | None = None, extras: Extras | None = None) -> Tensor:
+                    segments: Tensor | None = None, extras: Extras | None = None,
+                    pieces: tuple[Tensor, Tensor, Tensor, Tensor] | None = None) -> Tensor:
     """The kernel on q (B, H, Lq, Dq), k (B, H, Lk, Dq), v (B, H, Lk, Dv): out (B, H, Lq, Dv).
 
     table (H|1, Lq + Lk - 1): the offset table T[h, i - j + Lk - 1]; segments (H|1, K, K): Ŝ; extras: see
-    `Extras`. Tables are read as float32 (their gradients flow back through the cast)."""
+    `Extras`. pieces (den (Lq,), kinks (W,) sorted, slope (W + 1, H), intercept (W + 1, H)): the term at (i, j)
+    is then slope[p, h]·x + intercept[p, h] with x = T[i - j + Lk - 1] / den_i and p the number of kinks below
+    x (FIRE's f_θ, a ReLU layer of a scalar, as its linear pieces); no gradient reaches the kinks, which move
+    only where a piece begins. Tables are read as float32 (their gradients flow back through the cast)."""
     extras = extras or Extras()
     q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
-    if table is not None and (table.dtype != torch.float32 or not table.is_contiguous()):
-        table = table.float().contiguous()
-    if segments is not None and (segments.dtype != torch.float32 or not segments.is_contiguous()):
-        segments = segments.float().contiguous()
-    return FusedAttention.apply(q, k, v, table, segments, scale, extras)
+    table, segments = _float32(table), _float32(segments)
+    den = slope = intercept = None
+    if pieces is not None:
+        if table is None:
+            raise ValueError("a piecewise term reads its numerator from the offset table: give `table`")
+        den, kinks, slope, intercept = pieces
+        den, slope, intercept = _float32(den), _float32(slope), _float32(intercept)
+        extras.den = den.detach()
+        extras.pieces, extras.slots = pack_pieces(kinks, slope, intercept)
+        extras.n_pieces = slope.shape[0]
+    return FusedAttention.apply(q, k, v, table, segments, den, slope, intercept, scale, extras)

@@ -23,12 +23,14 @@ import tempfile
 #: Hopper's shared memory per block (227 KiB)
 SHARED_LIMIT = {90: 232448}
 #: every term on: the offset table with its reset, two segments, padding, dropout
-EVERY_TERM = dict(HAS_TAB=True, HAS_KEEP=True, NSEG=2, MASK_KIND=1, CAUSAL=False, DROPOUT=True)
+EVERY_TERM = dict(HAS_TAB=True, HAS_KEEP=True, NSEG=2, MASK_KIND=1, CAUSAL=False, DROPOUT=True, PIECES=0, LOGKP=0)
+#: a piecewise table (FIRE's 32 kinks) in the offset table's place, with the other terms
+PIECEWISE = dict(EVERY_TERM, HAS_KEEP=False, PIECES=32, LOGKP=5)
 FLOATS = ("qk_scale", "scale", "p_drop", "inv_keep", "sign")
 ELEMENT_POINTERS = ("Q", "K", "V", "O", "DO", "DK", "DV", "DQ_", "QO", "KO")
 INT_POINTERS = ("QSEG", "KSEG")
 FLOAT_POINTERS = ("LSE", "DELTA", "TAB", "KEEPQ", "KEEPK", "SEGT", "PART", "SPART", "MASK", "OUT", "CQ", "SQ", "CK",
-                  "SK")
+                  "SK", "DEN", "PW", "DPART", "PWPART")
 
 
 def _signature(fn, dtype: str, constexprs: dict) -> dict:
@@ -76,14 +78,14 @@ def cases(first_only: bool):
 
     widths = [(64, 0, 64), (128, 0, 128), (128, 16, 64)]
     evens = [False] if first_only else [False, True]
-    for dtype, (d1, d2, dvp), even in [(t, w, e) for t in ("bf16", "fp32") for w in widths for e in evens]:
-        if first_only and (dtype, d1, d2) != ("bf16", 64, 0):
-            continue
-        if even and (dtype, d1, d2) != ("bf16", 64, 0):
+    grid = [(t, w, e, terms) for t in ("bf16", "fp32") for w in widths for e in evens
+            for terms in ("every term", "piecewise")]
+    for dtype, (d1, d2, dvp), even, terms in grid:
+        if (first_only or even or terms == "piecewise") and (dtype, d1, d2) != ("bf16", 64, 0):
             continue
         size = 2 if dtype == "bf16" else 4
-        flags = dict(EVERY_TERM, PREC="ieee" if dtype == "fp32" else "tf32", D1=d1, D2=d2, DVP=dvp, EVEN_M=even,
-                     EVEN_N=even, EVEN_D=even and d2 == 0)
+        flags = dict(EVERY_TERM if terms == "every term" else PIECEWISE, PREC="ieee" if dtype == "fp32" else "tf32",
+                     D1=d1, D2=d2, DVP=dvp, EVEN_M=even, EVEN_N=even, EVEN_D=even and d2 == 0)
         tiles = lambda c: dict(BM=c[0], BN=c[1])  # noqa: E731
         lists = [(A._forward_kernel, A.FORWARD_CONFIGS, {}),
                  (A._backward_kv_kernel, A.BACKWARD_KV_CONFIGS, {}),
@@ -93,7 +95,7 @@ def cases(first_only: bool):
             if extra.get("TAB_GRAD"):
                 chosen = [c for c in chosen if c[0] == c[1]]
             for config in chosen[:1 if first_only else None]:
-                label = f"{kernel.__name__} {dtype} {d1}+{d2}/{dvp}{' even' if even else ''} {config}"
+                label = f"{kernel.__name__} {dtype} {d1}+{d2}/{dvp}{' even' if even else ''} {config} {terms}"
                 yield label, kernel, dtype, {**flags, **extra, **tiles(config)}, *config[2:]
 
 

@@ -224,7 +224,7 @@ def main(argv=None) -> int:
     for name, info in REGISTRY.items():
         if fused.refusal(value_terms=info.probabilities, dropout=0.0, method=info) is None:
             results += check_method(name, "per-head" if info.shareable else "input", False, n)
-    for name in ("diet-rel", "alibi", "t5"):
+    for name in ("diet-rel", "alibi", "t5", "fire"):
         results += check_method(name, "none", True, n)
     results += check_dropout(n)
     results += check_whole_tiles(512 if DEVICE == "cuda" else 32)

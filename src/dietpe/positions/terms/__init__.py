@@ -26,12 +26,13 @@ the methods build terms from is `dietpe.positions.context`.
 """
 
 from dietpe.positions.terms.layer import EMPTY, LayerTerms, QKTerm
-from dietpe.positions.terms.logit import LogitTerm, OffsetTable, ScoreMod, SegmentTable, head_at, position_at, row_span
+from dietpe.positions.terms.logit import (LogitTerm, OffsetTable, PiecewiseTable, ScoreMod, SegmentTable, head_at,
+                                         position_at, row_span)
 from dietpe.positions.terms.low_rank import LowRankBias, SegmentBias
 from dietpe.positions.terms.position import DistanceBias, PositionBias
 from dietpe.positions.terms.relative import Band, LazyIndex, QueryRelativeBias, SeparableKeep, TableBias
 from dietpe.positions.terms.values import ValueTerm
 
-__all__ = ["EMPTY", "Band", "DistanceBias", "LayerTerms", "LazyIndex", "LogitTerm", "LowRankBias",
-           "PositionBias", "QKTerm", "QueryRelativeBias", "ScoreMod", "SegmentBias", "TableBias", "ValueTerm",
-           "head_at", "position_at", "row_span"]
+__all__ = ["EMPTY", "Band", "DistanceBias", "LayerTerms", "LazyIndex", "LogitTerm", "LowRankBias", "OffsetTable",
+           "PiecewiseTable", "PositionBias", "QKTerm", "QueryRelativeBias", "ScoreMod", "SegmentBias", "SegmentTable",
+           "TableBias", "ValueTerm", "head_at", "position_at", "row_span"]

@@ -58,6 +58,25 @@ class OffsetTable:
 
 
 @dataclass(frozen=True)
+class PiecewiseTable:
+    """A position-only term over consecutive positions as a piecewise-linear function per head of a ratio of a
+    per-offset and a per-query value, which a fused kernel evaluates inside its tile (FIRE's f_θ(ψ(i - j) /
+    ψ(max(L, i))), a ReLU layer of a scalar, as its linear pieces):
+
+        term[h, i, j] = slope[p, h] · x + intercept[p, h],  x = numerator[i - j + Lk - 1] / den[i],
+        p = the number of kinks below x.
+
+    numerator (Lq + Lk - 1,), den (Lq,), slope and intercept (W + 1, H), differentiable in the method's
+    parameters; kinks (W,) sorted (+inf for a piece that never begins), no gradient: a.e. the pieces do not move."""
+
+    numerator: Tensor
+    den: Tensor
+    kinks: Tensor
+    slope: Tensor
+    intercept: Tensor
+
+
+@dataclass(frozen=True)
 class SegmentTable:
     """term[b, h, i, j] = table[h, q_ids[b, i], k_ids[b, j]]: table (H|1, K, K), ids (B, Lq) and (B, Lk)."""
 
@@ -105,6 +124,8 @@ class LogitTerm(abc.ABC):
         offset_table() -> OffsetTable | None: the term as one value per head and offset i - j (consecutive
             positions), which the fused kernel reads in its tile (`dietpe.attention.kernels.attention`)
         segment_table() -> SegmentTable | None: the term as a per-head table read at two tokens' ids
+        piecewise_table() -> PiecewiseTable | None: the term as a piecewise-linear function per head of
+            numerator[i - j] / den[i] (consecutive positions), which the fused kernel evaluates in its tile
     """
 
     #: "position" or "segment"
@@ -151,6 +172,10 @@ class LogitTerm(abc.ABC):
 
     def segment_table(self) -> SegmentTable | None:
         """The term as a `SegmentTable`, or None."""
+        return None
+
+    def piecewise_table(self) -> PiecewiseTable | None:
+        """The term as a `PiecewiseTable`, or None."""
         return None
 
     def per_forward(self, name: str, build: Callable[[], object]):
