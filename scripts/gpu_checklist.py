@@ -64,7 +64,7 @@ def _dietpe(args: str) -> str:
 # (not the kernel's own tests: the kernels step's selftest checks every method it serves in the models, at GPU
 # sizes; `DIET_TEST_DEVICE=cuda pytest tests/attention/kernels` runs them, a few minutes of compiling)
 CUDA_TESTS = ("tests/models/test_compile.py tests/attention/test_flex.py tests/attention/test_backends.py "
-              "tests/positions/test_references.py tests/analysis/test_off_host.py")
+              "tests/positions/test_references.py tests/analysis/test_off_host.py tests/attention/kernels/test_op.py")
 # without a GPU: the GPU paths as the CPU and the `meta` device see them
 CPU_TESTS = "tests/attention/test_gpu_paths.py tests/bench/test_cost.py"
 PRE = "--recipe cpu --steps 100 --batch-size 64 --device-batch-size 64 --threads 4"
@@ -105,7 +105,9 @@ def steps() -> list[Step]:
              (f"{PY} -m dietpe.bench.study_time --plan gpu-hour --device cuda --precision bf16",),
              f"{PY} -m dietpe.bench.study_time --help", default=False),
         Step("attach", "time", 120, "attach.md",
-             (f"{PY} -m dietpe.bench.attach --device cuda --dtype bfloat16 --shapes 8x2048 --budget 100",),
+             # the methods not yet measured attached first (the budget may end before the last)
+             (f"{PY} -m dietpe.bench.attach --device cuda --dtype bfloat16 --shapes 8x2048 --budget 100 "
+              "--methods native,fire,diet-abs,diet-rel,rotary,none,t5,alibi,kerple",),
              f"{PY} -m dietpe.bench.attach --help"),
     ]
 

@@ -109,6 +109,7 @@ def fused(q: Tensor, k: Tensor, v: Tensor, terms: LayerTerms, mask: Tensor | Cau
         raise NotServed("attn_backend='fused' cannot add value terms (Shaw's); use attn_backend='eager'")
     table, segments, fold, piecewise = plan(terms.logits)
     from dietpe.attention.kernels.attention import Extras, fused_attention, head_parts
+    from dietpe.attention.kernels.op import fused_attention_op
 
     s = scale * terms.score_scale
     q, k = apply_qk(q, k, terms)
@@ -117,8 +118,11 @@ def fused(q: Tensor, k: Tensor, v: Tensor, terms: LayerTerms, mask: Tensor | Cau
         raise NotServed(f"attn_backend='fused' takes head sizes up to {MAX_HEAD_PART} (+ folded channels), got "
                         f"{q.shape[-1]} and {v.shape[-1]}; use attn_backend='sdpa'")
     extras = Extras(causal=isinstance(mask, CausalMask), mask=None if isinstance(mask, CausalMask) else mask)
-    if dropout_p > 0:  # a seed from torch's CPU generator: no wait for the GPU, and a seeded run repeats
-        extras.dropout, extras.seed = dropout_p, int(torch.randint(0, 2**62, ()).item())
+    if dropout_p > 0 and not torch.compiler.is_compiling():
+        # a seed from torch's CPU generator: no wait for the GPU, and a seeded run repeats (compiled, the
+        # kernel's operator draws it the same way)
+        extras.seed = int(torch.randint(0, 2**62, ()).item())
+    extras.dropout = dropout_p
     if table is not None and table.q_keep is not None:
         extras.q_keep, extras.k_keep = (x if x.dtype == torch.float32 and x.is_contiguous() else x.float().contiguous()
                                         for x in (table.q_keep, table.k_keep))
@@ -130,5 +134,7 @@ def fused(q: Tensor, k: Tensor, v: Tensor, terms: LayerTerms, mask: Tensor | Cau
     if piecewise is not None:
         values = piecewise.numerator.unsqueeze(0)  # (1, Lq + Lk - 1): the heads share it
         pieces = (piecewise.den, piecewise.kinks, piecewise.slope, piecewise.intercept)
-    out = fused_attention(q, k, v, s, values, segments.table if segments is not None else None, extras, pieces)
+    # compiling: the kernel as custom operators (dynamo cannot trace Triton's launcher)
+    call = fused_attention_op if torch.compiler.is_compiling() else fused_attention
+    out = call(q, k, v, s, values, segments.table if segments is not None else None, extras, pieces)
     return out, None

@@ -181,3 +181,21 @@ def test_auto_leaves_the_cpu_to_sdpa(monkeypatch):
     ids, mask, seg = batch(L)
     with torch.no_grad():
         model(ids, mask, seg)
+
+
+@pytest.mark.parametrize("spec", ["fire", "diet-rel", "alibi"])
+def test_attached_llama_decodes_with_the_kernel_as_with_eager(spec, device):
+    """A Hugging Face Llama given a method with backend="fused": the cached decoding's logits (the query's
+    position past the cache: FIRE's normaliser reads it) equal the full forward's and eager's."""
+    import dietpe
+    from tests.integrations.test_attach import assert_cached_equals_full, build, ids
+
+    fused = dietpe.attach(build("llama"), spec, backend="fused").eval().to(device)
+    with torch.no_grad():
+        for p in fused.model.diet_positions.parameters():
+            p.normal_()
+    ref = dietpe.attach(build("llama"), spec, backend="eager").eval().to(device)
+    ref.load_state_dict(fused.state_dict())
+    x = ids(batch=2, length=10).to(device)
+    assert_cached_equals_full(fused, x)
+    torch.testing.assert_close(fused(x).logits, ref(x).logits, atol=1e-5, rtol=1e-4)

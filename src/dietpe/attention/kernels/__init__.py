@@ -13,13 +13,20 @@ without it: torch's CUDA wheels ship it, and on the CPU it is a test dependency,
 
 from __future__ import annotations
 
-import functools
 import os
 
 
-@functools.cache
+_PROBLEM: list[str | None] = []  # found once; a list, not functools.cache, which dynamo warns of when tracing
+
+
 def triton_problem() -> str | None:
     """Why the kernels cannot run in this environment (Triton missing, or too old for `tl.gather`), or None."""
+    if not _PROBLEM:
+        _PROBLEM.append(_find_problem())
+    return _PROBLEM[0]
+
+
+def _find_problem() -> str | None:
     try:
         import triton
         import triton.language as tl

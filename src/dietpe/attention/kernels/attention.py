@@ -929,7 +929,9 @@ def attention_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
     if tab_grad and ex.pieces is not None:  # (d den, d slope, d intercept), summed in a fixed order
         sums = result["pwpart"].view(b, h, result["nm"], 4 * ex.slots).sum((0, 2))  # (H, 4·slots)
         n, at = ex.n_pieces, 2 * ex.slots
-        d_pieces = (result["dpart"].sum(0), sums[:, :n].T, sums[:, at:at + n].T)
+        dense = torch.contiguous_format  # copies, not views of one buffer (an operator returns no aliases)
+        d_pieces = (result["dpart"].sum(0), sums[:, :n].T.clone(memory_format=dense),
+                    sums[:, at:at + n].T.clone(memory_format=dense))
     return dq, dk, dv, d_table, d_segments, d_pieces
 
 
@@ -969,6 +971,18 @@ def _float32(x: Tensor | None) -> Tensor | None:
     return x if x is None or (x.dtype == torch.float32 and x.is_contiguous()) else x.float().contiguous()
 
 
+def kernel_inputs(q: Tensor, k: Tensor, v: Tensor, table: Tensor | None, segments: Tensor | None,
+                  pieces: tuple[Tensor, Tensor, Tensor, Tensor] | None):
+    """The inputs as the kernels read them: q, k, v with unit stride along the head, the tables (and a piecewise
+    term's den, slopes and intercepts) float32 and contiguous; their gradients flow back through the casts."""
+    q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
+    if pieces is not None:
+        if table is None:
+            raise ValueError("a piecewise term reads its numerator from the offset table: give `table`")
+        pieces = (_float32(pieces[0]), pieces[1], _float32(pieces[2]), _float32(pieces[3]))
+    return q, k, v, _float32(table), _float32(segments), pieces
+
+
 def fused_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, table: Tensor | None = None,
                     segments: Tensor | None = None, extras: Extras | None = None,
                     pieces: tuple[Tensor, Tensor, Tensor, Tensor] | None = None) -> Tensor:
@@ -980,14 +994,10 @@ def fused_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, table: Tensor
     x (FIRE's f_θ, a ReLU layer of a scalar, as its linear pieces); no gradient reaches the kinks, which move
     only where a piece begins. Tables are read as float32 (their gradients flow back through the cast)."""
     extras = extras or Extras()
-    q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
-    table, segments = _float32(table), _float32(segments)
+    q, k, v, table, segments, pieces = kernel_inputs(q, k, v, table, segments, pieces)
     den = slope = intercept = None
     if pieces is not None:
-        if table is None:
-            raise ValueError("a piecewise term reads its numerator from the offset table: give `table`")
         den, kinks, slope, intercept = pieces
-        den, slope, intercept = _float32(den), _float32(slope), _float32(intercept)
         extras.den = den.detach()
         extras.pieces, extras.slots = pack_pieces(kinks, slope, intercept)
         extras.n_pieces = slope.shape[0]

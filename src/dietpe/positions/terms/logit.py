@@ -138,6 +138,7 @@ class LogitTerm(abc.ABC):
         self.reuse = True
         self.kept: Callable[[], Tensor] | None = None
         self._dense: Tensor | None = None
+        self._per_forward: dict[str, object] = {}
 
     @abc.abstractmethod
     def build(self, q: Tensor | None, rows: tuple[int, int] | None) -> Tensor:
@@ -182,7 +183,7 @@ class LogitTerm(abc.ABC):
         """build(), kept on the term for the layers of the forward that share it while `reuse` is on."""
         if not self.reuse:
             return build()
-        store = self.__dict__.setdefault("_per_forward", {})
+        store = self._per_forward  # a plain attribute: torch 2.11's dynamo cannot trace __dict__.setdefault
         if name not in store:
             store[name] = build()
         return store[name]
