@@ -24,6 +24,9 @@ f_θ(ψ(i - j) / ψ(max(L, i))) (Li et al. 2023, eq. 4-6): its ReLU MLP of a sca
 (of dS·slope / den), d den per query row, and per piece Σ dS and Σ dS·x (a loop over the pieces the tile meets).
 
 Tiles wholly inside the lengths (EVEN_M, EVEN_N, EVEN_D: constexpr) load and compute without bounds masks.
+Work the mask wholly blocks is skipped where the result is the same: under padding the key loop spans a row's
+open keys only, under a dense mask (packed documents) a wholly blocked tile is skipped; a query that sees no
+open key gets the equation's softmax over its blocked scores all the same.
 
 Attention dropout multiplies P by Z / (1 - p) before P·V, Z drawn by Philox4x32-10 (Salmon et al. 2011) with
 32-bit counters (row b·H·Lq + h·Lq + i, key group j // 4) from a seed per call: one call gives the uniforms of
@@ -65,6 +68,11 @@ LOG2E = 1.4426950408889634
 UPCAST_DOT = tl.constexpr(interpreting())
 # blocked entries of an additive mask are finfo.min, whose product with log2(e) overflows float32: clamped
 MASK_FLOOR = tl.constexpr(-1e30)
+# a mask value at or below this blocks its pair: exp of it is 0 in float32 beside any open score (fp16 masks are
+# -65504, old BERT code's -10000); a tile of such values is skipped where its row sees some open key, whose
+# log-sum-exp (log2 units) is then above LSE_OPEN
+MASK_SKIP = tl.constexpr(-1e4)
+LSE_OPEN = tl.constexpr(-5e3)
 LOG2E_C = tl.constexpr(LOG2E)
 
 
@@ -168,9 +176,9 @@ def _store_piece_partials(PWPART, DPART, DEN, pw_acc, den_acc, bh, pid_m, offs_m
 
 
 @triton.jit
-def _add_terms(s, qi, kj, b, h, LQ, LK, TAB, stab, KEEPQ, KEEPK, SEGT, sseg, QSEG, sqs, KSEG, sks, MASK, smb, smh,
-               smm, smn, DEN, PW, HAS_TAB: tl.constexpr, HAS_KEEP: tl.constexpr, NSEG: tl.constexpr,
-               MASK_KIND: tl.constexpr, PIECES: tl.constexpr, LOGKP: tl.constexpr, MASK_M: tl.constexpr, MASK_N: tl.constexpr):
+def _add_terms(s, qi, kj, b, h, LQ, LK, TAB, stab, KEEPQ, KEEPK, SEGT, sseg, QSEG, sqs, KSEG, sks, MASK, smb, smh, smm,
+               smn, DEN, PW, HAS_TAB: tl.constexpr, HAS_KEEP: tl.constexpr, NSEG: tl.constexpr, MASK_KIND: tl.constexpr,
+               PIECES: tl.constexpr, LOGKP: tl.constexpr, MASK_M: tl.constexpr, MASK_N: tl.constexpr):
     """s + log2(e) · (Σ position terms + mask) for one tile. qi, kj: the query and key indices, broadcastable
     to s's shape ((BM, 1) and (1, BN), or transposed for a key-major tile); MASK_M / MASK_N: the tile reaches
     past Lq / Lk, so reads are bounded."""
@@ -238,18 +246,67 @@ def _scores(q1, q2, k1, k2, D2: tl.constexpr, PREC: tl.constexpr):
 
 
 @triton.jit
+def _tile_live(MASK, b, h, qi, kj, LQ, LK, smb, smh, smm, smn, MASK_KIND: tl.constexpr, MASK_M: tl.constexpr,
+               MASK_N: tl.constexpr):
+    """Whether the additive mask leaves a pair of the tile open (a value above MASK_SKIP): a tile wholly of
+    padding, or of another packed document, is skipped. qi, kj as in `_add_terms`."""
+    if MASK_KIND == 1:
+        at = MASK + b * smb + h * smh + kj * smn
+        if MASK_N:
+            mv = tl.load(at, mask=kj < LK, other=float("-inf"))
+        else:
+            mv = tl.load(at)
+    else:
+        at = MASK + b * smb + h * smh + qi * smm + kj * smn
+        if MASK_M or MASK_N:
+            mv = tl.load(at, mask=(qi < LQ) & (kj < LK), other=float("-inf"))
+        else:
+            mv = tl.load(at)
+    return tl.max(mv.to(tl.float32)) > MASK_SKIP
+
+
+@triton.jit
+def _open_keys(MASK, b, h, LK, smb, smh, smn, BN: tl.constexpr):
+    """(first, last) key a per-key mask (padding) leaves open in row b, or (LK, -1) if it blocks every key."""
+    first = LK
+    last = -1
+    for start in range(0, LK, BN):
+        kj = start + tl.arange(0, BN)
+        mv = tl.load(MASK + b * smb + h * smh + kj * smn, mask=kj < LK, other=float("-inf")).to(tl.float32)
+        is_open = mv > MASK_SKIP
+        first = tl.minimum(first, tl.min(tl.where(is_open, kj, LK)))
+        last = tl.maximum(last, tl.max(tl.where(is_open, kj, -1)))
+    return first, last
+
+
+@triton.jit
+def _key_range(MASK, b, h, LK, smb, smh, smn, lo_query, hi, full, BN: tl.constexpr, CAUSAL: tl.constexpr):
+    """(lo, hi, full) of a query block's key loop under a padding mask: from the first open key's block to the
+    last's, where every query of the block (from lo_query on) sees an open key; unchanged where one sees none."""
+    first, last = _open_keys(MASK, b, h, LK, smb, smh, smn, BN)
+    if CAUSAL:
+        every_row = first <= lo_query  # query i sees keys <= i
+    else:
+        every_row = first < LK
+    end = tl.where(every_row, tl.cdiv(last + 1, BN) * BN, hi)
+    return tl.where(every_row, (first // BN) * BN, 0), tl.minimum(hi, end), tl.minimum(full, end)
+
+
+@triton.jit
 def _forward_tile(acc, l_i, m_i, q1, q2, start, offs_m, k_base, v_base, skn, svn, b, h, bh, LQ, LK, DQ, DV_,
                   qk_scale, seed, p_drop, inv_keep, TAB, stab, KEEPQ, KEEPK, SEGT, sseg, QSEG, sqs, KSEG, sks,
-                  MASK, smb, smh, smm, smn, DEN, PW, BM: tl.constexpr, BN: tl.constexpr, D1: tl.constexpr, D2: tl.constexpr,
-                  DVP: tl.constexpr, HAS_TAB: tl.constexpr, HAS_KEEP: tl.constexpr, NSEG: tl.constexpr,
-                  MASK_KIND: tl.constexpr, PIECES: tl.constexpr, LOGKP: tl.constexpr, DROPOUT: tl.constexpr, PREC: tl.constexpr, MASK_M: tl.constexpr,
-                  MASK_N: tl.constexpr, MASK_D: tl.constexpr, DIAG: tl.constexpr):
+                  MASK, smb, smh, smm, smn, DEN, PW, BM: tl.constexpr, BN: tl.constexpr, D1: tl.constexpr,
+                  D2: tl.constexpr, DVP: tl.constexpr, HAS_TAB: tl.constexpr, HAS_KEEP: tl.constexpr,
+                  NSEG: tl.constexpr, MASK_KIND: tl.constexpr, PIECES: tl.constexpr, LOGKP: tl.constexpr,
+                  DROPOUT: tl.constexpr, PREC: tl.constexpr, MASK_M: tl.constexpr, MASK_N: tl.constexpr,
+                  MASK_D: tl.constexpr, DIAG: tl.constexpr):
     """One key block of the online softmax: (acc, l, m) updated."""
     offs_n = start + tl.arange(0, BN)
     k1, k2 = _load_halves(k_base, offs_n, skn, LK, DQ, D1, D2, MASK_N, MASK_D)
     s = _scores(q1, q2, k1, k2, D2, PREC) * qk_scale
     s = _add_terms(s, offs_m[:, None], offs_n[None, :], b, h, LQ, LK, TAB, stab, KEEPQ, KEEPK, SEGT, sseg, QSEG,
-                   sqs, KSEG, sks, MASK, smb, smh, smm, smn, DEN, PW, HAS_TAB, HAS_KEEP, NSEG, MASK_KIND, PIECES, LOGKP, MASK_M, MASK_N)
+                   sqs, KSEG, sks, MASK, smb, smh, smm, smn, DEN, PW, HAS_TAB, HAS_KEEP, NSEG, MASK_KIND, PIECES,
+                   LOGKP, MASK_M, MASK_N)
     if MASK_N:
         s = tl.where(offs_n[None, :] < LK, s, float("-inf"))
     if DIAG:
@@ -265,24 +322,43 @@ def _forward_tile(acc, l_i, m_i, q1, q2, start, offs_m, k_base, v_base, skn, svn
     return acc, l_i, m_new
 
 
-@triton.jit(do_not_specialize=["seed"])
-def _forward_kernel(Q, K, V, O, LSE, TAB, KEEPQ, KEEPK, SEGT, QSEG, KSEG, MASK, DEN, PW,
-                    sqb, sqh, sqm, skb, skh, skn, svb, svh, svn, sob, soh, som,
-                    stab, sseg, sqs, sks, smb, smh, smm, smn,
-                    H, LQ, LK, DQ, DV_, qk_scale, seed, p_drop, inv_keep,
-                    BM: tl.constexpr, BN: tl.constexpr, D1: tl.constexpr, D2: tl.constexpr, DVP: tl.constexpr,
-                    HAS_TAB: tl.constexpr, HAS_KEEP: tl.constexpr, NSEG: tl.constexpr,
-                    MASK_KIND: tl.constexpr, PIECES: tl.constexpr, LOGKP: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr, PREC: tl.constexpr,
-                    EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, EVEN_D: tl.constexpr):
-    """One block of BM queries of one (batch row, head) against every key block: FlashAttention-2's forward.
-    Key blocks wholly below the causal diagonal and inside Lk run without masks; the rest with them."""
-    pid_m = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = (bh // H).to(tl.int64)
-    h = (bh % H).to(tl.int64)
-    offs_m = pid_m * BM + tl.arange(0, BM)
-    q_base, k_base, v_base = Q + b * sqb + h * sqh, K + b * skb + h * skh, V + b * svb + h * svh
-    q1, q2 = _load_halves(q_base, offs_m, sqm, LQ, DQ, D1, D2, not EVEN_M, not EVEN_D)
+@triton.jit
+def _forward_block(acc, l_i, m_i, q1, q2, start, offs_m, k_base, v_base, skn, svn, b, h, bh, LQ, LK, DQ, DV_,
+                   qk_scale, seed, p_drop, inv_keep, TAB, stab, KEEPQ, KEEPK, SEGT, sseg, QSEG, sqs, KSEG, sks,
+                   MASK, smb, smh, smm, smn, DEN, PW, BM: tl.constexpr, BN: tl.constexpr, D1: tl.constexpr,
+                   D2: tl.constexpr, DVP: tl.constexpr, HAS_TAB: tl.constexpr, HAS_KEEP: tl.constexpr,
+                   NSEG: tl.constexpr, MASK_KIND: tl.constexpr, PIECES: tl.constexpr, LOGKP: tl.constexpr,
+                   DROPOUT: tl.constexpr, PREC: tl.constexpr, MASK_M: tl.constexpr, MASK_N: tl.constexpr,
+                   MASK_D: tl.constexpr, DIAG: tl.constexpr, SKIP: tl.constexpr):
+    """`_forward_tile`, or nothing for a tile the mask wholly blocks (SKIP: a query block whose every query sees
+    some key, where such a tile's weights are exactly 0)."""
+    if SKIP:
+        if _tile_live(MASK, b, h, offs_m[:, None], (start + tl.arange(0, BN))[None, :], LQ, LK, smb, smh, smm, smn,
+                      MASK_KIND, MASK_M, MASK_N):
+            acc, l_i, m_i = _forward_tile(acc, l_i, m_i, q1, q2, start, offs_m, k_base, v_base, skn, svn, b, h, bh,
+                                          LQ, LK, DQ, DV_, qk_scale, seed, p_drop, inv_keep, TAB, stab, KEEPQ, KEEPK,
+                                          SEGT, sseg, QSEG, sqs, KSEG, sks, MASK, smb, smh, smm, smn, DEN, PW, BM, BN,
+                                          D1, D2, DVP, HAS_TAB, HAS_KEEP, NSEG, MASK_KIND, PIECES, LOGKP, DROPOUT,
+                                          PREC, MASK_M, MASK_N, MASK_D, DIAG)
+    else:
+        acc, l_i, m_i = _forward_tile(acc, l_i, m_i, q1, q2, start, offs_m, k_base, v_base, skn, svn, b, h, bh,
+                                      LQ, LK, DQ, DV_, qk_scale, seed, p_drop, inv_keep, TAB, stab, KEEPQ, KEEPK,
+                                      SEGT, sseg, QSEG, sqs, KSEG, sks, MASK, smb, smh, smm, smn, DEN, PW, BM, BN,
+                                      D1, D2, DVP, HAS_TAB, HAS_KEEP, NSEG, MASK_KIND, PIECES, LOGKP, DROPOUT,
+                                      PREC, MASK_M, MASK_N, MASK_D, DIAG)
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _forward_rows(q1, q2, offs_m, pid_m, k_base, v_base, skn, svn, b, h, bh, LQ, LK, DQ, DV_, qk_scale, seed, p_drop,
+                  inv_keep, TAB, stab, KEEPQ, KEEPK, SEGT, sseg, QSEG, sqs, KSEG, sks, MASK, smb, smh, smm, smn, DEN,
+                  PW, BM: tl.constexpr, BN: tl.constexpr, D1: tl.constexpr, D2: tl.constexpr, DVP: tl.constexpr,
+                  HAS_TAB: tl.constexpr, HAS_KEEP: tl.constexpr, NSEG: tl.constexpr, MASK_KIND: tl.constexpr,
+                  PIECES: tl.constexpr, LOGKP: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr,
+                  PREC: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, EVEN_D: tl.constexpr,
+                  SKIP: tl.constexpr):
+    """(acc, l, m) of one query block over every key block: those wholly below the causal diagonal and inside Lk
+    without masks, the rest with them; blocks above the diagonal skipped."""
     m_i = tl.full([BM], float("-inf"), tl.float32)
     l_i = tl.zeros([BM], tl.float32)
     acc = tl.zeros([BM, DVP], tl.float32)
@@ -292,20 +368,58 @@ def _forward_kernel(Q, K, V, O, LSE, TAB, KEEPQ, KEEPK, SEGT, QSEG, KSEG, MASK, 
     else:
         full = (LK // BN) * BN  # key blocks inside Lk
     if CAUSAL:
-        hi = tl.minimum(LK, (pid_m + 1) * BM)  # blocks above the diagonal are skipped
+        hi = tl.minimum(LK, (pid_m + 1) * BM)
         full = tl.minimum(full, ((pid_m * BM + 1) // BN) * BN)  # every key <= the block's first query
-    for start in range(0, full, BN):
-        acc, l_i, m_i = _forward_tile(acc, l_i, m_i, q1, q2, start, offs_m, k_base, v_base, skn, svn, b, h, bh,
-                                      LQ, LK, DQ, DV_, qk_scale, seed, p_drop, inv_keep, TAB, stab, KEEPQ, KEEPK,
-                                      SEGT, sseg, QSEG, sqs, KSEG, sks, MASK, smb, smh, smm, smn, DEN, PW, BM, BN, D1, D2, DVP,
-                                      HAS_TAB, HAS_KEEP, NSEG, MASK_KIND, PIECES, LOGKP, DROPOUT, PREC, not EVEN_M, False,
-                                      not EVEN_D, False)
-    for start in range(full, hi, BN):
-        acc, l_i, m_i = _forward_tile(acc, l_i, m_i, q1, q2, start, offs_m, k_base, v_base, skn, svn, b, h, bh,
-                                      LQ, LK, DQ, DV_, qk_scale, seed, p_drop, inv_keep, TAB, stab, KEEPQ, KEEPK,
-                                      SEGT, sseg, QSEG, sqs, KSEG, sks, MASK, smb, smh, smm, smn, DEN, PW, BM, BN, D1, D2, DVP,
-                                      HAS_TAB, HAS_KEEP, NSEG, MASK_KIND, PIECES, LOGKP, DROPOUT, PREC, not EVEN_M, not EVEN_N,
-                                      not EVEN_D, CAUSAL)
+    lo = 0
+    if MASK_KIND == 1:  # padding: only the key blocks between the first and the last open key
+        lo, hi, full = _key_range(MASK, b, h, LK, smb, smh, smn, pid_m * BM, hi, full, BN, CAUSAL)
+    for start in range(lo, full, BN):
+        acc, l_i, m_i = _forward_block(acc, l_i, m_i, q1, q2, start, offs_m, k_base, v_base, skn, svn, b, h, bh,
+                                       LQ, LK, DQ, DV_, qk_scale, seed, p_drop, inv_keep, TAB, stab, KEEPQ, KEEPK,
+                                       SEGT, sseg, QSEG, sqs, KSEG, sks, MASK, smb, smh, smm, smn, DEN, PW, BM, BN,
+                                       D1, D2, DVP, HAS_TAB, HAS_KEEP, NSEG, MASK_KIND, PIECES, LOGKP, DROPOUT, PREC,
+                                       not EVEN_M, False, not EVEN_D, False, SKIP)
+    for start in range(tl.maximum(full, lo), hi, BN):
+        acc, l_i, m_i = _forward_block(acc, l_i, m_i, q1, q2, start, offs_m, k_base, v_base, skn, svn, b, h, bh,
+                                       LQ, LK, DQ, DV_, qk_scale, seed, p_drop, inv_keep, TAB, stab, KEEPQ, KEEPK,
+                                       SEGT, sseg, QSEG, sqs, KSEG, sks, MASK, smb, smh, smm, smn, DEN, PW, BM, BN,
+                                       D1, D2, DVP, HAS_TAB, HAS_KEEP, NSEG, MASK_KIND, PIECES, LOGKP, DROPOUT, PREC,
+                                       not EVEN_M, not EVEN_N, not EVEN_D, CAUSAL, SKIP)
+    return acc, l_i, m_i
+
+
+@triton.jit(do_not_specialize=["seed"])
+def _forward_kernel(Q, K, V, O, LSE, TAB, KEEPQ, KEEPK, SEGT, QSEG, KSEG, MASK, DEN, PW,
+                    sqb, sqh, sqm, skb, skh, skn, svb, svh, svn, sob, soh, som,
+                    stab, sseg, sqs, sks, smb, smh, smm, smn,
+                    H, LQ, LK, DQ, DV_, qk_scale, seed, p_drop, inv_keep,
+                    BM: tl.constexpr, BN: tl.constexpr, D1: tl.constexpr, D2: tl.constexpr, DVP: tl.constexpr,
+                    HAS_TAB: tl.constexpr, HAS_KEEP: tl.constexpr, NSEG: tl.constexpr,
+                    MASK_KIND: tl.constexpr, PIECES: tl.constexpr, LOGKP: tl.constexpr, CAUSAL: tl.constexpr,
+                    DROPOUT: tl.constexpr, PREC: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr,
+                    EVEN_D: tl.constexpr):
+    """One block of BM queries of one (batch row, head) against every key block: FlashAttention-2's forward.
+    With a mask, key blocks it wholly blocks are skipped; if a query then saw nothing (every key blocked), the
+    block runs again without skipping, as the equation has it (softmax over the blocked scores)."""
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = (bh // H).to(tl.int64)
+    h = (bh % H).to(tl.int64)
+    offs_m = pid_m * BM + tl.arange(0, BM)
+    q_base, k_base, v_base = Q + b * sqb + h * sqh, K + b * skb + h * skh, V + b * svb + h * svh
+    q1, q2 = _load_halves(q_base, offs_m, sqm, LQ, DQ, D1, D2, not EVEN_M, not EVEN_D)
+    acc, l_i, m_i = _forward_rows(q1, q2, offs_m, pid_m, k_base, v_base, skn, svn, b, h, bh, LQ, LK, DQ, DV_,
+                                  qk_scale, seed, p_drop, inv_keep, TAB, stab, KEEPQ, KEEPK, SEGT, sseg, QSEG, sqs,
+                                  KSEG, sks, MASK, smb, smh, smm, smn, DEN, PW, BM, BN, D1, D2, DVP, HAS_TAB,
+                                  HAS_KEEP, NSEG, MASK_KIND, PIECES, LOGKP, CAUSAL, DROPOUT, PREC, EVEN_M, EVEN_N,
+                                  EVEN_D, MASK_KIND == 2)
+    if MASK_KIND == 2:
+        if tl.min(tl.where(offs_m < LQ, l_i, 1.0)) == 0.0:
+            acc, l_i, m_i = _forward_rows(q1, q2, offs_m, pid_m, k_base, v_base, skn, svn, b, h, bh, LQ, LK, DQ,
+                                          DV_, qk_scale, seed, p_drop, inv_keep, TAB, stab, KEEPQ, KEEPK, SEGT, sseg,
+                                          QSEG, sqs, KSEG, sks, MASK, smb, smh, smm, smn, DEN, PW, BM, BN, D1, D2,
+                                          DVP, HAS_TAB, HAS_KEEP, NSEG, MASK_KIND, PIECES, LOGKP, CAUSAL, DROPOUT,
+                                          PREC, EVEN_M, EVEN_N, EVEN_D, False)
     acc = acc / l_i[:, None]
     _store_2d(O + b * sob + h * soh, offs_m, som, LQ, tl.arange(0, DVP), DV_, acc.to(O.dtype.element_ty),
               not EVEN_M, not EVEN_D)
@@ -343,20 +457,23 @@ def _segment_sums(ds, sq, sk, NSEG: tl.constexpr, NSEG2P: tl.constexpr):
 
 
 @triton.jit
-def _dq_tile(dq1, dq2, carry, seg, pw_acc, den_acc, q1, q2, do, lse, delta, sq, start, offs_m, k_base, v_base, skn, svn, part_row, NN,
-             b, h, bh, LQ, LK, DQ, DV_, qk_scale, seed, p_drop, inv_keep, TAB, stab, KEEPQ, KEEPK, SEGT, sseg, QSEG,
-             sqs, KSEG, sks, MASK, smb, smh, smm, smn, DEN, PW, BM: tl.constexpr, BN: tl.constexpr, D1: tl.constexpr,
-             D2: tl.constexpr, DVP: tl.constexpr, HAS_TAB: tl.constexpr, HAS_KEEP: tl.constexpr,
-             NSEG: tl.constexpr, NSEG2P: tl.constexpr, MASK_KIND: tl.constexpr, PIECES: tl.constexpr, LOGKP: tl.constexpr, DROPOUT: tl.constexpr,
-             PREC: tl.constexpr, TAB_GRAD: tl.constexpr, SEG_GRAD: tl.constexpr, MASK_M: tl.constexpr,
-             MASK_N: tl.constexpr, MASK_D: tl.constexpr, DIAG: tl.constexpr):
-    """One key block of the dQ loop: dQ, and the tile's dS summed along its offsets and segment pairs."""
+def _dq_tile_body(dq1, dq2, seg, pw_acc, den_acc, q1, q2, do, lse, delta, sq, start, offs_m, k_base, v_base, skn,
+                  svn, b, h, bh, LQ, LK, DQ, DV_, qk_scale, seed, p_drop, inv_keep, TAB, stab, KEEPQ, KEEPK, SEGT,
+                  sseg, QSEG, sqs, KSEG, sks, MASK, smb, smh, smm, smn, DEN, PW, BM: tl.constexpr, BN: tl.constexpr,
+                  D1: tl.constexpr, D2: tl.constexpr, DVP: tl.constexpr, HAS_TAB: tl.constexpr,
+                  HAS_KEEP: tl.constexpr, NSEG: tl.constexpr, NSEG2P: tl.constexpr, MASK_KIND: tl.constexpr,
+                  PIECES: tl.constexpr, LOGKP: tl.constexpr, DROPOUT: tl.constexpr, PREC: tl.constexpr,
+                  TAB_GRAD: tl.constexpr, SEG_GRAD: tl.constexpr, MASK_M: tl.constexpr, MASK_N: tl.constexpr,
+                  MASK_D: tl.constexpr, DIAG: tl.constexpr):
+    """One key block of the dQ loop: dQ, the tile's dS summed along its diagonals (lower, upper: see
+    `_diagonal_sums`), segment pairs and pieces."""
     offs_n = start + tl.arange(0, BN)
     k1, k2 = _load_halves(k_base, offs_n, skn, LK, DQ, D1, D2, MASK_N, MASK_D)
     v = _load_2d(v_base, offs_n, svn, LK, tl.arange(0, DVP), DV_, MASK_N, MASK_D)
     s = _scores(q1, q2, k1, k2, D2, PREC) * qk_scale
     s = _add_terms(s, offs_m[:, None], offs_n[None, :], b, h, LQ, LK, TAB, stab, KEEPQ, KEEPK, SEGT, sseg, QSEG,
-                   sqs, KSEG, sks, MASK, smb, smh, smm, smn, DEN, PW, HAS_TAB, HAS_KEEP, NSEG, MASK_KIND, PIECES, LOGKP, MASK_M, MASK_N)
+                   sqs, KSEG, sks, MASK, smb, smh, smm, smn, DEN, PW, HAS_TAB, HAS_KEEP, NSEG, MASK_KIND, PIECES,
+                   LOGKP, MASK_M, MASK_N)
     p = tl.math.exp2(s - lse[:, None])  # rows past Lq: lse = inf, p = 0
     if MASK_N:
         p = tl.where(offs_n[None, :] < LK, p, 0.0)
@@ -369,7 +486,9 @@ def _dq_tile(dq1, dq2, carry, seg, pw_acc, den_acc, q1, q2, do, lse, delta, sq, 
     dq1 += _dot(ds.to(k1.dtype), k1, PREC)
     if D2 > 0:
         dq2 += _dot(ds.to(k2.dtype), k2, PREC)
-    if TAB_GRAD:  # square tiles: the next key block's tile continues this one's lower diagonals
+    lower = tl.zeros([BN], tl.float32)
+    upper = lower
+    if TAB_GRAD:
         dt = ds
         if HAS_KEEP:
             dt = ds * _load_1d(KEEPQ, offs_m, LQ, MASK_M, 0.0)[:, None] \
@@ -382,24 +501,57 @@ def _dq_tile(dq1, dq2, carry, seg, pw_acc, den_acc, q1, q2, do, lse, delta, sq, 
             den_acc += tl.sum(dx * x, 1)
             pw_acc = _piece_sums(pw_acc, ds, x, piece, PIECES)
         lower, upper = _diagonal_sums(dt, BN)
-        tl.store(part_row + (NN - start // BN) * BN + tl.arange(0, BN), upper + carry)  # finished offsets
-        carry = lower
     if SEG_GRAD:
         sk = _load_1d(KSEG + b * sks, offs_n, LK, MASK_N, 0)
         seg += _segment_sums(ds, sq, sk, NSEG, NSEG2P)
+    return dq1, dq2, lower, upper, seg, pw_acc, den_acc
+
+
+@triton.jit
+def _dq_tile(dq1, dq2, carry, seg, pw_acc, den_acc, open_rows, q1, q2, do, lse, delta, sq, start, offs_m, k_base,
+             v_base, skn, svn, part_row, NN, b, h, bh, LQ, LK, DQ, DV_, qk_scale, seed, p_drop, inv_keep, TAB, stab,
+             KEEPQ, KEEPK, SEGT, sseg, QSEG, sqs, KSEG, sks, MASK, smb, smh, smm, smn, DEN, PW, BM: tl.constexpr,
+             BN: tl.constexpr, D1: tl.constexpr, D2: tl.constexpr, DVP: tl.constexpr, HAS_TAB: tl.constexpr,
+             HAS_KEEP: tl.constexpr, NSEG: tl.constexpr, NSEG2P: tl.constexpr, MASK_KIND: tl.constexpr,
+             PIECES: tl.constexpr, LOGKP: tl.constexpr, DROPOUT: tl.constexpr, PREC: tl.constexpr,
+             TAB_GRAD: tl.constexpr, SEG_GRAD: tl.constexpr, MASK_M: tl.constexpr, MASK_N: tl.constexpr,
+             MASK_D: tl.constexpr, DIAG: tl.constexpr):
+    """`_dq_tile_body`, skipped where the mask wholly blocks the tile and every query of the block sees some open
+    key (open_rows: its dS is then 0); the finished diagonals written, the lower ones carried (square tiles: the
+    next key block's tile continues them)."""
+    lower = tl.zeros([BN], tl.float32)
+    upper = lower
+    if MASK_KIND == 2:
+        live = _tile_live(MASK, b, h, offs_m[:, None], (start + tl.arange(0, BN))[None, :], LQ, LK, smb, smh, smm,
+                          smn, MASK_KIND, MASK_M, MASK_N).to(tl.int32)
+        if live + 1 - open_rows > 0:
+            dq1, dq2, lower, upper, seg, pw_acc, den_acc = _dq_tile_body(
+                dq1, dq2, seg, pw_acc, den_acc, q1, q2, do, lse, delta, sq, start, offs_m, k_base, v_base, skn, svn,
+                b, h, bh, LQ, LK, DQ, DV_, qk_scale, seed, p_drop, inv_keep, TAB, stab, KEEPQ, KEEPK, SEGT, sseg,
+                QSEG, sqs, KSEG, sks, MASK, smb, smh, smm, smn, DEN, PW, BM, BN, D1, D2, DVP, HAS_TAB, HAS_KEEP,
+                NSEG, NSEG2P, MASK_KIND, PIECES, LOGKP, DROPOUT, PREC, TAB_GRAD, SEG_GRAD, MASK_M, MASK_N, MASK_D,
+                DIAG)
+    else:
+        dq1, dq2, lower, upper, seg, pw_acc, den_acc = _dq_tile_body(
+            dq1, dq2, seg, pw_acc, den_acc, q1, q2, do, lse, delta, sq, start, offs_m, k_base, v_base, skn, svn,
+            b, h, bh, LQ, LK, DQ, DV_, qk_scale, seed, p_drop, inv_keep, TAB, stab, KEEPQ, KEEPK, SEGT, sseg,
+            QSEG, sqs, KSEG, sks, MASK, smb, smh, smm, smn, DEN, PW, BM, BN, D1, D2, DVP, HAS_TAB, HAS_KEEP,
+            NSEG, NSEG2P, MASK_KIND, PIECES, LOGKP, DROPOUT, PREC, TAB_GRAD, SEG_GRAD, MASK_M, MASK_N, MASK_D, DIAG)
+    if TAB_GRAD:
+        tl.store(part_row + (NN - start // BN) * BN + tl.arange(0, BN), upper + carry)  # finished offsets
+        carry = lower
     return dq1, dq2, carry, seg, pw_acc, den_acc
 
 
 @triton.jit(do_not_specialize=["seed"])
-def _backward_q_kernel(Q, K, V, O, DO, LSE, DELTA, DQ_, PART, SPART, DPART, PWPART, TAB, KEEPQ, KEEPK, SEGT, QSEG, KSEG, MASK, DEN, PW,
-                       sqb, sqh, sqm, skb, skh, skn, svb, svh, svn, sob, soh, som, sdb, sdh, sdm, sgb, sgh, sgm,
-                       stab, sseg, sqs, sks, smb, smh, smm, smn,
-                       H, LQ, LK, DQ, DV_, qk_scale, scale, seed, p_drop, inv_keep, NN, W,
-                       BM: tl.constexpr, BN: tl.constexpr, D1: tl.constexpr, D2: tl.constexpr, DVP: tl.constexpr,
-                       HAS_TAB: tl.constexpr, HAS_KEEP: tl.constexpr, NSEG: tl.constexpr, NSEG2P: tl.constexpr,
-                       MASK_KIND: tl.constexpr, PIECES: tl.constexpr, LOGKP: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr, PREC: tl.constexpr,
-                       TAB_GRAD: tl.constexpr, SEG_GRAD: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr,
-                       EVEN_D: tl.constexpr):
+def _backward_q_kernel(Q, K, V, O, DO, LSE, DELTA, DQ_, PART, SPART, DPART, PWPART, TAB, KEEPQ, KEEPK, SEGT, QSEG, KSEG,
+                       MASK, DEN, PW, sqb, sqh, sqm, skb, skh, skn, svb, svh, svn, sob, soh, som, sdb, sdh, sdm, sgb,
+                       sgh, sgm, stab, sseg, sqs, sks, smb, smh, smm, smn, H, LQ, LK, DQ, DV_, qk_scale, scale, seed,
+                       p_drop, inv_keep, NN, W, BM: tl.constexpr, BN: tl.constexpr, D1: tl.constexpr, D2: tl.constexpr,
+                       DVP: tl.constexpr, HAS_TAB: tl.constexpr, HAS_KEEP: tl.constexpr, NSEG: tl.constexpr,
+                       NSEG2P: tl.constexpr, MASK_KIND: tl.constexpr, PIECES: tl.constexpr, LOGKP: tl.constexpr,
+                       CAUSAL: tl.constexpr, DROPOUT: tl.constexpr, PREC: tl.constexpr, TAB_GRAD: tl.constexpr,
+                       SEG_GRAD: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, EVEN_D: tl.constexpr):
     """rowsum(dO ∘ O) and dQ of one query block of one (batch row, head) by FlashAttention-2's second backward
     loop, and its rows of the tables' partial sums. Runs before the dK/dV kernel, which reads the row sums."""
     pid_m = tl.program_id(0)
@@ -429,6 +581,8 @@ def _backward_q_kernel(Q, K, V, O, DO, LSE, DELTA, DQ_, PART, SPART, DPART, PWPA
     if PIECES > 0:
         pw_acc = tl.zeros([4 * PIECES], tl.float32)  # Σ dS and Σ dS·x per piece of F (FIRE's f_θ)
     den_acc = tl.zeros([BM], tl.float32)  # Σ_j dx·x per query
+    # every query of the block sees some open key: a tile the mask wholly blocks has dS = 0 and is skipped
+    open_rows = (tl.min(tl.where(offs_m < LQ, lse, float("inf"))) > LSE_OPEN).to(tl.int32)
     sq = offs_m
     if SEG_GRAD:
         sq = _load_1d(QSEG + b * sqs, offs_m, LQ, not EVEN_M, 0)
@@ -441,20 +595,27 @@ def _backward_q_kernel(Q, K, V, O, DO, LSE, DELTA, DQ_, PART, SPART, DPART, PWPA
     if CAUSAL:
         hi = tl.minimum(LK, (pid_m + 1) * BM)
         full = tl.minimum(full, ((pid_m * BM + 1) // BN) * BN)
-    for start in range(0, full, BN):
-        dq1, dq2, carry, seg, pw_acc, den_acc = _dq_tile(dq1, dq2, carry, seg, pw_acc, den_acc, q1, q2, do, lse, delta, sq, start, offs_m, k_base,
-                                        v_base, skn, svn, part_row, NN, b, h, bh, LQ, LK, DQ, DV_, qk_scale, seed,
-                                        p_drop, inv_keep, TAB, stab, KEEPQ, KEEPK, SEGT, sseg, QSEG, sqs, KSEG,
-                                        sks, MASK, smb, smh, smm, smn, DEN, PW, BM, BN, D1, D2, DVP, HAS_TAB, HAS_KEEP,
-                                        NSEG, NSEG2P, MASK_KIND, PIECES, LOGKP, DROPOUT, PREC, TAB_GRAD, SEG_GRAD, not EVEN_M,
-                                        False, not EVEN_D, False)
-    for start in range(full, hi, BN):
-        dq1, dq2, carry, seg, pw_acc, den_acc = _dq_tile(dq1, dq2, carry, seg, pw_acc, den_acc, q1, q2, do, lse, delta, sq, start, offs_m, k_base,
-                                        v_base, skn, svn, part_row, NN, b, h, bh, LQ, LK, DQ, DV_, qk_scale, seed,
-                                        p_drop, inv_keep, TAB, stab, KEEPQ, KEEPK, SEGT, sseg, QSEG, sqs, KSEG,
-                                        sks, MASK, smb, smh, smm, smn, DEN, PW, BM, BN, D1, D2, DVP, HAS_TAB, HAS_KEEP,
-                                        NSEG, NSEG2P, MASK_KIND, PIECES, LOGKP, DROPOUT, PREC, TAB_GRAD, SEG_GRAD, not EVEN_M,
-                                        not EVEN_N, not EVEN_D, CAUSAL)
+    lo = 0
+    if MASK_KIND == 1:  # the forward's key range (the partial rows of the blocks outside it stay zero)
+        lo, hi, full = _key_range(MASK, b, h, LK, smb, smh, smn, pid_m * BM, hi, full, BN, CAUSAL)
+    for start in range(lo, full, BN):
+        dq1, dq2, carry, seg, pw_acc, den_acc = _dq_tile(dq1, dq2, carry, seg, pw_acc, den_acc, open_rows, q1, q2, do,
+                                                         lse, delta, sq, start, offs_m, k_base, v_base, skn, svn,
+                                                         part_row, NN, b, h, bh, LQ, LK, DQ, DV_, qk_scale, seed,
+                                                         p_drop, inv_keep, TAB, stab, KEEPQ, KEEPK, SEGT, sseg, QSEG,
+                                                         sqs, KSEG, sks, MASK, smb, smh, smm, smn, DEN, PW, BM, BN, D1,
+                                                         D2, DVP, HAS_TAB, HAS_KEEP, NSEG, NSEG2P, MASK_KIND, PIECES,
+                                                         LOGKP, DROPOUT, PREC, TAB_GRAD, SEG_GRAD, not EVEN_M, False,
+                                                         not EVEN_D, False)
+    for start in range(tl.maximum(full, lo), hi, BN):
+        dq1, dq2, carry, seg, pw_acc, den_acc = _dq_tile(dq1, dq2, carry, seg, pw_acc, den_acc, open_rows, q1, q2, do,
+                                                         lse, delta, sq, start, offs_m, k_base, v_base, skn, svn,
+                                                         part_row, NN, b, h, bh, LQ, LK, DQ, DV_, qk_scale, seed,
+                                                         p_drop, inv_keep, TAB, stab, KEEPQ, KEEPK, SEGT, sseg, QSEG,
+                                                         sqs, KSEG, sks, MASK, smb, smh, smm, smn, DEN, PW, BM, BN, D1,
+                                                         D2, DVP, HAS_TAB, HAS_KEEP, NSEG, NSEG2P, MASK_KIND, PIECES,
+                                                         LOGKP, DROPOUT, PREC, TAB_GRAD, SEG_GRAD, not EVEN_M,
+                                                         not EVEN_N, not EVEN_D, CAUSAL)
     if TAB_GRAD:  # the last tile's lower diagonals: nothing continues them
         tl.store(part_row + (NN - tl.cdiv(hi, BN)) * BN + tl.arange(0, BN), carry)
     dq_base = DQ_ + b * sgb + h * sgh  # dQ has its own strides: q may be a view with gaps (a split of q, k, v)
@@ -469,12 +630,12 @@ def _backward_q_kernel(Q, K, V, O, DO, LSE, DELTA, DQ_, PART, SPART, DPART, PWPA
 
 
 @triton.jit
-def _kv_tile(dk1, dk2, dv, k1, k2, v, start, n0, offs_n, q_base, do_base, sqm, sdm, b, h, bh, LQ, LK, DQ, DV_,
-             qk_scale, seed, p_drop, inv_keep, LSE, DELTA, TAB, stab, KEEPQ, KEEPK, SEGT, sseg, QSEG, sqs, KSEG, sks,
-             MASK, smb, smh, smm, smn, DEN, PW, BM: tl.constexpr, BN: tl.constexpr, D1: tl.constexpr, D2: tl.constexpr,
+def _kv_tile(dk1, dk2, dv, k1, k2, v, start, n0, offs_n, q_base, do_base, sqm, sdm, b, h, bh, LQ, LK, DQ, DV_, qk_scale,
+             seed, p_drop, inv_keep, LSE, DELTA, TAB, stab, KEEPQ, KEEPK, SEGT, sseg, QSEG, sqs, KSEG, sks, MASK, smb,
+             smh, smm, smn, DEN, PW, BM: tl.constexpr, BN: tl.constexpr, D1: tl.constexpr, D2: tl.constexpr,
              DVP: tl.constexpr, HAS_TAB: tl.constexpr, HAS_KEEP: tl.constexpr, NSEG: tl.constexpr,
-             MASK_KIND: tl.constexpr, PIECES: tl.constexpr, LOGKP: tl.constexpr, DROPOUT: tl.constexpr, PREC: tl.constexpr, MASK_M: tl.constexpr,
-             MASK_N: tl.constexpr, MASK_D: tl.constexpr, DIAG: tl.constexpr):
+             MASK_KIND: tl.constexpr, PIECES: tl.constexpr, LOGKP: tl.constexpr, DROPOUT: tl.constexpr,
+             PREC: tl.constexpr, MASK_M: tl.constexpr, MASK_N: tl.constexpr, MASK_D: tl.constexpr, DIAG: tl.constexpr):
     """One query block of the dK/dV loop, the tile key-major: (BN keys, BM queries)."""
     offs_m = start + tl.arange(0, BM)
     q1, q2 = _load_halves(q_base, offs_m, sqm, LQ, DQ, D1, D2, MASK_M, MASK_D)
@@ -482,8 +643,9 @@ def _kv_tile(dk1, dk2, dv, k1, k2, v, start, n0, offs_n, q_base, do_base, sqm, s
     lse = _load_1d(LSE + bh * LQ, offs_m, LQ, MASK_M, float("inf"))  # rows past Lq: p = 0
     delta = _load_1d(DELTA + bh * LQ, offs_m, LQ, MASK_M, 0.0)
     st = _scores(k1, k2, q1, q2, D2, PREC) * qk_scale  # Sᵀ
-    st = _add_terms(st, offs_m[None, :], offs_n[:, None], b, h, LQ, LK, TAB, stab, KEEPQ, KEEPK, SEGT, sseg, QSEG,
-                    sqs, KSEG, sks, MASK, smb, smh, smm, smn, DEN, PW, HAS_TAB, HAS_KEEP, NSEG, MASK_KIND, PIECES, LOGKP, MASK_M, MASK_N)
+    st = _add_terms(st, offs_m[None, :], offs_n[:, None], b, h, LQ, LK, TAB, stab, KEEPQ, KEEPK, SEGT, sseg, QSEG, sqs,
+                    KSEG, sks, MASK, smb, smh, smm, smn, DEN, PW, HAS_TAB, HAS_KEEP, NSEG, MASK_KIND, PIECES, LOGKP,
+                    MASK_M, MASK_N)
     pt = tl.math.exp2(st - lse[None, :])
     if DIAG:
         pt = tl.where(offs_m[None, :] >= offs_n[:, None], pt, 0.0)
@@ -501,15 +663,45 @@ def _kv_tile(dk1, dk2, dv, k1, k2, v, start, n0, offs_n, q_base, do_base, sqm, s
     return dk1, dk2, dv
 
 
+@triton.jit
+def _kv_block(dk1, dk2, dv, k1, k2, v, start, n0, offs_n, q_base, do_base, sqm, sdm, b, h, bh, LQ, LK, DQ, DV_,
+              qk_scale, seed, p_drop, inv_keep, LSE, DELTA, TAB, stab, KEEPQ, KEEPK, SEGT, sseg, QSEG, sqs, KSEG, sks,
+              MASK, smb, smh, smm, smn, DEN, PW, BM: tl.constexpr, BN: tl.constexpr, D1: tl.constexpr,
+              D2: tl.constexpr, DVP: tl.constexpr, HAS_TAB: tl.constexpr, HAS_KEEP: tl.constexpr, NSEG: tl.constexpr,
+              MASK_KIND: tl.constexpr, PIECES: tl.constexpr, LOGKP: tl.constexpr, DROPOUT: tl.constexpr,
+              PREC: tl.constexpr, MASK_M: tl.constexpr, MASK_N: tl.constexpr, MASK_D: tl.constexpr,
+              DIAG: tl.constexpr):
+    """`_kv_tile`, skipped where the mask wholly blocks the tile and every one of its queries sees some open key
+    (its log-sum-exp above LSE_OPEN): P and dS are 0 there."""
+    if MASK_KIND == 2:
+        offs_m = start + tl.arange(0, BM)
+        lse = _load_1d(LSE + bh * LQ, offs_m, LQ, MASK_M, float("inf"))
+        open_rows = (tl.min(lse) > LSE_OPEN).to(tl.int32)
+        live = _tile_live(MASK, b, h, offs_m[None, :], offs_n[:, None], LQ, LK, smb, smh, smm, smn, MASK_KIND,
+                          MASK_M, MASK_N).to(tl.int32)
+        if live + 1 - open_rows > 0:
+            dk1, dk2, dv = _kv_tile(dk1, dk2, dv, k1, k2, v, start, n0, offs_n, q_base, do_base, sqm, sdm, b, h, bh,
+                                    LQ, LK, DQ, DV_, qk_scale, seed, p_drop, inv_keep, LSE, DELTA, TAB, stab, KEEPQ,
+                                    KEEPK, SEGT, sseg, QSEG, sqs, KSEG, sks, MASK, smb, smh, smm, smn, DEN, PW, BM, BN,
+                                    D1, D2, DVP, HAS_TAB, HAS_KEEP, NSEG, MASK_KIND, PIECES, LOGKP, DROPOUT, PREC,
+                                    MASK_M, MASK_N, MASK_D, DIAG)
+    else:
+        dk1, dk2, dv = _kv_tile(dk1, dk2, dv, k1, k2, v, start, n0, offs_n, q_base, do_base, sqm, sdm, b, h, bh, LQ,
+                                LK, DQ, DV_, qk_scale, seed, p_drop, inv_keep, LSE, DELTA, TAB, stab, KEEPQ, KEEPK,
+                                SEGT, sseg, QSEG, sqs, KSEG, sks, MASK, smb, smh, smm, smn, DEN, PW, BM, BN, D1, D2,
+                                DVP, HAS_TAB, HAS_KEEP, NSEG, MASK_KIND, PIECES, LOGKP, DROPOUT, PREC, MASK_M, MASK_N,
+                                MASK_D, DIAG)
+    return dk1, dk2, dv
+
+
 @triton.jit(do_not_specialize=["seed"])
-def _backward_kv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, TAB, KEEPQ, KEEPK, SEGT, QSEG, KSEG, MASK, DEN, PW,
-                        sqb, sqh, sqm, skb, skh, skn, svb, svh, svn, sdb, sdh, sdm, sgkb, sgkh, sgkn, sgvb, sgvh, sgvn,
-                        stab, sseg, sqs, sks, smb, smh, smm, smn,
-                        H, LQ, LK, DQ, DV_, qk_scale, scale, seed, p_drop, inv_keep,
+def _backward_kv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, TAB, KEEPQ, KEEPK, SEGT, QSEG, KSEG, MASK, DEN, PW, sqb, sqh,
+                        sqm, skb, skh, skn, svb, svh, svn, sdb, sdh, sdm, sgkb, sgkh, sgkn, sgvb, sgvh, sgvn, stab,
+                        sseg, sqs, sks, smb, smh, smm, smn, H, LQ, LK, DQ, DV_, qk_scale, scale, seed, p_drop, inv_keep,
                         BM: tl.constexpr, BN: tl.constexpr, D1: tl.constexpr, D2: tl.constexpr, DVP: tl.constexpr,
-                        HAS_TAB: tl.constexpr, HAS_KEEP: tl.constexpr, NSEG: tl.constexpr,
-                        MASK_KIND: tl.constexpr, PIECES: tl.constexpr, LOGKP: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr, PREC: tl.constexpr,
-                        EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, EVEN_D: tl.constexpr):
+                        HAS_TAB: tl.constexpr, HAS_KEEP: tl.constexpr, NSEG: tl.constexpr, MASK_KIND: tl.constexpr,
+                        PIECES: tl.constexpr, LOGKP: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr,
+                        PREC: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, EVEN_D: tl.constexpr):
     """dK, dV of one key block of one (batch row, head), by FlashAttention-2's first backward loop. Query
     blocks wholly above the causal diagonal are skipped, those below it and inside Lq run without masks."""
     pid_n = tl.program_id(0)
@@ -535,27 +727,38 @@ def _backward_kv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, TAB, KEEPQ, KEEPK, SEGT
         end = (LQ // BM) * BM  # query blocks inside Lq
     lo = 0
     mid = 0
+    stop = LQ
     if CAUSAL:
         lo = (n0 // BM) * BM  # query blocks before it see none of these keys
         mid = tl.minimum(tl.cdiv(n0 + BN - 1, BM) * BM, LQ)  # from here every query sees every key
+    if MASK_KIND == 1:  # keys wholly padded, seen only by queries that see an open key: P = 0, nothing to add
+        first, _last = _open_keys(MASK, b, h, LK, smb, smh, smn, BN)
+        if CAUSAL:
+            every_row = first <= n0  # each query that sees these keys (i >= n0) sees an open one
+        else:
+            every_row = first < LK
+        own = tl.load(MASK + b * smb + h * smh + offs_n * smn, mask=offs_n < LK, other=float("-inf"))
+        skip = every_row & (tl.max(own.to(tl.float32)) <= MASK_SKIP)
+        lo, mid, end, stop = (tl.where(skip, 0, lo), tl.where(skip, 0, mid), tl.where(skip, 0, end),
+                              tl.where(skip, 0, stop))
     for start in range(lo, mid, BM):
-        dk1, dk2, dv = _kv_tile(dk1, dk2, dv, k1, k2, v, start, n0, offs_n, q_base, do_base, sqm, sdm, b, h, bh, LQ,
-                                LK, DQ, DV_, qk_scale, seed, p_drop, inv_keep, LSE, DELTA, TAB, stab, KEEPQ, KEEPK,
-                                SEGT, sseg, QSEG, sqs, KSEG, sks, MASK, smb, smh, smm, smn, DEN, PW, BM, BN, D1, D2, DVP,
-                                HAS_TAB, HAS_KEEP, NSEG, MASK_KIND, PIECES, LOGKP, DROPOUT, PREC, not EVEN_M, not EVEN_N,
-                                not EVEN_D, True)
+        dk1, dk2, dv = _kv_block(dk1, dk2, dv, k1, k2, v, start, n0, offs_n, q_base, do_base, sqm, sdm, b, h, bh, LQ,
+                                 LK, DQ, DV_, qk_scale, seed, p_drop, inv_keep, LSE, DELTA, TAB, stab, KEEPQ, KEEPK,
+                                 SEGT, sseg, QSEG, sqs, KSEG, sks, MASK, smb, smh, smm, smn, DEN, PW, BM, BN, D1, D2,
+                                 DVP, HAS_TAB, HAS_KEEP, NSEG, MASK_KIND, PIECES, LOGKP, DROPOUT, PREC, not EVEN_M,
+                                 not EVEN_N, not EVEN_D, True)
     for start in range(mid, end, BM):
-        dk1, dk2, dv = _kv_tile(dk1, dk2, dv, k1, k2, v, start, n0, offs_n, q_base, do_base, sqm, sdm, b, h, bh, LQ,
-                                LK, DQ, DV_, qk_scale, seed, p_drop, inv_keep, LSE, DELTA, TAB, stab, KEEPQ, KEEPK,
-                                SEGT, sseg, QSEG, sqs, KSEG, sks, MASK, smb, smh, smm, smn, DEN, PW, BM, BN, D1, D2, DVP,
-                                HAS_TAB, HAS_KEEP, NSEG, MASK_KIND, PIECES, LOGKP, DROPOUT, PREC, False, not EVEN_N, not EVEN_D,
-                                False)
-    for start in range(tl.maximum(mid, end), LQ, BM):
-        dk1, dk2, dv = _kv_tile(dk1, dk2, dv, k1, k2, v, start, n0, offs_n, q_base, do_base, sqm, sdm, b, h, bh, LQ,
-                                LK, DQ, DV_, qk_scale, seed, p_drop, inv_keep, LSE, DELTA, TAB, stab, KEEPQ, KEEPK,
-                                SEGT, sseg, QSEG, sqs, KSEG, sks, MASK, smb, smh, smm, smn, DEN, PW, BM, BN, D1, D2, DVP,
-                                HAS_TAB, HAS_KEEP, NSEG, MASK_KIND, PIECES, LOGKP, DROPOUT, PREC, True, not EVEN_N, not EVEN_D,
-                                False)
+        dk1, dk2, dv = _kv_block(dk1, dk2, dv, k1, k2, v, start, n0, offs_n, q_base, do_base, sqm, sdm, b, h, bh, LQ,
+                                 LK, DQ, DV_, qk_scale, seed, p_drop, inv_keep, LSE, DELTA, TAB, stab, KEEPQ, KEEPK,
+                                 SEGT, sseg, QSEG, sqs, KSEG, sks, MASK, smb, smh, smm, smn, DEN, PW, BM, BN, D1, D2,
+                                 DVP, HAS_TAB, HAS_KEEP, NSEG, MASK_KIND, PIECES, LOGKP, DROPOUT, PREC, False,
+                                 not EVEN_N, not EVEN_D, False)
+    for start in range(tl.maximum(mid, end), stop, BM):
+        dk1, dk2, dv = _kv_block(dk1, dk2, dv, k1, k2, v, start, n0, offs_n, q_base, do_base, sqm, sdm, b, h, bh, LQ,
+                                 LK, DQ, DV_, qk_scale, seed, p_drop, inv_keep, LSE, DELTA, TAB, stab, KEEPQ, KEEPK,
+                                 SEGT, sseg, QSEG, sqs, KSEG, sks, MASK, smb, smh, smm, smn, DEN, PW, BM, BN, D1, D2,
+                                 DVP, HAS_TAB, HAS_KEEP, NSEG, MASK_KIND, PIECES, LOGKP, DROPOUT, PREC, True,
+                                 not EVEN_N, not EVEN_D, False)
     _store_2d(DK + b * sgkb + h * sgkh, offs_n, sgkn, LK, d1, DQ, (dk1 * scale).to(DK.dtype.element_ty),
               not EVEN_N, not EVEN_D)
     if D2 > 0:
@@ -887,17 +1090,19 @@ def attention_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
         bm, bn, warps, stages = config
         nm, nn = triton.cdiv(lq, bm), triton.cdiv(lk, bn)
         w = (nn + 1) * bn
-        part = torch.empty(b * h * nm, w, dtype=torch.float32, device=q.device) if tab_grad else lse
+        # under padding a program skips the key blocks outside its rows' open keys: their partial rows stay 0
+        alloc = torch.zeros if flags["MASK_KIND"] == 1 else torch.empty
+        part = alloc(b * h * nm, w, dtype=torch.float32, device=q.device) if tab_grad else lse
         spart = torch.empty(b * h * nm, nseg2p, dtype=torch.float32, device=q.device) if seg_grad else lse
         piece_grad = tab_grad and ex.pieces is not None
         dpart = torch.empty(b * h, lq, dtype=torch.float32, device=q.device) if piece_grad else lse
         pwpart = torch.empty(b * h * nm, 4 * ex.slots, dtype=torch.float32, device=q.device) if piece_grad else lse
-        _backward_q_kernel[(nm, b * h)](q, k, v, out, do, lse, delta, dq, part, spart, dpart, pwpart, *pointers, *q.stride()[:3],
-                                        *k.stride()[:3], *v.stride()[:3], *out.stride()[:3], *do.stride()[:3],
-                                        *dq.stride()[:3], *tail, nn, w, BM=bm, BN=bn, D1=d1, D2=d2, DVP=dvp, NSEG2P=nseg2p,
-                                        TAB_GRAD=tab_grad, SEG_GRAD=seg_grad, EVEN_M=lq % bm == 0,
-                                        EVEN_N=lk % bn == 0, EVEN_D=even_d, num_warps=warps, num_stages=stages,
-                                        **flags)
+        _backward_q_kernel[(nm, b * h)](q, k, v, out, do, lse, delta, dq, part, spart, dpart, pwpart, *pointers,
+                                        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3],
+                                        *do.stride()[:3], *dq.stride()[:3], *tail, nn, w, BM=bm, BN=bn, D1=d1, D2=d2,
+                                        DVP=dvp, NSEG2P=nseg2p, TAB_GRAD=tab_grad, SEG_GRAD=seg_grad,
+                                        EVEN_M=lq % bm == 0, EVEN_N=lk % bn == 0, EVEN_D=even_d, num_warps=warps,
+                                        num_stages=stages, **flags)
         result.update(part=part, spart=spart, dpart=dpart, pwpart=pwpart, blk=bn, nm=nm, nn=nn, width=w)
 
     def launch_kv(config):

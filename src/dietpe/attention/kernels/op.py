@@ -88,7 +88,8 @@ def _(do, q, k, v, out, lse, table, segments, q_keep, k_keep, q_segments, k_segm
     shapes = _gradient_shapes(q, table, segments, den, slope, table_grad, segments_grad)
     tables = [q.new_empty(s if s is not None else _EMPTY, dtype=torch.float32 if s is not None else q.dtype)
               for s in shapes]
-    return [q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), *tables]  # dense, as the kernels write them
+    # dense, whatever q, k, v's strides: as the kernels write them
+    return [q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), *tables]
 
 
 _INPUTS = ("q", "k", "v", "table", "segments", "q_keep", "k_keep", "q_segments", "k_segments", "mask", "den",

@@ -24,8 +24,9 @@ import tempfile
 SHARED_LIMIT = {90: 232448}
 #: every term on: the offset table with its reset, two segments, padding, dropout
 EVERY_TERM = dict(HAS_TAB=True, HAS_KEEP=True, NSEG=2, MASK_KIND=1, CAUSAL=False, DROPOUT=True, PIECES=0, LOGKP=0)
-#: a piecewise table (FIRE's 32 kinks) in the offset table's place, with the other terms
-PIECEWISE = dict(EVERY_TERM, HAS_KEEP=False, PIECES=32, LOGKP=5)
+#: a piecewise table (FIRE's 32 kinks) in the offset table's place, with the other terms and a dense 4-D mask
+#: (packed documents: tiles it wholly blocks are skipped one by one)
+PIECEWISE = dict(EVERY_TERM, HAS_KEEP=False, PIECES=32, LOGKP=5, MASK_KIND=2)
 FLOATS = ("qk_scale", "scale", "p_drop", "inv_keep", "sign")
 ELEMENT_POINTERS = ("Q", "K", "V", "O", "DO", "DK", "DV", "DQ_", "QO", "KO")
 INT_POINTERS = ("QSEG", "KSEG")
