@@ -14,8 +14,8 @@ from tests.attention.kernels.test_piecewise import _both
 
 pytest.importorskip("triton", reason=NO_TRITON)
 
-N = sizes(128, 512)  # a multiple of every tile
-TAIL = sizes(64, 256)  # two whole key blocks of the largest tile
+N = sizes(64, 512)  # a multiple of every tile
+TAIL = sizes(32, 256)  # whole key blocks of every tile
 BLOCKED = torch.finfo(torch.float32).min
 
 
