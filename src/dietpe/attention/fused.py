@@ -10,7 +10,9 @@ T5 and TUPE-R's buckets, ALiBi, KERPLE, over consecutive positions; TUPE's reset
 piecewise table in T's place (FIRE: slope·x + intercept of its MLP's linear piece at x = ψ(|i - j|) /
 ψ(max(L, i))), a segment table Ŝ (DIET's per-head segments), or low-rank factors folded into extra query/key
 channels (DIET-ABS, TUPE's correlation). qk terms (rotary) are applied before. Masks: causality (a flag;
-blocks above the diagonal skipped), padding (one value per key), any other 4-D mask read tile by tile.
+blocks above the diagonal skipped), padding (one value per key; key blocks outside a row's open keys skipped),
+any other 4-D mask read tile by tile (tiles it wholly blocks skipped). While compiling, the kernel is called
+through its custom operators (`kernels/op.py`).
 
 Served on CUDA, and on CPU tensors under Triton's interpreter (TRITON_INTERPRET=1, the tests). A call it
 cannot serve raises `NotServed` (a ConfigError) naming why: per-example or gapped positions (no offset
@@ -31,13 +33,7 @@ from dietpe.attention.backends import apply_qk, fold_low_rank
 from dietpe.attention.kernels import device_problem
 from dietpe.attention.masks import CausalMask
 from dietpe.errors import NotServed
-from dietpe.positions.terms import (
-    LayerTerms,
-    LogitTerm,
-    OffsetTable,
-    PiecewiseTable,
-    SegmentTable,
-)
+from dietpe.positions.terms import LayerTerms, LogitTerm, OffsetTable, PiecewiseTable, SegmentTable
 
 #: widest query/key head part the kernel's tiles are sized for (the folded width loads as two parts)
 MAX_HEAD_PART = 256

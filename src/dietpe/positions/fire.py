@@ -26,13 +26,7 @@ from transformers import initialization as hf_init
 from dietpe.positions.context import Built, Context
 from dietpe.positions.fields import Field, positive_float, positive_int
 from dietpe.positions.method import PositionMethod, Traits
-from dietpe.positions.terms import (
-    LayerTerms,
-    PiecewiseTable,
-    PositionBias,
-    ScoreMod,
-    position_at,
-)
+from dietpe.positions.terms import LayerTerms, PiecewiseTable, PositionBias, ScoreMod, position_at
 
 FIRE_WIDTH = Field("fire_width", 32, positive_int, "hidden units of FIRE's MLP f_θ")
 
