@@ -293,6 +293,26 @@ def _key_range(MASK, b, h, LK, smb, smh, smn, lo_query, hi, full, BN: tl.constex
 
 
 @triton.jit
+def _key_loop(MASK, b, h, LK, smb, smh, smn, pid_m, BM: tl.constexpr, BN: tl.constexpr, MASK_KIND: tl.constexpr,
+              CAUSAL: tl.constexpr, EVEN_N: tl.constexpr):
+    """(lo, full, hi): query block pid_m's key blocks run from lo to hi, those before `full` wholly inside Lk and
+    below the causal diagonal (no masks); above the diagonal skipped; under padding, only the blocks between
+    its first and last open key."""
+    hi = LK
+    if EVEN_N:
+        full = LK
+    else:
+        full = (LK // BN) * BN  # key blocks inside Lk
+    if CAUSAL:
+        hi = tl.minimum(LK, (pid_m + 1) * BM)
+        full = tl.minimum(full, ((pid_m * BM + 1) // BN) * BN)  # every key <= the block's first query
+    lo = 0
+    if MASK_KIND == 1:
+        lo, hi, full = _key_range(MASK, b, h, LK, smb, smh, smn, pid_m * BM, hi, full, BN, CAUSAL)
+    return lo, full, hi
+
+
+@triton.jit
 def _forward_tile(acc, l_i, m_i, q1, q2, start, offs_m, k_base, v_base, skn, svn, b, h, bh, LQ, LK, DQ, DV_,
                   qk_scale, seed, p_drop, inv_keep, TAB, stab, KEEPQ, KEEPK, SEGT, sseg, QSEG, sqs, KSEG, sks,
                   MASK, smb, smh, smm, smn, DEN, PW, BM: tl.constexpr, BN: tl.constexpr, D1: tl.constexpr,
@@ -362,17 +382,7 @@ def _forward_rows(q1, q2, offs_m, pid_m, k_base, v_base, skn, svn, b, h, bh, LQ,
     m_i = tl.full([BM], float("-inf"), tl.float32)
     l_i = tl.zeros([BM], tl.float32)
     acc = tl.zeros([BM, DVP], tl.float32)
-    hi = LK
-    if EVEN_N:
-        full = LK
-    else:
-        full = (LK // BN) * BN  # key blocks inside Lk
-    if CAUSAL:
-        hi = tl.minimum(LK, (pid_m + 1) * BM)
-        full = tl.minimum(full, ((pid_m * BM + 1) // BN) * BN)  # every key <= the block's first query
-    lo = 0
-    if MASK_KIND == 1:  # padding: only the key blocks between the first and the last open key
-        lo, hi, full = _key_range(MASK, b, h, LK, smb, smh, smn, pid_m * BM, hi, full, BN, CAUSAL)
+    lo, full, hi = _key_loop(MASK, b, h, LK, smb, smh, smn, pid_m, BM, BN, MASK_KIND, CAUSAL, EVEN_N)
     for start in range(lo, full, BN):
         acc, l_i, m_i = _forward_block(acc, l_i, m_i, q1, q2, start, offs_m, k_base, v_base, skn, svn, b, h, bh,
                                        LQ, LK, DQ, DV_, qk_scale, seed, p_drop, inv_keep, TAB, stab, KEEPQ, KEEPK,
@@ -587,17 +597,8 @@ def _backward_q_kernel(Q, K, V, O, DO, LSE, DELTA, DQ_, PART, SPART, DPART, PWPA
     if SEG_GRAD:
         sq = _load_1d(QSEG + b * sqs, offs_m, LQ, not EVEN_M, 0)
     part_row = PART + (bh.to(tl.int64) * tl.num_programs(0) + pid_m) * W
-    hi = LK
-    if EVEN_N:
-        full = LK
-    else:
-        full = (LK // BN) * BN
-    if CAUSAL:
-        hi = tl.minimum(LK, (pid_m + 1) * BM)
-        full = tl.minimum(full, ((pid_m * BM + 1) // BN) * BN)
-    lo = 0
-    if MASK_KIND == 1:  # the forward's key range (the partial rows of the blocks outside it stay zero)
-        lo, hi, full = _key_range(MASK, b, h, LK, smb, smh, smn, pid_m * BM, hi, full, BN, CAUSAL)
+    # the forward's key loop (under padding the partial rows of the blocks outside it stay zero)
+    lo, full, hi = _key_loop(MASK, b, h, LK, smb, smh, smn, pid_m, BM, BN, MASK_KIND, CAUSAL, EVEN_N)
     for start in range(lo, full, BN):
         dq1, dq2, carry, seg, pw_acc, den_acc = _dq_tile(dq1, dq2, carry, seg, pw_acc, den_acc, open_rows, q1, q2, do,
                                                          lse, delta, sq, start, offs_m, k_base, v_base, skn, svn,
