@@ -163,3 +163,44 @@ def test_linformer_reads_query_positions_and_backends_agree(position):
         torch.testing.assert_close(gf[name], gr[name], atol=2e-5, rtol=1e-3, msg=name)
     with torch.no_grad():
         assert (ref(ids, mask, seg).logits - lr).abs().max() > 1e-4
+
+
+def _additive(keep):
+    return torch.where(keep, 0.0, torch.finfo(torch.float32).min)
+
+
+def _runs_hold(q_pos, k_pos, keep=None, causal=False):
+    """`Runs.hold`, against the pairs written out: every pair the mask (and causality) opens has
+    pos_i - pos_j = i - j + Lk - Lq."""
+    from dietpe.positions.context import Context
+
+    runs = Context(q_pos, k_pos).runs()
+    mask = None if keep is None else _additive(keep)
+    got = runs.hold(mask, causal, rows=2)  # two queries at a time: the loop over row blocks too
+    lq, lk = q_pos.shape[-1], k_pos.shape[-1]
+    i, j = torch.arange(lq)[:, None], torch.arange(lk)[None, :]
+    opened = torch.ones(lq, lk, dtype=torch.bool) if keep is None else keep.any(1)
+    if causal:
+        opened = opened & (j <= i + lk - lq)
+    agree = (q_pos.reshape(-1, lq, 1) - k_pos.reshape(-1, 1, lk)) == (i - j + lk - lq)
+    assert got == bool((agree | ~opened).all())
+    return got
+
+
+def test_runs_hold_where_the_mask_opens_only_pairs_of_one_run():
+    from dietpe.attention.masks import position_document_mask
+
+    packed = torch.tensor([[0, 1, 2, 0, 1, 2, 3], [0, 1, 0, 1, 2, 3, 4]])
+    documents = position_document_mask(packed)  # (2, 1, 7, 7) True within a document
+    assert _runs_hold(packed, packed, documents)
+    assert not _runs_hold(packed, packed)  # no mask: documents see each other at pos_i - pos_j != i - j
+    starts = torch.arange(7) + torch.tensor([[0], [3]])
+    assert _runs_hold(starts, starts)  # one run per row: any mask
+    left = torch.tensor([[0, 1, 2, 3, 4, 5, 6], [0, 0, 0, 0, 1, 2, 3]])  # left padding, pads at 0
+    padding = (torch.arange(7) >= torch.tensor([[0], [3]]))[:, None, None, :].expand(2, 1, 7, 7)
+    assert _runs_hold(left, left, padding, causal=True)  # a padded query sees no key
+    assert not _runs_hold(left, left, padding)  # without causality padded queries see the tokens
+    step = torch.tensor([[7], [4]])  # decoding: one new query after the cached keys
+    step_keys = torch.cat([padding[:, :, :1], torch.ones(2, 1, 1, 1, dtype=torch.bool)], -1)  # (2, 1, 1, 8)
+    assert _runs_hold(step, torch.cat([left, step], 1), step_keys)
+    assert not _runs_hold(step + 1, torch.cat([left, step], 1), step_keys)  # a query position off by one

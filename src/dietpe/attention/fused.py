@@ -14,12 +14,16 @@ blocks above the diagonal skipped), padding (one value per key; key blocks outsi
 any other 4-D mask read tile by tile (tiles it wholly blocks skipped). While compiling, the kernel is called
 through its custom operators (`kernels/op.py`).
 
+Per-example or gapped `position_ids` (packed documents restarting at 0, left padding) are read as runs of
+consecutive integers (`dietpe.positions.context.Runs`): the tables along the diagonals i - j are exact on the
+pairs inside one run, so they are served where the mask opens no pair across runs (checked once per forward).
+
 Served on CUDA, and on CPU tensors under Triton's interpreter (TRITON_INTERPRET=1, the tests). A call it
-cannot serve raises `NotServed` (a ConfigError) naming why: per-example or gapped positions (no offset
-table), a term of another kind, value terms. Attention dropout is drawn in the kernel (Philox, the same mask
-again in the backward). `attn_backend="auto"` picks it on CUDA for
-every method whose terms are of these kinds (`Traits.tile_terms`) and runs sdpa for such calls instead;
-asked for by name, a method it cannot serve is refused when the model is built.
+cannot serve raises `NotServed` (a ConfigError) naming why: a mask that opens pairs across runs, positions read
+while compiling, a term of another kind, value terms. Attention dropout is drawn in the kernel (Philox, the
+same mask again in the backward). `attn_backend="auto"` picks it on CUDA for every method whose terms are of
+these kinds (`Traits.tile_terms`) and runs sdpa for such calls instead; asked for by name, a method it cannot
+serve is refused when the model is built.
 """
 
 from __future__ import annotations
@@ -71,17 +75,30 @@ def _sort(term: LogitTerm, tables: list, segments: list, pieces: list, fold: lis
             return
     if term.factors() is None:
         raise NotServed(f"attn_backend='fused' cannot serve the logit term {type(term).__name__} here: it gives "
-                        f"no offset, segment or piecewise table (per-example or gapped position_ids) or low-rank "
-                        f"factors; use attn_backend='sdpa'")
+                        f"no offset, segment or piecewise table (position_ids that are no runs of consecutive "
+                        f"integers, or positions read while compiling) or low-rank factors; use "
+                        f"attn_backend='sdpa'")
     fold.append(term)
 
 
-def plan(terms: list[LogitTerm]) -> Plan:
+def _check_runs(found: list, mask: Tensor | CausalMask | None) -> None:
+    """Tables read along per-example positions' runs are exact where the mask opens only pairs in one run."""
+    for runs in {id(t.runs): t.runs for t in found if t.runs is not None}.values():
+        causal = isinstance(mask, CausalMask)
+        if not runs.hold(None if causal else mask, causal):
+            raise NotServed("attn_backend='fused' reads relative terms along the diagonals i - j, but these "
+                            "per-example position_ids differ from i - j on pairs the attention mask leaves "
+                            "open (packed documents need a block-diagonal mask); use attn_backend='sdpa'")
+
+
+def plan(terms: list[LogitTerm], mask: Tensor | CausalMask | None = None) -> Plan:
     """The logit terms as an offset table, a segment table, a piecewise table and low-rank terms to fold;
-    NotServed for any other, or for a combination the kernel has no slot for."""
+    NotServed for any other, for a combination the kernel has no slot for, or for tables read along
+    per-example positions' runs where `mask` opens a pair across runs."""
     tables, segments, pieces, fold = [], [], [], []
     for term in terms:
         _sort(term, tables, segments, pieces, fold)
+    _check_runs(tables + pieces, mask)
     if len(segments) > 1 or (len(tables) > 1 and any(t.q_keep is not None for t in tables)):
         raise NotServed("attn_backend='fused' reads one segment table and one offset table with a keep; use "
                         "attn_backend='sdpa'")
@@ -91,7 +108,7 @@ def plan(terms: list[LogitTerm]) -> Plan:
     table = None
     if tables:
         table = OffsetTable(sum((t.values for t in tables[1:]), tables[0].values), tables[0].q_keep,
-                            tables[0].k_keep)
+                            tables[0].k_keep, tables[0].runs)
     return Plan(table, segments[0] if segments else None, fold, pieces[0] if pieces else None)
 
 
@@ -103,7 +120,7 @@ def fused(q: Tensor, k: Tensor, v: Tensor, terms: LayerTerms, mask: Tensor | Cau
         raise NotServed(f"attn_backend='fused': {problem}; use attn_backend='auto' or 'sdpa'")
     if terms.values:
         raise NotServed("attn_backend='fused' cannot add value terms (Shaw's); use attn_backend='eager'")
-    table, segments, fold, piecewise = plan(terms.logits)
+    table, segments, fold, piecewise = plan(terms.logits, mask)
     from dietpe.attention.kernels.attention import Extras, fused_attention, head_parts
     from dietpe.attention.kernels.op import fused_attention_op
 

@@ -44,7 +44,8 @@ class ALiBi(PositionMethod):
         def build():
             slopes = self.slopes(ctx.q_pos.device)  # (H,)
             # consecutive positions: a Toeplitz matrix, never built whole unless a backend asks for it
-            term = DistanceBias(alibi_bias, (slopes,), ctx.q_pos, ctx.k_pos, ctx.diagonal_offsets())
+            term = DistanceBias(alibi_bias, (slopes,), ctx.q_pos, ctx.k_pos, ctx.diagonal_offsets(),
+                                ctx.runs())
             return self.keep(ctx, "alibi", (slopes,), term)
 
         return LayerTerms(logits=[ctx.cached(Built(self), build)])

@@ -15,6 +15,7 @@ from typing import Any, Callable, TypeVar
 import torch
 from torch import Tensor
 
+from dietpe.attention.masks import BLOCKED_AT_MOST
 from dietpe.positions.functional import clipped_offset_index, consecutive_offsets, relative_offsets
 
 T = TypeVar("T")
@@ -58,6 +59,59 @@ class ClippedDiagonals(CacheKey):
     max_distance: int
 
 
+@dataclass(frozen=True)
+class RunsKey(CacheKey):
+    """`Runs` of the context's positions."""
+
+
+class Runs:
+    """Positions as runs of consecutive integers, each example its own (packed documents restarting at 0, left
+    padding, per-example starts). With the queries aligned to the last Lq keys (self-attention, or new tokens
+    after cached ones),
+
+        pos_q[b, i] = (i + Lk - Lq) + run_q[b, i],   pos_k[b, j] = j + run_k[b, j],
+
+    so on every pair whose runs agree, pos_i - pos_j = i - j + Lk - Lq: `diagonals` ((Lq + Lk - 1,), the offset
+    of each diagonal i - j + Lk - 1). A relative term read along those diagonals is exact wherever the mask
+    opens only such pairs (a block-diagonal document mask, causal left padding), and blocked pairs add nothing;
+    `hold(mask, causal)` says whether it does. q, k: (1|B, Lq), (1|B, Lk)."""
+
+    def __init__(self, q_pos: Tensor, k_pos: Tensor):
+        lq, lk = q_pos.shape[-1], k_pos.shape[-1]
+        device = q_pos.device
+        self.q = (q_pos - torch.arange(lk - lq, lk, device=device)).reshape(-1, lq)
+        self.k = (k_pos - torch.arange(lk, device=device)).reshape(-1, lk)
+        self.diagonals = torch.arange(lq + lk - 1, device=device) - (lq - 1)
+        self._held: dict[tuple[int, bool], tuple[Tensor | None, bool]] = {}
+
+    def hold(self, mask: Tensor | None, causal: bool, rows: int = 1024) -> bool:
+        """Whether every pair the additive mask (B|1, H|1, 1|Lq, Lk) and causality open has agreeing runs:
+        checked once per forward and mask (its layers share it), `rows` queries at a time (no (Lq, Lk) tensor
+        held whole)."""
+        key = (id(mask), causal)
+        if key not in self._held:
+            self._held[key] = (mask, self._check(mask, causal, rows))  # the mask kept: its id stays its own
+        return self._held[key][1]
+
+    def _check(self, mask: Tensor | None, causal: bool, rows: int) -> bool:
+        first = self.q[:, :1]
+        if bool(((self.q == first).all() & (self.k == first).all())):
+            return True  # one run per example, queries and keys alike: every pair agrees
+        lq, lk = self.q.shape[-1], self.k.shape[-1]
+        opened = None if mask is None else mask.amax(1) > BLOCKED_AT_MOST  # (B|1, 1|Lq, Lk): open to some head
+        for start in range(0, lq, rows):
+            stop = min(start + rows, lq)
+            differ = self.q[:, start:stop, None] != self.k[:, None, :]  # (1|B, rows, Lk)
+            if opened is not None:
+                differ = differ & (opened if opened.shape[1] == 1 else opened[:, start:stop])
+            if causal:
+                i = torch.arange(start, stop, device=self.q.device)[:, None] + (lk - lq)
+                differ = differ & (torch.arange(lk, device=self.q.device) <= i)
+            if bool(differ.any()):
+                return False
+        return True
+
+
 @dataclass
 class Context:
     """What the position methods need to build their terms, computed once per forward.
@@ -80,6 +134,13 @@ class Context:
     q_start: int | None = None
     k_start: int | None = None
     _cache: dict[CacheKey, Any] = field(default_factory=dict, repr=False)
+
+    def runs(self) -> Runs | None:
+        """The positions as `Runs`, where `diagonal_offsets` has none (per-example or gapped positions) and the
+        data may be read (not while compiling); else None."""
+        if self.projected_keys or torch.compiler.is_compiling() or self.diagonal_offsets() is not None:
+            return None
+        return self.cached(RunsKey(), lambda: Runs(self.q_pos, self.k_pos))
 
     def diagonal_offsets(self) -> Tensor | None:
         """(Lq + Lk - 1,) offsets pos_i - pos_j along the diagonals of the (Lq, Lk) offsets (see `toeplitz`), or

@@ -116,7 +116,8 @@ class DietRel(PositionMethod):
         def build():  # one term per table, its dense form kept between inference forwards
             r = self.layer_table(ctx, "r", table)
             return self.keep(ctx, f"diet_rel_{table}", (r,), TableBias(
-                r, ctx.q_pos, ctx.k_pos, self.bucket, index, diagonals=diagonals, reach=self.span))
+                r, ctx.q_pos, ctx.k_pos, self.bucket, index, diagonals=diagonals, reach=self.span,
+                runs=ctx.runs()))
 
         return LayerTerms(logits=[ctx.cached(Built(self, table), build)])
 

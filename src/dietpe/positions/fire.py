@@ -23,7 +23,7 @@ import torch
 from torch import Tensor, nn
 from transformers import initialization as hf_init
 
-from dietpe.positions.context import Built, Context
+from dietpe.positions.context import Built, Context, Runs
 from dietpe.positions.fields import Field, positive_float, positive_int
 from dietpe.positions.method import PositionMethod, Traits
 from dietpe.positions.terms import LayerTerms, PiecewiseTable, PositionBias, ScoreMod, position_at
@@ -61,23 +61,26 @@ class FireBias(PositionBias):
     """FIRE's term: the dense form from `Fire.bias`; for FlexAttention the same piecewise-linear f_θ pair by
     pair (pointwise operations only), so flex never builds a query-key tensor; for the fused kernel, over
     consecutive positions (`diagonals`, the offsets i - j), ψ(|i - j|) per offset and ψ(max(L, i)) per query
-    with f_θ's pieces (`PiecewiseTable`), evaluated in its tile."""
+    with f_θ's pieces (`PiecewiseTable`), evaluated in its tile; with per-example positions, along their `runs`
+    and ψ(max(L, i)) per example."""
 
-    def __init__(self, fire: "Fire", q_pos: Tensor, k_pos: Tensor, diagonals: Tensor | None = None):
+    def __init__(self, fire: "Fire", q_pos: Tensor, k_pos: Tensor, diagonals: Tensor | None = None,
+                 runs: Runs | None = None):
         super().__init__(fire.bias, q_pos, k_pos, fire.w2.shape[0])
-        self.fire, self.diagonals = fire, diagonals
+        self.fire, self.diagonals, self.runs = fire, diagonals, runs
 
     def piecewise_table(self) -> PiecewiseTable | None:
-        if self.diagonals is None or self.q_pos.dim() != 1:
+        if self.diagonals is None and self.runs is None:
             return None
 
         def build():
             fire = self.fire
             c, dtype = fire.c.abs(), fire.w1.dtype
-            numerator = torch.log1p(c * self.diagonals.abs().to(dtype))  # (Lq + Lk - 1,)
-            den = torch.log1p(c * torch.maximum(self.q_pos.to(dtype), fire.limit())) + EPS  # (Lq,)
+            along = self.diagonals if self.diagonals is not None else self.runs.diagonals
+            numerator = torch.log1p(c * along.abs().to(dtype))  # (Lq + Lk - 1,)
+            den = torch.log1p(c * torch.maximum(self.q_pos.to(dtype), fire.limit())) + EPS  # (Lq,) or (B, Lq)
             slope, intercept, kinks = fire.pieces()
-            return PiecewiseTable(numerator, den, kinks, slope, intercept)
+            return PiecewiseTable(numerator, den, kinks, slope, intercept, self.runs)
 
         return self.per_forward("piecewise_table", build)
 
@@ -153,7 +156,7 @@ class Fire(PositionMethod):
 
     def layer_terms(self, ctx: Context, layer: int) -> LayerTerms:
         def build():
-            term = FireBias(self, ctx.q_pos, ctx.k_pos, ctx.diagonal_offsets())
+            term = FireBias(self, ctx.q_pos, ctx.k_pos, ctx.diagonal_offsets(), ctx.runs())
             return self.keep(ctx, "fire", tuple(self.parameters(recurse=False)), term)
 
         return LayerTerms(logits=[ctx.cached(Built(self), build)])

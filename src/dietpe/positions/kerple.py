@@ -52,7 +52,8 @@ class Kerple(PositionMethod):
     def layer_terms(self, ctx: Context, layer: int) -> LayerTerms:
         def build():
             r1, r2 = self.r1.clamp(min=EPS), self.r2.clamp(min=EPS)  # (H,) each, positive
-            term = DistanceBias(kerple_log_bias, (r1, r2), ctx.q_pos, ctx.k_pos, ctx.diagonal_offsets())
+            term = DistanceBias(kerple_log_bias, (r1, r2), ctx.q_pos, ctx.k_pos, ctx.diagonal_offsets(),
+                                ctx.runs())
             return self.keep(ctx, "kerple", (self.r1, self.r2), term)
 
         return LayerTerms(logits=[ctx.cached(Built(self), build)])

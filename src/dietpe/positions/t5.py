@@ -115,5 +115,6 @@ class T5(PositionMethod):
         n, dist, causal = self.num_buckets, self.max_distance, self.causal
         term = ctx.cached(Built(self), lambda: self.keep(ctx, "t5", (self.bias,), TableBias(
             self.logit("bias"), ctx.q_pos, ctx.k_pos, t5_offset_bucket(n, dist, causal),
-            lambda: t5_index(ctx, n, dist, causal), diagonals=t5_diagonals(ctx, n, dist, causal), reach=dist)))
+            lambda: t5_index(ctx, n, dist, causal), diagonals=t5_diagonals(ctx, n, dist, causal), reach=dist,
+            runs=ctx.runs())))
         return LayerTerms(logits=[term])

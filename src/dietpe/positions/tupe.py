@@ -158,7 +158,8 @@ class TUPE(PositionMethod):
                 n, dist, causal = self.num_buckets, self.max_distance, self.causal
                 terms.append(self.keep(ctx, "tupe_r", (self.bias,), TableBias(
                     self.logit("bias"), ctx.q_pos, ctx.k_pos, t5_offset_bucket(n, dist, causal),
-                    lambda: t5_index(ctx, n, dist, causal), keep, t5_diagonals(ctx, n, dist, causal), reach=dist)))
+                    lambda: t5_index(ctx, n, dist, causal), keep, t5_diagonals(ctx, n, dist, causal), reach=dist,
+                    runs=ctx.runs())))
             return LayerTerms(logits=terms, score_scale=1.0 / math.sqrt(2))
 
         return ctx.cached(Built(self), build)  # shared by all layers: computed once per forward

@@ -1,8 +1,9 @@
 """`attn_backend="fused"` in the models: every method it serves gives the reference's outputs and gradients
-(every parameter's, the position tables' included) with padding, per-head segments, causality and packed
-documents; two training steps give the same bits; what it cannot serve is refused (at build time for a method,
-per call for per-example positions); where "auto" lists the kernel it runs sdpa for those calls and everywhere
-off CUDA; today's "auto" is sdpa (the kernel is slower on the GPU measured: docs/gpu.md)."""
+(every parameter's, the position tables' included) with padding, per-head segments, causality, packed
+documents and per-example position_ids; two training steps give the same bits; what it cannot serve is refused
+(at build time for a method, per call for positions whose runs the mask does not separate); where "auto" lists
+the kernel it runs sdpa for those calls and everywhere off CUDA; today's "auto" is sdpa (the kernel is slower
+on the GPU measured: docs/gpu.md)."""
 
 import dataclasses
 import warnings
@@ -30,9 +31,10 @@ SERVED = [(name, "per-head" if info.shareable else "input") for name, info in RE
 
 
 def _randomise(model):
+    positions = model.base_model.positions
     with torch.no_grad():  # position terms large enough that a wrong one shows
-        for p in model.positions.parameters():
-            p.copy_(torch.randn_like(p) / getattr(model.positions.method, "logit_scale", 1.0))
+        for p in positions.parameters():
+            p.copy_(torch.randn_like(p) / getattr(positions.method, "logit_scale", 1.0))
     return model
 
 
@@ -92,6 +94,45 @@ def test_packed_documents_by_a_4d_mask_match_eager(device):
     doc = (torch.arange(L) >= L // 3).long() + (torch.arange(L) >= 2 * L // 3).long()
     mask = document_mask(doc.expand(2, L)).to(device)  # (2, 1, L, L): three documents per row
     _assert_same(_step(fused, ids, mask, seg), _step(ref, ids, mask, seg))
+
+
+def _packed(device, cuts=((4,), (3, 8))):
+    """position_ids restarting at 0 at each row's cuts (per example) and the block-diagonal mask they mark."""
+    from dietpe.attention.masks import position_document_mask
+
+    positions = torch.stack([torch.cat([torch.arange(n) for n in torch.diff(torch.tensor([0, *c, L])).tolist()])
+                             for c in cuts])
+    return positions.to(device), position_document_mask(positions).to(device)
+
+
+#: the tables the kernel reads along per-example positions' runs: offsets, buckets, TUPE's per-example
+#: [CLS] reset, distances, FIRE's per-example normaliser, with DIET's segments
+RUN_METHODS = [("diet-rel", "per-head"), ("t5", "input"), ("tupe-r", "input"), ("alibi", "input"),
+               ("kerple", "input"), ("fire", "input")]
+
+
+@pytest.mark.parametrize("position,segment", RUN_METHODS)
+def test_packed_documents_by_position_ids_match_eager(position, segment, device):
+    """position_ids restarting at 0 per document with the block-diagonal mask they mark: the kernel reads its
+    tables along the diagonals i - j, which equal pos_i - pos_j on every pair the mask leaves open."""
+    ref, fused = _pair(lambda **kw: DietModel(tiny(16, **kw)), device, position=position, segment=segment,
+                       num_hidden_layers=1)
+    ids, _, seg = batch(L, device=device)
+    positions, mask = _packed(device)
+    want = _step(ref, ids, mask, seg, position_ids=positions)
+    _assert_same(_step(fused, ids, mask, seg, position_ids=positions), want)  # served: "fused" never falls back
+    with pytest.raises(NotServed, match="position_ids differ from i - j"):  # no mask: documents see each other
+        fused(ids, None, seg, position_ids=positions)
+
+
+@pytest.mark.parametrize("position", ["diet-rel", "fire"])
+def test_per_example_starts_match_eager(position, device):
+    """Each row one run from its own start (FIRE's normaliser reads it): served whatever the mask."""
+    ref, fused = _pair(lambda **kw: DietModel(tiny(16, **kw)), device, position=position, num_hidden_layers=1)
+    ids, mask, seg = batch(L, device=device)
+    positions = (torch.arange(L) + torch.tensor([[0], [5]])).to(device)
+    _assert_same(_step(fused, ids, mask, seg, position_ids=positions),
+                 _step(ref, ids, mask, seg, position_ids=positions))
 
 
 def test_two_training_steps_give_the_same_bits(device):
@@ -199,3 +240,62 @@ def test_attached_llama_decodes_with_the_kernel_as_with_eager(spec, device):
     x = ids(batch=2, length=10).to(device)
     assert_cached_equals_full(fused, x)
     torch.testing.assert_close(fused(x).logits, ref(x).logits, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("position", ["diet-rel", "fire", "t5"])
+def test_left_padded_causal_lm_trains_and_decodes_as_eager(position, device):
+    """Left padding with position_ids from the attention mask (each row's first token at 0, pads at 0): per
+    example, one run per row on the tokens, so the kernel serves the training step and every cached decoding
+    step. Compared on the tokens (a padded query sees no key: its row is no loss's)."""
+    from dietpe.models.causal import DietForCausalLM
+
+    ref, fused = _pair(lambda **kw: DietForCausalLM(tiny_lm(position, **kw)), device, num_hidden_layers=1)
+    ids = torch.randint(3, 40, (2, L)).to(device)
+    mask = torch.ones_like(ids)
+    mask[1, :4] = 0
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    w = torch.randn(2, L, fused.config.vocab_size, generator=torch.Generator().manual_seed(1)).to(device)
+    w = w * mask[..., None]
+    grads = []
+    for model in (fused, ref):
+        model.zero_grad()
+        logits = model(ids, attention_mask=mask, position_ids=positions).logits
+        (logits * w).sum().backward()
+        grads.append((logits.detach() * mask[..., None], {n: p.grad for n, p in model.named_parameters()
+                                                          if p.grad is not None}))
+    _assert_same(*grads)
+    for model in (fused, ref):
+        model.eval()
+    with torch.no_grad():
+        got, want = (m.generate(ids[:, :L - 4], attention_mask=mask[:, :L - 4], max_new_tokens=4,
+                                do_sample=False) for m in (fused, ref))
+    assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("spec", ["fire", "diet-rel"])
+def test_attached_llama_serves_left_padding_and_packed_sequences(spec, device):
+    """Per-example positions in a Hugging Face Llama with backend="fused" (which never falls back): left-padded
+    greedy generation (generate's position_ids from the mask) gives eager's tokens; documents packed by
+    position_ids alone (Hugging Face then builds the block-causal mask) give eager's logits, and a document's
+    own when run alone."""
+    import dietpe
+    from tests.integrations.test_attach import build, ids
+
+    fused = dietpe.attach(build("llama"), spec, backend="fused").eval().to(device)
+    with torch.no_grad():
+        for p in fused.model.diet_positions.parameters():
+            p.normal_()
+    ref = dietpe.attach(build("llama"), spec, backend="eager").eval().to(device)
+    ref.load_state_dict(fused.state_dict())
+    x = ids(batch=2, length=10).to(device)
+    mask = torch.ones_like(x)
+    mask[1, :3] = 0
+    packed = ids(batch=1, length=12).to(device)
+    positions = torch.tensor([[0, 1, 2, 3, 4, 0, 1, 2, 0, 1, 2, 3]], device=device)
+    with torch.no_grad():
+        got, want = (m.generate(x, attention_mask=mask, max_new_tokens=4, do_sample=False) for m in (fused, ref))
+        assert torch.equal(got, want)
+        got, want = (m(packed, position_ids=positions, use_cache=False).logits for m in (fused, ref))
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+        alone = fused(packed[:, 5:8], position_ids=positions[:, 5:8], use_cache=False).logits
+        torch.testing.assert_close(got[:, 5:8], alone, atol=1e-5, rtol=1e-4)

@@ -401,7 +401,7 @@ def _forward_rows(q1, q2, offs_m, pid_m, k_base, v_base, skn, svn, b, h, bh, LQ,
 @triton.jit(do_not_specialize=["seed"])
 def _forward_kernel(Q, K, V, O, LSE, TAB, KEEPQ, KEEPK, SEGT, QSEG, KSEG, MASK, DEN, PW,
                     sqb, sqh, sqm, skb, skh, skn, svb, svh, svn, sob, soh, som,
-                    stab, sseg, sqs, sks, smb, smh, smm, smn,
+                    stab, sseg, sqs, sks, smb, smh, smm, smn, skq, skk, sdn,
                     H, LQ, LK, DQ, DV_, qk_scale, seed, p_drop, inv_keep,
                     BM: tl.constexpr, BN: tl.constexpr, D1: tl.constexpr, D2: tl.constexpr, DVP: tl.constexpr,
                     HAS_TAB: tl.constexpr, HAS_KEEP: tl.constexpr, NSEG: tl.constexpr,
@@ -415,6 +415,7 @@ def _forward_kernel(Q, K, V, O, LSE, TAB, KEEPQ, KEEPK, SEGT, QSEG, KSEG, MASK, 
     bh = tl.program_id(1)
     b = (bh // H).to(tl.int64)
     h = (bh % H).to(tl.int64)
+    KEEPQ, KEEPK, DEN = KEEPQ + b * skq, KEEPK + b * skk, DEN + b * sdn  # per example, or shared (stride 0)
     offs_m = pid_m * BM + tl.arange(0, BM)
     q_base, k_base, v_base = Q + b * sqb + h * sqh, K + b * skb + h * skh, V + b * svb + h * svh
     q1, q2 = _load_halves(q_base, offs_m, sqm, LQ, DQ, D1, D2, not EVEN_M, not EVEN_D)
@@ -556,18 +557,20 @@ def _dq_tile(dq1, dq2, carry, seg, pw_acc, den_acc, open_rows, q1, q2, do, lse, 
 @triton.jit(do_not_specialize=["seed"])
 def _backward_q_kernel(Q, K, V, O, DO, LSE, DELTA, DQ_, PART, SPART, DPART, PWPART, TAB, KEEPQ, KEEPK, SEGT, QSEG, KSEG,
                        MASK, DEN, PW, sqb, sqh, sqm, skb, skh, skn, svb, svh, svn, sob, soh, som, sdb, sdh, sdm, sgb,
-                       sgh, sgm, stab, sseg, sqs, sks, smb, smh, smm, smn, H, LQ, LK, DQ, DV_, qk_scale, scale, seed,
-                       p_drop, inv_keep, NN, W, BM: tl.constexpr, BN: tl.constexpr, D1: tl.constexpr, D2: tl.constexpr,
-                       DVP: tl.constexpr, HAS_TAB: tl.constexpr, HAS_KEEP: tl.constexpr, NSEG: tl.constexpr,
-                       NSEG2P: tl.constexpr, MASK_KIND: tl.constexpr, PIECES: tl.constexpr, LOGKP: tl.constexpr,
-                       CAUSAL: tl.constexpr, DROPOUT: tl.constexpr, PREC: tl.constexpr, TAB_GRAD: tl.constexpr,
-                       SEG_GRAD: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, EVEN_D: tl.constexpr):
+                       sgh, sgm, stab, sseg, sqs, sks, smb, smh, smm, smn, skq, skk, sdn, H, LQ, LK, DQ, DV_, qk_scale,
+                       scale, seed, p_drop, inv_keep, NN, W, BM: tl.constexpr, BN: tl.constexpr, D1: tl.constexpr,
+                       D2: tl.constexpr, DVP: tl.constexpr, HAS_TAB: tl.constexpr, HAS_KEEP: tl.constexpr,
+                       NSEG: tl.constexpr, NSEG2P: tl.constexpr, MASK_KIND: tl.constexpr, PIECES: tl.constexpr,
+                       LOGKP: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr, PREC: tl.constexpr,
+                       TAB_GRAD: tl.constexpr, SEG_GRAD: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr,
+                       EVEN_D: tl.constexpr):
     """rowsum(dO ∘ O) and dQ of one query block of one (batch row, head) by FlashAttention-2's second backward
     loop, and its rows of the tables' partial sums. Runs before the dK/dV kernel, which reads the row sums."""
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
     b = (bh // H).to(tl.int64)
     h = (bh % H).to(tl.int64)
+    KEEPQ, KEEPK, DEN = KEEPQ + b * skq, KEEPK + b * skk, DEN + b * sdn  # per example, or shared (stride 0)
     offs_m = pid_m * BM + tl.arange(0, BM)
     d1 = tl.arange(0, D1)
     dv_cols = tl.arange(0, DVP)
@@ -698,7 +701,8 @@ def _kv_block(dk1, dk2, dv, k1, k2, v, start, n0, offs_n, q_base, do_base, sqm, 
 @triton.jit(do_not_specialize=["seed"])
 def _backward_kv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, TAB, KEEPQ, KEEPK, SEGT, QSEG, KSEG, MASK, DEN, PW, sqb, sqh,
                         sqm, skb, skh, skn, svb, svh, svn, sdb, sdh, sdm, sgkb, sgkh, sgkn, sgvb, sgvh, sgvn, stab,
-                        sseg, sqs, sks, smb, smh, smm, smn, H, LQ, LK, DQ, DV_, qk_scale, scale, seed, p_drop, inv_keep,
+                        sseg, sqs, sks, smb, smh, smm, smn, skq, skk, sdn, H, LQ, LK, DQ, DV_, qk_scale, scale, seed,
+                        p_drop, inv_keep,
                         BM: tl.constexpr, BN: tl.constexpr, D1: tl.constexpr, D2: tl.constexpr, DVP: tl.constexpr,
                         HAS_TAB: tl.constexpr, HAS_KEEP: tl.constexpr, NSEG: tl.constexpr, MASK_KIND: tl.constexpr,
                         PIECES: tl.constexpr, LOGKP: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr,
@@ -709,6 +713,7 @@ def _backward_kv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, TAB, KEEPQ, KEEPK, SEGT
     bh = tl.program_id(1)
     b = (bh // H).to(tl.int64)
     h = (bh % H).to(tl.int64)
+    KEEPQ, KEEPK, DEN = KEEPQ + b * skq, KEEPK + b * skk, DEN + b * sdn  # per example, or shared (stride 0)
     n0 = pid_n * BN
     offs_n = n0 + tl.arange(0, BN)
     d1 = tl.arange(0, D1)
@@ -815,7 +820,8 @@ def dropout_keep(seed: int, p: float, b: int, h: int, lq: int, lk: int, device) 
 class Extras:
     """What the kernel reads beside q, k, v and the two learned tables, none of it with a gradient.
 
-    q_keep (Lq,), k_keep (Lk,): 0/1 multipliers of the offset table (TUPE's reset), or None; q_segments (B, Lq),
+    q_keep (Lq,), k_keep (Lk,) or per example (B, Lq), (B, Lk): 0/1 multipliers of the offset table (TUPE's
+    reset), or None; q_segments (B, Lq),
     k_segments (B, Lk) int32, with the segment table; mask: additive (B|1, H|1, 1, Lk) per key or
     (B|1, H|1, Lq, Lk) dense, or None; causal: query i sees keys j <= i (Lq = Lk)."""
 
@@ -829,8 +835,8 @@ class Extras:
     dropout: float = 0.0
     seed: int = 0
     #: a piecewise-linear F_h of x = T[h, i - j + Lk - 1] / den_i in place of T's value (see `fused_attention`):
-    #: den (Lq,) float32; pieces, `pack_pieces`'s buffer of the sorted kinks and each head's slopes and
-    #: intercepts; slots, its kink slots (a power of two); n_pieces, the pieces (kinks + 1)
+    #: den (Lq,) or per example (B, Lq) float32; pieces, `pack_pieces`'s buffer of the sorted kinks and each
+    #: head's slopes and intercepts; slots, its kink slots (a power of two); n_pieces, the pieces (kinks + 1)
     den: Tensor | None = None
     pieces: Tensor | None = None
     slots: int = 0
@@ -1000,8 +1006,13 @@ def _aux_args(table: Tensor | None, segments: Tensor | None, ex: Extras, dummy: 
     ms = tuple(0 if n == 1 else st for n, st in zip(ex.mask.shape, ex.mask.stride())) if ex.mask is not None \
         else (0, 0, 0, 0)
     pointers = (tab, keep_q, keep_k, seg_t, qs, ks, mask, den, pieces)
-    strides = (stab, sseg, sqs, sks, *ms)
+    strides = (stab, sseg, sqs, sks, *ms, *(_batch_stride(x) for x in (ex.q_keep, ex.k_keep, ex.den)))
     return pointers, strides
+
+
+def _batch_stride(x: Tensor | None) -> int:
+    """The stride between examples of a per-query or per-key vector: (L,) or (1, L) shared, (B, L) per example."""
+    return x.stride(0) if x is not None and x.dim() == 2 and x.shape[0] > 1 else 0
 
 
 def pack_pieces(kinks: Tensor, slope: Tensor, intercept: Tensor) -> tuple[Tensor, int]:
@@ -1136,7 +1147,10 @@ def attention_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
         sums = result["pwpart"].view(b, h, result["nm"], 4 * ex.slots).sum((0, 2))  # (H, 4·slots)
         n, at = ex.n_pieces, 2 * ex.slots
         dense = torch.contiguous_format  # copies, not views of one buffer (an operator returns no aliases)
-        d_pieces = (result["dpart"].sum(0), sums[:, :n].T.clone(memory_format=dense),
+        dpart = result["dpart"].view(b, h, lq)
+        shared = ex.den.dim() == 1 or ex.den.shape[0] == 1
+        d_den = dpart.sum((0, 1)).view(ex.den.shape) if shared else dpart.sum(1)  # den (Lq,), (1, Lq) or (B, Lq)
+        d_pieces = (d_den, sums[:, :n].T.clone(memory_format=dense),
                     sums[:, at:at + n].T.clone(memory_format=dense))
     return dq, dk, dv, d_table, d_segments, d_pieces
 
@@ -1195,10 +1209,11 @@ def fused_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, table: Tensor
     """The kernel on q (B, H, Lq, Dq), k (B, H, Lk, Dq), v (B, H, Lk, Dv): out (B, H, Lq, Dv).
 
     table (H|1, Lq + Lk - 1): the offset table T[h, i - j + Lk - 1]; segments (H|1, K, K): Ŝ; extras: see
-    `Extras`. pieces (den (Lq,), kinks (W,) sorted, slope (W + 1, H), intercept (W + 1, H)): the term at (i, j)
-    is then slope[p, h]·x + intercept[p, h] with x = T[i - j + Lk - 1] / den_i and p the number of kinks below
-    x (FIRE's f_θ, a ReLU layer of a scalar, as its linear pieces); no gradient reaches the kinks, which move
-    only where a piece begins. Tables are read as float32 (their gradients flow back through the cast)."""
+    `Extras`. pieces (den (Lq,) or per example (B, Lq), kinks (W,) sorted, slope (W + 1, H), intercept
+    (W + 1, H)): the term at (i, j) is then slope[p, h]·x + intercept[p, h] with x = T[i - j + Lk - 1] / den_i
+    and p the number of kinks below x (FIRE's f_θ, a ReLU layer of a scalar, as its linear pieces); no gradient
+    reaches the kinks, which move only where a piece begins. Tables are read as float32 (their gradients flow
+    back through the cast)."""
     extras = extras or Extras()
     q, k, v, table, segments, pieces = kernel_inputs(q, k, v, table, segments, pieces)
     den = slope = intercept = None

@@ -12,6 +12,8 @@ from typing import Callable, NamedTuple
 
 from torch import Tensor
 
+from dietpe.positions.context import Runs
+
 
 def row_span(rows: tuple[int, int] | None, length: int) -> tuple[int, int]:
     """(start, stop) of `rows` among `length` query rows. Rows are (start, stop) ints or None (every row),
@@ -49,12 +51,15 @@ class OffsetTable:
     """A position-only term over consecutive positions as one value per head and offset, which a fused kernel
     reads inside its tile: term[h, i, j] = values[h, i - j + Lk - 1] · q_keep[i] · k_keep[j].
 
-    values (H|1, Lq + Lk - 1), differentiable in the method's parameters; q_keep (Lq,), k_keep (Lk,) 0/1
-    float (TUPE's reset of [CLS]'s row and column), or None: the table applies everywhere."""
+    values (H|1, Lq + Lk - 1), differentiable in the method's parameters; q_keep (Lq,), k_keep (Lk,), or per
+    example (B, Lq), (B, Lk), 0/1 float (TUPE's reset of [CLS]'s row and column), or None: the table applies
+    everywhere. runs: None, or the per-example positions' `Runs` the diagonals were read along: the table is
+    then exact on the pairs whose runs agree only, and a backend serves it where the mask opens no other."""
 
     values: Tensor
     q_keep: Tensor | None = None
     k_keep: Tensor | None = None
+    runs: Runs | None = None
 
 
 @dataclass(frozen=True)
@@ -66,14 +71,16 @@ class PiecewiseTable:
         term[h, i, j] = slope[p, h] · x + intercept[p, h],  x = numerator[i - j + Lk - 1] / den[i],
         p = the number of kinks below x.
 
-    numerator (Lq + Lk - 1,), den (Lq,), slope and intercept (W + 1, H), differentiable in the method's
-    parameters; kinks (W,) sorted (+inf for a piece that never begins), no gradient: a.e. the pieces do not move."""
+    numerator (Lq + Lk - 1,), den (Lq,) or per example (B, Lq), slope and intercept (W + 1, H), differentiable in
+    the method's parameters; kinks (W,) sorted (+inf for a piece that never begins), no gradient: a.e. the
+    pieces do not move. runs: as `OffsetTable`'s."""
 
     numerator: Tensor
     den: Tensor
     kinks: Tensor
     slope: Tensor
     intercept: Tensor
+    runs: Runs | None = None
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from typing import Callable
 
 from torch import Tensor
 
+from dietpe.positions.context import Runs
 from dietpe.positions.functional import toeplitz
 from dietpe.positions.terms.logit import LogitTerm, OffsetTable, ScoreMod, position_at, row_span
 
@@ -55,12 +56,14 @@ class DistanceBias(PositionBias):
     -m_h · d), KERPLE (Chi et al. 2022, -r1_h · log(1 + r2_h · d)). `f(distance, *params)` is elementwise and
     broadcasts; params: (H,) tensors. q_pos, k_pos as in PositionBias; diagonals: optional (Lq + Lk - 1,)
     offsets i - j for consecutive positions: then a Toeplitz matrix of Lq + Lk - 1 values per head, never a
-    gather. `score_mod` computes the function pair by pair (f module-level, so one kernel per f)."""
+    gather. runs: the per-example positions' `Runs` (where there are no diagonals), along which
+    `offset_table` reads f for the fused kernel. `score_mod` computes the function pair by pair (f module-level,
+    so one kernel per f)."""
 
     def __init__(self, f: Callable[..., Tensor], params: tuple[Tensor, ...], q_pos: Tensor, k_pos: Tensor,
-                 diagonals: Tensor | None = None):
+                 diagonals: Tensor | None = None, runs: Runs | None = None):
         super().__init__(self._pairs, q_pos, k_pos, params[0].shape[0])
-        self.distance_f, self.params, self.diagonals = f, params, diagonals
+        self.distance_f, self.params, self.diagonals, self.runs = f, params, diagonals, runs
 
     def _pairs(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         dist = (q_pos - k_pos).abs()  # (1|B, 1, rows, Lk)
@@ -76,11 +79,12 @@ class DistanceBias(PositionBias):
         return toeplitz(per_diagonal, stop - start, lk).unsqueeze(0)  # (1, H, rows, Lk)
 
     def offset_table(self) -> OffsetTable | None:
-        """f of each diagonal's distance, per head: (H, Lq + Lk - 1); None without diagonals."""
-        if self.diagonals is None:
+        """f of each diagonal's distance (or along the runs'), per head: (H, Lq + Lk - 1); None without either."""
+        if self.diagonals is None and self.runs is None:
             return None
+        along = self.diagonals if self.diagonals is not None else self.runs.diagonals
         return self.per_forward("offset_table", lambda: OffsetTable(
-            self.distance_f(self.diagonals.abs(), *(p[:, None] for p in self.params))))
+            self.distance_f(along.abs(), *(p[:, None] for p in self.params)), runs=self.runs))
 
     def score_mod(self, q: Tensor | None = None) -> ScoreMod:
         return ScoreMod(distance_pair, (self.distance_f, self.q_pos, self.k_pos, *self.params))

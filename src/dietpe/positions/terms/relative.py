@@ -9,6 +9,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
+from dietpe.positions.context import Runs
 from dietpe.positions.functional import OneHot, relative_gather, relative_offsets, toeplitz
 from dietpe.positions.terms.logit import Band, LogitTerm, OffsetTable, ScoreMod, head_at, position_at, row_span
 from dietpe.positions.terms.position import PositionBias
@@ -84,18 +85,19 @@ class TableBias(LazyIndex, PositionBias):
     scatter-add), several times faster on CPU. reach: the bucket is the same for every offset beyond ±reach
     (DIET-REL's clip, T5's max distance); with it, `score_mod` reads a per-offset table of 2·reach + 1 values
     per head (gathered once per forward) at the clipped offset, whatever the positions; keep must then be a
-    module-level function. Without it, the score_mod reads the dense form.
+    module-level function. Without it, the score_mod reads the dense form. runs: the per-example positions'
+    `Runs` (where there are no diagonals), along which `offset_table` reads the table for the fused kernel.
     """
 
     def __init__(self, values: Tensor, q_pos: Tensor, k_pos: Tensor, bucket: Callable[[Tensor], Tensor],
                  index: Tensor | Callable[[], Tensor] | None = None,
                  keep: Callable[[Tensor, Tensor], Tensor] | None = None, diagonals: Tensor | None = None,
-                 reach: int | None = None):
+                 reach: int | None = None, runs: Runs | None = None):
         super().__init__(None, q_pos, k_pos, values.shape[0])
         self.values, self.bucket, self.reach = values, bucket, reach
         # an (Lq, Lk) int64 index is 512 MiB at 8,192 tokens: never built when the diagonals serve
         self._index = index if index is not None else (lambda: bucket(relative_offsets(q_pos, k_pos)))
-        self.keep, self.diagonals = keep, diagonals
+        self.keep, self.diagonals, self.runs = keep, diagonals, runs
 
     def _keep(self, start: int, stop: int) -> Tensor | None:
         if self.keep is None:
@@ -116,18 +118,22 @@ class TableBias(LazyIndex, PositionBias):
         return bias if keep is None else bias * keep.to(bias.dtype)
 
     def offset_table(self) -> OffsetTable | None:
-        """values read at the diagonals' buckets, by advanced indexing, whose gradient on CUDA sorts the
-        indices and adds each bucket's entries in order (`index_select`'s would add them atomically); the keep as
-        two vectors when it is a `SeparableKeep`. None without diagonals or with another keep."""
-        if self.diagonals is None or not (self.keep is None or isinstance(self.keep, SeparableKeep)):
+        """values read at the diagonals' buckets (or along the runs'), by advanced indexing, whose gradient on
+        CUDA sorts the indices and adds each bucket's entries in order (`index_select`'s would add them
+        atomically); the keep as two vectors (per example with per-example positions) when it is a
+        `SeparableKeep`. None without diagonals or runs, or with another keep."""
+        if self.diagonals is None and self.runs is None:
+            return None
+        if not (self.keep is None or isinstance(self.keep, SeparableKeep)):
             return None
 
         def build():
-            values = self.values[:, self.diagonals]  # (H|1, Lq + Lk - 1)
+            along = self.diagonals if self.diagonals is not None else self.bucket(self.runs.diagonals)
+            values = self.values[:, along]  # (H|1, Lq + Lk - 1)
             if self.keep is None:
-                return OffsetTable(values)
+                return OffsetTable(values, runs=self.runs)
             return OffsetTable(values, self.keep.query(self.q_pos).to(values.dtype),
-                               self.keep.key(self.k_pos).to(values.dtype))
+                               self.keep.key(self.k_pos).to(values.dtype), self.runs)
 
         return self.per_forward("offset_table", build)
 
