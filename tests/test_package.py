@@ -96,9 +96,12 @@ def test_the_readme_commands_install_what_they_run():
     readme = (ROOT / "README.md").read_text()
     extras = PYPROJECT["project"]["optional-dependencies"]
     assert 'pip install -e ".[study]" && dietpe compare' in readme
-    assert 'pip install -e ".[test]" && python -m pytest -q' in readme
+    assert 'pip install -e ".[test]" && python -m pytest -q -n auto' in readme
     assert {"accelerate", "matplotlib", "scipy"} <= names(extras["study"])
-    assert "dietpe[all]" in extras["test"] and "pytest" in names(extras["test"])
+    assert "dietpe[all]" in extras["test"] and {"pytest", "pytest-xdist"} <= names(extras["test"])
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert ci.rstrip().endswith('python -m pytest -q -n auto --maxprocesses 4')  # CI runs the README's command
+    assert 'python -m pytest -q -n auto --maxprocesses 4\n```' in readme
 
 
 def test_the_readme_has_no_relative_links():

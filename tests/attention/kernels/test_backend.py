@@ -224,12 +224,11 @@ def test_auto_leaves_the_cpu_to_sdpa(monkeypatch):
         model(ids, mask, seg)
 
 
-@pytest.mark.parametrize("spec", ["fire", "diet-rel", "alibi"])
-def test_attached_llama_decodes_with_the_kernel_as_with_eager(spec, device):
-    """A Hugging Face Llama given a method with backend="fused": the cached decoding's logits (the query's
-    position past the cache: FIRE's normaliser reads it) equal the full forward's and eager's."""
+def _attached_pair(spec, device):
+    """A tiny Hugging Face Llama given `spec` with backend="fused" (random position parameters), and the same
+    with backend="eager"."""
     import dietpe
-    from tests.integrations.test_attach import assert_cached_equals_full, build, ids
+    from tests.integrations.test_attach import build
 
     fused = dietpe.attach(build("llama"), spec, backend="fused").eval().to(device)
     with torch.no_grad():
@@ -237,6 +236,16 @@ def test_attached_llama_decodes_with_the_kernel_as_with_eager(spec, device):
             p.normal_()
     ref = dietpe.attach(build("llama"), spec, backend="eager").eval().to(device)
     ref.load_state_dict(fused.state_dict())
+    return fused, ref
+
+
+@pytest.mark.parametrize("spec", ["fire", "diet-rel", "alibi"])
+def test_attached_llama_decodes_with_the_kernel_as_with_eager(spec, device):
+    """A Hugging Face Llama given a method with backend="fused": the cached decoding's logits (the query's
+    position past the cache: FIRE's normaliser reads it) equal the full forward's and eager's."""
+    from tests.integrations.test_attach import assert_cached_equals_full, ids
+
+    fused, ref = _attached_pair(spec, device)
     x = ids(batch=2, length=10).to(device)
     assert_cached_equals_full(fused, x)
     torch.testing.assert_close(fused(x).logits, ref(x).logits, atol=1e-5, rtol=1e-4)
@@ -278,15 +287,9 @@ def test_attached_llama_serves_left_padding_and_packed_sequences(spec, device):
     greedy generation (generate's position_ids from the mask) gives eager's tokens; documents packed by
     position_ids alone (Hugging Face then builds the block-causal mask) give eager's logits, and a document's
     own when run alone."""
-    import dietpe
-    from tests.integrations.test_attach import build, ids
+    from tests.integrations.test_attach import ids
 
-    fused = dietpe.attach(build("llama"), spec, backend="fused").eval().to(device)
-    with torch.no_grad():
-        for p in fused.model.diet_positions.parameters():
-            p.normal_()
-    ref = dietpe.attach(build("llama"), spec, backend="eager").eval().to(device)
-    ref.load_state_dict(fused.state_dict())
+    fused, ref = _attached_pair(spec, device)
     x = ids(batch=2, length=10).to(device)
     mask = torch.ones_like(x)
     mask[1, :3] = 0
