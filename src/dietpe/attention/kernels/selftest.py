@@ -5,12 +5,13 @@
 For every method the fused backend serves (the registry's), a one-layer model with four heads of 64, two
 segments and a padded row, at 300 tokens (several tiles, cut at the edge): the output and every parameter's
 gradient against the eager reference in float32 (TF32 off); in bfloat16, no further from float32's reference
-than three times the eager reference's own bfloat16 run (a sanity check: both round differently); two backward passes that must give the same bits; the causal
-LM; attention dropout against the equation with the kernel's own mask; in bfloat16 at 512 tokens (whole
-tiles: the unmasked paths), every tile configuration the autotuner may pick; the rotary kernel against
-`apply_rotary`. Prints one line per check and ends with `selftest: OK`
-(exit 0) or `selftest: FAILED n of m: ...` (exit 1). Most of its time (about a minute) is Triton compiling
-each kernel variant. `--device cpu --length 24` runs the same checks under Triton's interpreter
+than three times the eager reference's own bfloat16 run (a sanity check: both round differently); two backward
+passes that must give the same bits; the causal LM; packed documents by per-example position_ids and their
+mask (the tables read along the runs); attention dropout against the equation with the kernel's own mask; in
+bfloat16 at 512 tokens (whole tiles: the unmasked paths), every tile configuration the autotuner may pick; the
+rotary kernel against `apply_rotary`. Prints one line per check and ends with `selftest: OK` (exit 0) or
+`selftest: FAILED n of m: ...` (exit 1). Most of its time (about a minute) is Triton compiling each kernel
+variant. `--device cpu --length 24` runs the same checks under Triton's interpreter
 (TRITON_INTERPRET=1), slowly: a check of this script itself.
 """
 
@@ -66,7 +67,7 @@ def _worst(got, want, floor: float = 1e-3) -> tuple[float, float, str]:
     return out, rel, name
 
 
-def _inputs(length: int, causal: bool):
+def _inputs(length: int, causal: bool, packed: bool = False):
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(1, 100, (2, length), generator=g)
     if causal:
@@ -75,17 +76,27 @@ def _inputs(length: int, causal: bool):
     mask[1, -(length // 8):] = 0
     seg = torch.zeros_like(ids)
     seg[:, length // 2:] = 1
-    return {"input_ids": ids.to(DEVICE), "attention_mask": mask.to(DEVICE), "token_type_ids": seg.to(DEVICE)}
+    inputs = {"input_ids": ids.to(DEVICE), "attention_mask": mask.to(DEVICE), "token_type_ids": seg.to(DEVICE)}
+    if packed:  # documents restarting at 0: three in the first row, two in the second; their block mask
+        from dietpe.attention.masks import position_document_mask
+
+        idx = torch.arange(length)
+        positions = torch.stack([idx - torch.where(idx >= 2 * length // 3, 2 * length // 3,
+                                                   torch.where(idx >= length // 3, length // 3, 0)),
+                                 idx - torch.where(idx >= length // 2, length // 2, 0)])
+        inputs.update(position_ids=positions.to(DEVICE), attention_mask=position_document_mask(positions).to(DEVICE))
+    return inputs
 
 
-def check_method(position: str, segment: str, causal: bool, length: int) -> list[tuple[str, bool]]:
-    inputs = _inputs(length, causal)
+def check_method(position: str, segment: str, causal: bool, length: int,
+                 packed: bool = False) -> list[tuple[str, bool]]:
+    inputs = _inputs(length, causal, packed)
     ref, fused = _model(position, segment, "eager", causal), _model(position, segment, "fused", causal)
     fused.load_state_dict(ref.state_dict())
     want, got = _step(ref, inputs), _step(fused, inputs)
     again = _step(fused, inputs)
     half, ref_half = _step(fused, inputs, torch.bfloat16), _step(ref, inputs, torch.bfloat16)
-    label = f"{'causal ' if causal else ''}{position}{'+seg' if segment == 'per-head' else ''}"
+    label = f"{'causal ' if causal else 'packed ' if packed else ''}{position}{'+seg' if segment == 'per-head' else ''}"
     out, rel, name = _worst(got, want)
     hout, hrel, hname = _worst(half, want, 1e-2)  # bfloat16 rounds at 4e-3
     rout, rrel, _ = _worst(ref_half, want, 1e-2)
@@ -226,6 +237,8 @@ def main(argv=None) -> int:
             results += check_method(name, "per-head" if info.shareable else "input", False, n)
     for name in ("diet-rel", "alibi", "t5", "fire"):
         results += check_method(name, "none", True, n)
+    for name, segment in (("diet-rel", "per-head"), ("tupe-r", "input"), ("fire", "input")):
+        results += check_method(name, segment, False, n, packed=True)
     results += check_dropout(n)
     results += check_whole_tiles(512 if DEVICE == "cuda" else 32)
     results += check_rotary(n)
