@@ -97,7 +97,8 @@ def steps() -> list[Step]:
              "bash -n scripts/gpu_commands.sh"),
         Step("bench", "time", 150, "bench.md",
              (_dietpe("bench --device cuda --precision bf16 --shapes bert-base --lengths 512 --batch 8 "
-                      "--methods diet-rel,diet-rel+seg,diet-abs,t5,alibi,fire "
+                      # none@fused first: the kernel's own cost against flash, before any term's
+                      "--methods none@fused,diet-rel,diet-rel+seg,diet-abs,t5,alibi,fire "
                       "--backends fused,sdpa --repeats 6 --warmup 3 --no-memory"),),
              _dietpe("bench --help")),
         # measured once (docs/measured/h200_study_time.json): run by name, for another GPU
