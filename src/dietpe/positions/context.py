@@ -138,9 +138,11 @@ class Context:
     def runs(self) -> Runs | None:
         """The positions as `Runs`, where `diagonal_offsets` has none (per-example or gapped positions) and the
         data may be read (not while compiling); else None."""
-        if self.projected_keys or torch.compiler.is_compiling() or self.diagonal_offsets() is not None:
+        if self.projected_keys or torch.compiler.is_compiling():
             return None
-        return self.cached(RunsKey(), lambda: Runs(self.q_pos, self.k_pos))
+        # once per forward, None included: every layer's term asks, and reading given positions syncs a GPU
+        return self.cached(RunsKey(), lambda: None if self.diagonal_offsets() is not None
+                           else Runs(self.q_pos, self.k_pos))
 
     def diagonal_offsets(self) -> Tensor | None:
         """(Lq + Lk - 1,) offsets pos_i - pos_j along the diagonals of the (Lq, Lk) offsets (see `toeplitz`), or

@@ -80,10 +80,8 @@ def _inputs(length: int, causal: bool, packed: bool = False):
     if packed:  # documents restarting at 0: three in the first row, two in the second; their block mask
         from dietpe.attention.masks import position_document_mask
 
-        idx = torch.arange(length)
-        positions = torch.stack([idx - torch.where(idx >= 2 * length // 3, 2 * length // 3,
-                                                   torch.where(idx >= length // 3, length // 3, 0)),
-                                 idx - torch.where(idx >= length // 2, length // 2, 0)])
+        cuts = ((0, length // 3, 2 * length // 3, length), (0, length // 2, length))
+        positions = torch.stack([torch.cat([torch.arange(b - a) for a, b in zip(c, c[1:])]) for c in cuts])
         inputs.update(position_ids=positions.to(DEVICE), attention_mask=position_document_mask(positions).to(DEVICE))
     return inputs
 
