@@ -77,9 +77,10 @@ def steps() -> list[Step]:
              (f"{PY} -m pytest -q -p no:cacheprovider -o console_output_style=classic -rfE {CUDA_TESTS}",),
              f"{PY} -m pytest --version", env={"DIET_TEST_DEVICE": "cuda", "DIETPE_FUSED_AUTOTUNE": "0"},
              cpu_commands=(f"{PY} -m pytest -q -p no:cacheprovider {CPU_TESTS}",)),
+        # the selftest first: it took over 215 s on an H100 beside another job
         Step("kernels", "check", 270, "kernels.txt",
-             (f"{PY} scripts/gpu_flex.py",
-              f"{PY} -m dietpe.attention.kernels.selftest"),
+             (f"{PY} -m dietpe.attention.kernels.selftest",
+              f"{PY} scripts/gpu_flex.py"),
              f"{PY} scripts/gpu_flex.py --help"),
         Step("compare", "check", 270, "compare.txt",
              (_dietpe("compare -o {work}/compare --methods none,absolute,diet-rel,diet-abs,t5 --pretrain-seeds 2 "
@@ -105,6 +106,10 @@ def steps() -> list[Step]:
         Step("study_time", "time", 50, "study_time.txt",
              (f"{PY} -m dietpe.bench.study_time --plan gpu-hour --device cuda --precision bf16",),
              f"{PY} -m dietpe.bench.study_time --help", default=False),
+        # where a step's time goes (host, kernels by kind, each kernel alone): run by name
+        Step("profile", "time", 200, "profile.md",
+             (f"{PY} scripts/gpu_profile.py - --ops --host none@fused,diet-rel@fused",),
+             f"{PY} scripts/gpu_profile.py --help", default=False),
         Step("attach", "time", 120, "attach.md",
              # the methods not yet measured attached first (the budget may end before the last)
              (f"{PY} -m dietpe.bench.attach --device cuda --dtype bfloat16 --shapes 8x2048 --budget 100 "

@@ -61,6 +61,7 @@ import triton.language as tl
 from torch import Tensor
 
 from dietpe.attention.kernels import interpreting
+from dietpe.attention.kernels.launch import launch as launch_kernel
 
 LOG2E = 1.4426950408889634
 # Triton's interpreter multiplies bfloat16 dot operands wrongly (numpy has no bfloat16): it gets them as float32,
@@ -843,6 +844,10 @@ class Extras:
     n_pieces: int = 0
 
 
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)  # not triton.cdiv: a jit function, several µs per call from Python
+
+
 def _pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
@@ -866,7 +871,10 @@ def head_parts(d: int) -> tuple[int, int]:
 # (`resources`; at head size 64 in bf16 the first of each list spills nothing with the table, with or without
 # dropout, but dK/dV's 80 bytes with dropout). The dQ kernel sums the
 # tables' gradients along diagonals with a carry between key blocks, which needs BM = BN: with a table gradient
-# only its square configurations are tried. fp32's exact dots take small tiles: fp32 is the accuracy path.
+# only its square configurations are tried; at 64 × 64 that kernel needs 255 registers and spills, and 32 × 32
+# with 4 warps (238, none spilled) was the tuner's choice in every table case measured on an H100 (bert-base,
+# 512 × 8: 208-435 µs against 255-640; docs/gpu.md). fp32's exact dots take small tiles: fp32 is the accuracy
+# path.
 FORWARD_CONFIGS = {2: {64: [(128, 64, 8, 3), (128, 128, 8, 3), (64, 64, 4, 3)],
                        128: [(128, 64, 8, 3), (64, 64, 4, 3)],
                        256: [(64, 32, 4, 2), (32, 32, 4, 1)]},
@@ -877,7 +885,7 @@ BACKWARD_KV_CONFIGS = {2: {64: [(32, 128, 8, 3), (64, 64, 8, 3), (32, 64, 4, 3)]
                            256: [(16, 32, 4, 1), (16, 16, 4, 1)]},
                        4: {64: [(16, 32, 4, 2), (16, 16, 4, 1)], 128: [(16, 32, 4, 1), (16, 16, 4, 1)],
                            256: [(16, 16, 4, 1)]}}
-BACKWARD_Q_CONFIGS = {2: {64: [(64, 64, 8, 3), (128, 64, 8, 3), (128, 32, 8, 3)],
+BACKWARD_Q_CONFIGS = {2: {64: [(64, 64, 8, 3), (128, 64, 8, 3), (128, 32, 8, 3), (32, 32, 4, 2)],
                           128: [(64, 64, 8, 2), (128, 32, 8, 2), (32, 32, 4, 1)],
                           256: [(32, 32, 8, 1), (16, 16, 4, 1)]},
                       4: {64: [(32, 32, 4, 2), (16, 16, 4, 1)], 128: [(32, 32, 4, 2), (16, 16, 4, 1)],
@@ -1066,9 +1074,9 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, scale: float, table: Tens
     def launch(config):
         bm, bn, warps, stages = config
         bm = min(bm, max(16, _pow2(lq)))  # a few queries (a decoding step): no rows of padding
-        _forward_kernel[(triton.cdiv(lq, bm), b * h)](*args, BM=bm, BN=bn, D1=d1, D2=d2, DVP=dvp,
-                                                      EVEN_M=lq % bm == 0, EVEN_N=lk % bn == 0, EVEN_D=even_d,
-                                                      num_warps=warps, num_stages=stages, **flags)
+        launch_kernel(_forward_kernel, (_cdiv(lq, bm), b * h), args,
+              dict(BM=bm, BN=bn, D1=d1, D2=d2, DVP=dvp, EVEN_M=lq % bm == 0, EVEN_N=lk % bn == 0, EVEN_D=even_d,
+                   num_warps=warps, num_stages=stages, **flags))
 
     _launch(_key("fwd", q, lk, (d1, d2, dvp), flags), _configs(FORWARD_CONFIGS, q.dtype, max(d1, dvp)), launch,
             INTERPRETER_CONFIGS["fwd"])
@@ -1100,7 +1108,7 @@ def attention_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
 
     def launch_q(config):
         bm, bn, warps, stages = config
-        nm, nn = triton.cdiv(lq, bm), triton.cdiv(lk, bn)
+        nm, nn = _cdiv(lq, bm), _cdiv(lk, bn)
         w = (nn + 1) * bn
         # under padding a program skips the key blocks outside its rows' open keys: their partial rows stay 0
         alloc = torch.zeros if flags["MASK_KIND"] == 1 else torch.empty
@@ -1109,22 +1117,21 @@ def attention_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
         piece_grad = tab_grad and ex.pieces is not None
         dpart = torch.empty(b * h, lq, dtype=torch.float32, device=q.device) if piece_grad else lse
         pwpart = torch.empty(b * h * nm, 4 * ex.slots, dtype=torch.float32, device=q.device) if piece_grad else lse
-        _backward_q_kernel[(nm, b * h)](q, k, v, out, do, lse, delta, dq, part, spart, dpart, pwpart, *pointers,
-                                        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3],
-                                        *do.stride()[:3], *dq.stride()[:3], *tail, nn, w, BM=bm, BN=bn, D1=d1, D2=d2,
-                                        DVP=dvp, NSEG2P=nseg2p, TAB_GRAD=tab_grad, SEG_GRAD=seg_grad,
-                                        EVEN_M=lq % bm == 0, EVEN_N=lk % bn == 0, EVEN_D=even_d, num_warps=warps,
-                                        num_stages=stages, **flags)
+        launch_kernel(_backward_q_kernel, (nm, b * h),
+              (q, k, v, out, do, lse, delta, dq, part, spart, dpart, pwpart, *pointers, *q.stride()[:3],
+               *k.stride()[:3], *v.stride()[:3], *out.stride()[:3], *do.stride()[:3], *dq.stride()[:3], *tail, nn, w),
+              dict(BM=bm, BN=bn, D1=d1, D2=d2, DVP=dvp, NSEG2P=nseg2p, TAB_GRAD=tab_grad, SEG_GRAD=seg_grad,
+                   EVEN_M=lq % bm == 0, EVEN_N=lk % bn == 0, EVEN_D=even_d, num_warps=warps, num_stages=stages,
+                   **flags))
         result.update(part=part, spart=spart, dpart=dpart, pwpart=pwpart, blk=bn, nm=nm, nn=nn, width=w)
 
     def launch_kv(config):
         bm, bn, warps, stages = config
-        _backward_kv_kernel[(triton.cdiv(lk, bn), b * h)](q, k, v, do, lse, delta, dk, dv, *pointers,
-                                                          *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
-                                                          *do.stride()[:3], *dk.stride()[:3], *dv.stride()[:3],
-                                                          *tail, BM=bm, BN=bn, D1=d1, D2=d2,
-                                                          DVP=dvp, EVEN_M=lq % bm == 0, EVEN_N=lk % bn == 0,
-                                                          EVEN_D=even_d, num_warps=warps, num_stages=stages, **flags)
+        launch_kernel(_backward_kv_kernel, (_cdiv(lk, bn), b * h),
+              (q, k, v, do, lse, delta, dk, dv, *pointers, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
+               *do.stride()[:3], *dk.stride()[:3], *dv.stride()[:3], *tail),
+              dict(BM=bm, BN=bn, D1=d1, D2=d2, DVP=dvp, EVEN_M=lq % bm == 0, EVEN_N=lk % bn == 0, EVEN_D=even_d,
+                   num_warps=warps, num_stages=stages, **flags))
 
     q_configs = _configs(BACKWARD_Q_CONFIGS, q.dtype, width)
     if tab_grad:
@@ -1158,9 +1165,9 @@ def attention_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
 def _offset_sums(result: dict, b: int, h: int, n_offsets: int, lk: int, causal: bool) -> Tensor:
     out = torch.empty(h, n_offsets, dtype=torch.float32, device=result["part"].device)
     rb = 64 if interpreting() else 256
-    _offset_sum_kernel[(h, triton.cdiv(n_offsets, rb))](result["part"], out, b, h, result["nm"], result["nn"],
-                                                         result["width"], n_offsets, lk, BLK=result["blk"], RB=rb,
-                                                         CAUSAL=causal)
+    launch_kernel(_offset_sum_kernel, (h, _cdiv(n_offsets, rb)),
+          (result["part"], out, b, h, result["nm"], result["nn"], result["width"], n_offsets, lk),
+          dict(BLK=result["blk"], RB=rb, CAUSAL=causal))
     return out
 
 

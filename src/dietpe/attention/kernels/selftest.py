@@ -10,8 +10,8 @@ passes that must give the same bits; the causal LM; packed documents by per-exam
 mask (the tables read along the runs); attention dropout against the equation with the kernel's own mask; in
 bfloat16 at 512 tokens (whole tiles: the unmasked paths), every tile configuration the autotuner may pick; the
 rotary kernel against `apply_rotary`. Prints one line per check and ends with `selftest: OK` (exit 0) or
-`selftest: FAILED n of m: ...` (exit 1). Most of its time (about a minute) is Triton compiling each kernel
-variant. `--device cpu --length 24` runs the same checks under Triton's interpreter
+`selftest: FAILED n of m: ...` (exit 1). Most of its time (over 3.5 minutes on an H100) is Triton compiling each
+kernel variant. `--device cpu --length 24` runs the same checks under Triton's interpreter
 (TRITON_INTERPRET=1), slowly: a check of this script itself.
 """
 
@@ -208,6 +208,8 @@ def main(argv=None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"), help="cpu: under the interpreter")
     parser.add_argument("--length", type=int, default=300, help="tokens per row (default: 300)")
+    parser.add_argument("--methods", help="comma-separated methods to check (default: every one served); with it "
+                                          "the tile configurations are not run through")
     args = parser.parse_args(argv)
     DEVICE, n = args.device, args.length
     from dietpe.attention.kernels import device_problem
@@ -230,15 +232,21 @@ def main(argv=None) -> int:
     print(f"selftest: {name}, torch {torch.__version__}", flush=True)
     results = []
     fused = ALL_BACKENDS["fused"]
+    chosen = set(args.methods.split(",")) if args.methods else set(REGISTRY)
+    unknown = chosen - set(REGISTRY)
+    if unknown:
+        parser.error(f"--methods: {', '.join(sorted(unknown))} not among {', '.join(REGISTRY)}")
     for name, info in REGISTRY.items():
-        if fused.refusal(value_terms=info.probabilities, dropout=0.0, method=info) is None:
+        if name in chosen and fused.refusal(value_terms=info.probabilities, dropout=0.0, method=info) is None:
             results += check_method(name, "per-head" if info.shareable else "input", False, n)
-    for name in ("diet-rel", "alibi", "t5", "fire"):
+    for name in chosen & {"diet-rel", "alibi", "t5", "fire"}:
         results += check_method(name, "none", True, n)
     for name, segment in (("diet-rel", "per-head"), ("tupe-r", "input"), ("fire", "input")):
-        results += check_method(name, segment, False, n, packed=True)
+        if name in chosen:
+            results += check_method(name, segment, False, n, packed=True)
     results += check_dropout(n)
-    results += check_whole_tiles(512 if DEVICE == "cuda" else 32)
+    if not args.methods:
+        results += check_whole_tiles(512 if DEVICE == "cuda" else 32)
     results += check_rotary(n)
     failed = [label for label, ok in results if not ok]
     print(f"selftest: {'OK' if not failed else f'FAILED {len(failed)} of {len(results)}: ' + ', '.join(failed)} "

@@ -1,0 +1,281 @@
+"""Where a step's time goes on the GPU, for the fused kernel's tuning (docs/gpu.md, docs/kernels.md).
+
+    python scripts/gpu_profile.py OUT.md [--methods none,diet-rel@fused,...] [--ops] [--host none@fused,...]
+
+Two parts, each a table in OUT.md:
+
+* **steps** (bert-base, 512 x 8, bf16, the training step of `dietpe bench`): per method the wall time of a
+  step between two synchronisations, the host's time to queue it (the step's Python and launches: when it is
+  close to the wall time the host is the bottleneck, not the GPU), the GPU's kernel time in one profiled step
+  and the kernels launched, the host syncs it asked for (`torch.cuda.set_sync_debug_mode`), and the GPU time
+  by kind of kernel (attention, matrix products, the rest);
+* **host** (`--host`): the host's time to queue one call of the attention operator (nothing waits for the GPU
+  between calls), sdpa against the fused kernel, forward alone and forward + backward, and a cProfile of the
+  fused training step's host side (the functions that take its time);
+* **ops** (`--ops`): the attention operator alone, forward and forward + backward (`triton.testing.do_bench`,
+  median), SDPA's flash kernel against the fused kernel without a term and with a per-head offset table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import statistics
+import sys
+import time
+import warnings
+from collections import Counter
+from pathlib import Path
+
+import torch
+
+from dietpe.bench.cost import Variant, build_model, make_inputs, model_config, training_step
+
+METHODS = "none,none@fused,diet-rel@fused,diet-rel@sdpa,diet-rel+seg@fused,diet-abs@fused,t5@fused"
+ATTENTION = ("flash", "fmha", "attention", "_forward_kernel", "_backward_q_kernel", "_backward_kv_kernel",
+             "_offset_sum_kernel", "efficient", "cutlass_f")
+GEMM = ("gemm", "nvjet", "sm90_xmma", "cublas", "cutlass")
+
+
+def _kind(name: str) -> str:
+    low = name.lower()
+    if any(a in low for a in ATTENTION):
+        return "attention"
+    if any(g in low for g in GEMM):
+        return "gemm"
+    return "other"
+
+
+def _device_us(avg) -> float:
+    for attr in ("self_device_time_total", "self_cuda_time_total"):
+        if hasattr(avg, attr):
+            return float(getattr(avg, attr))
+    return 0.0
+
+
+def profile_step(step) -> tuple[float, int, dict[str, float], list[tuple[str, float, int]]]:
+    """(GPU kernel ms, kernels, ms by kind, top kernels) of one step."""
+    from torch.profiler import DeviceType, ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    kinds: Counter = Counter()
+    top, total, count = [], 0.0, 0
+    for avg in prof.key_averages():
+        if avg.device_type != DeviceType.CUDA:
+            continue
+        us = _device_us(avg)
+        total += us
+        count += avg.count
+        kinds[_kind(avg.key)] += us / 1e3
+        top.append((avg.key[:70], us / 1e3, avg.count))
+    top.sort(key=lambda t: -t[1])
+    return total / 1e3, count, dict(kinds), top[:10]
+
+
+def syncs(step) -> int:
+    """Host syncs one step asks for (torch's sync debug mode warns at each)."""
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            step()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    torch.cuda.synchronize()
+    return sum("synchroniz" in str(w.message) for w in caught)
+
+
+def _through_triton(step):
+    """The step with every kernel launched through Triton's `kernel[grid]` (no kept kernels)."""
+    from dietpe.attention.kernels.launch import through_triton
+
+    def run():
+        with through_triton():
+            step()
+    return run
+
+
+def steps_table(labels: list[str], shape: str, length: int, batch: int, repeats: int) -> list[str]:
+    inputs = None
+    steps = {}
+    for label in labels:
+        method, jit = label.removesuffix("/jit"), label.endswith("/jit")
+        config = model_config(shape, Variant.parse(method), max(512, length))
+        model = build_model(config).cuda()
+        if inputs is None:
+            inputs = {k: t.cuda() for k, t in make_inputs(batch, length, config.vocab_size).items()}
+        step = training_step(model, inputs, "bf16")
+        steps[label] = _through_triton(step) if jit else step
+    for _ in range(3):  # warm-up: compiles, autotunes
+        for step in steps.values():
+            step()
+    wall, host = {k: [] for k in steps}, {k: [] for k in steps}
+    names = list(steps)
+    for cycle in range(repeats):
+        shift = cycle % len(names)
+        for name in names[shift:] + names[:shift]:
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            steps[name]()
+            t1 = time.perf_counter()
+            torch.cuda.synchronize()
+            t2 = time.perf_counter()
+            wall[name].append(t2 - t0)
+            host[name].append(t1 - t0)
+    base = wall[names[0]]
+    lines = [f"## steps: {shape}, {length} x {batch}, bf16, training step, {repeats} interleaved cycles", "",
+             "| method | wall ms | x first | host ms | GPU kernel ms | kernels | syncs | attention ms | gemm ms | "
+             "other ms |", "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
+    tops = []
+    for name in names:
+        ratio = statistics.median(t / b for t, b in zip(wall[name], base))
+        gpu, count, kinds, top = profile_step(steps[name])
+        n_sync = syncs(steps[name])
+        lines.append(f"| {name} | {statistics.median(wall[name]) * 1e3:.2f} | {ratio:.3f} | "
+                     f"{statistics.median(host[name]) * 1e3:.2f} | {gpu:.2f} | {count} | {n_sync} | "
+                     f"{kinds.get('attention', 0):.2f} | {kinds.get('gemm', 0):.2f} | {kinds.get('other', 0):.2f} |")
+        tops += ["", f"{name}: top kernels (ms, launches)"] + [f"    {ms:8.3f} {n:5d}  {k}" for k, ms, n in top]
+        print(lines[-1], flush=True)
+    return lines + tops
+
+
+def host_table(labels: list[str], shape: str, length: int, batch: int) -> list[str]:
+    import cProfile
+    import io
+    import pstats
+
+    import torch.nn.functional as F
+
+    from dietpe.attention.kernels.attention import fused_attention
+    from dietpe.attention.kernels.launch import through_triton
+
+    lines = ["", "## host: time to queue one call (no wait for the GPU between calls), median of 5 x 50 calls", "",
+             "| op | fwd us | fwd+bwd us |", "|---|--:|--:|"]
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v, do = (torch.randn(8, 12, 512, 64, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(4))
+    for x in (q, k, v):
+        x.requires_grad_(True)
+    table = (0.1 * torch.randn(12, 1023, device="cuda", generator=g)).requires_grad_(True)
+    plain, tabled = (lambda: fused_attention(q, k, v, 0.125)), (lambda: fused_attention(q, k, v, 0.125, table))
+    ops = {"sdpa": (lambda: F.scaled_dot_product_attention(q, k, v), False), "fused, no term": (plain, False),
+           "fused, offset table": (tabled, False), "fused, no term, through Triton": (plain, True),
+           "fused, offset table, through Triton": (tabled, True)}
+    for name, (op, jit) in ops.items():
+        cells = []
+        for backward in (False, True):
+            def call(op=op, jit=jit, backward=backward):
+                with through_triton() if jit else contextlib.nullcontext():
+                    out = op()
+                    if backward:
+                        out.backward(do)
+            for _ in range(5):
+                call()
+            runs = []
+            for _ in range(5):
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                for _ in range(50):
+                    call()
+                runs.append((time.perf_counter() - t0) / 50)
+            cells.append(f"{statistics.median(runs) * 1e6:.0f}")
+        lines.append(f"| {name} | {cells[0]} | {cells[1]} |")
+        print(lines[-1], flush=True)
+    for label in labels:
+        config = model_config(shape, Variant.parse(label), max(512, length))
+        model = build_model(config).cuda()
+        inputs = {k: t.cuda() for k, t in make_inputs(batch, length, config.vocab_size).items()}
+        step = training_step(model, inputs, "bf16")
+        for _ in range(3):
+            step()
+        torch.cuda.synchronize()
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(5):
+            step()
+        prof.disable()
+        torch.cuda.synchronize()
+        text = io.StringIO()
+        pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(30)
+        lines += ["", f"### cProfile of 5 training steps, {label}, sorted by own time", "", "```",
+                  *text.getvalue().strip().splitlines()[:60], "```"]
+        del model, step
+    return lines
+
+
+def ops_table(shapes: list[tuple[int, int, int, int]]) -> list[str]:
+    import torch.nn.functional as F
+    from triton.testing import do_bench
+
+    from dietpe.attention.kernels.attention import chosen_configs, fused_attention
+
+    lines = ["", "## ops: the attention operator alone, bf16, median ms (do_bench)", "",
+             "| B x H x L x d | op | fwd ms | fwd+bwd ms | x flash fwd | x flash fwd+bwd |",
+             "|---|---|--:|--:|--:|--:|"]
+    for b, h, n, d in shapes:
+        g = torch.Generator(device="cuda").manual_seed(0)
+        q, k, v, do = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(4))
+        for x in (q, k, v):
+            x.requires_grad_(True)
+        table = (0.1 * torch.randn(h, 2 * n - 1, device="cuda", generator=g)).requires_grad_(True)
+        scale = d ** -0.5
+        ops = {"sdpa flash": lambda: F.scaled_dot_product_attention(q, k, v),
+               "fused, no term": lambda: fused_attention(q, k, v, scale),
+               "fused, offset table": lambda: fused_attention(q, k, v, scale, table)}
+        base = None
+        for name, op in ops.items():
+            fwd = do_bench(lambda: op(), warmup=50, rep=200, return_mode="median")
+
+            def both():
+                op().backward(do)
+            full = do_bench(both, warmup=50, rep=300, return_mode="median", grad_to_none=[q, k, v, table])
+            base = base or (fwd, full)
+            lines.append(f"| {b}x{h}x{n}x{d} | {name} | {fwd:.3f} | {full:.3f} | {fwd / base[0]:.2f} | "
+                         f"{full / base[1]:.2f} |")
+            print(lines[-1], flush=True)
+    lines += ["", "tiles chosen (key: configuration, tried):"]
+    for key, (config, times) in chosen_configs().items():
+        tried = ", ".join(f"{c}: {t * 1e6:.0f}us" for c, t in times.items())
+        lines.append(f"    {key[:4]} {key[-1]} -> {config}  [{tried}]")
+    return lines
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("out", type=Path, help="the report (markdown); - prints it")
+    parser.add_argument("--methods", default=METHODS, help="comma-separated methods; `/jit` after one: its kernels "
+                                                              "launched through Triton's `kernel[grid]` each time")
+    parser.add_argument("--shape", default="bert-base")
+    parser.add_argument("--length", type=int, default=512)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=8)
+    parser.add_argument("--ops", action="store_true", help="also time the attention operator alone")
+    parser.add_argument("--host", help="comma-separated methods whose training step's host side to profile")
+    parser.add_argument("--no-steps", action="store_true")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("gpu_profile: needs CUDA", file=sys.stderr)
+        return 2
+    lines = []
+    try:
+        if not args.no_steps:
+            lines += steps_table(args.methods.split(","), args.shape, args.length, args.batch, args.repeats)
+        if args.host:
+            lines += host_table(args.host.split(","), args.shape, args.length, args.batch)
+        if args.ops:
+            lines += ops_table([(8, 12, 512, 64), (4, 12, 2048, 64), (1, 12, 8192, 64), (8, 12, 512, 128)])
+    finally:
+        report = "\n".join(lines) + "\n"
+        if str(args.out) == "-":
+            print(report, flush=True)
+        else:
+            args.out.write_text(report)
+    print("SUMMARY: profiled", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,117 @@
+"""Launching a compiled Triton kernel again without Triton's per-call dispatch.
+
+`kernel[grid](*args)` binds and specialises every argument at every call (each pointer's dtype and 16-byte
+alignment, each integer's divisibility by 16 and range), builds a cache key from them, and its launcher asks
+the driver about every pointer. For these kernels' 46-62 arguments that is 30-40 µs of host time per launch
+before the launch itself on a development CPU, and 111 µs per call of `JITFunction.run` in a cProfile on an
+H100's host (docs/kernels.md, "Where the time goes"): three or four launches per layer, in a bert-base
+training step at 512 tokens that is bound by the host. So after Triton's first launch of a kernel for a
+specialisation the compiled kernel is kept, under a key finer than Triton's specialisation (`fingerprint`),
+and later calls with the same key call its launcher directly, pointers passed as addresses (7 µs of key and
+lookup for 55 arguments on the development CPU). Any call whose key differs, any launch hook (a profiler's),
+and Triton's interpreter go through `kernel[grid]` as before. `DIETPE_FUSED_LAUNCH=jit` turns the cache off.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+from torch import Tensor
+
+from dietpe.attention.kernels import interpreting
+
+I32_MIN, I32_MAX = -(2**31), 2**31 - 1
+MAX_KEPT = 4096
+#: (kernel, device, fingerprint, constants) -> (compiled kernel, constexpr values in parameter order)
+_compiled: dict[tuple, tuple] = {}
+_loose: dict[object, tuple[bool, ...]] = {}
+_state: list[bool] = []
+
+
+def cached() -> bool:
+    """Whether launches use the cache: not under the interpreter, not with DIETPE_FUSED_LAUNCH=jit, and only
+    with a Triton whose launcher takes the arguments this module passes (3.3 and later: `triton.knobs`)."""
+    if not _state:
+        import triton
+
+        _state.append(os.environ.get("DIETPE_FUSED_LAUNCH", "cached") != "jit" and hasattr(triton, "knobs"))
+    return _state[0] and not interpreting()
+
+
+def fingerprint(args, loose: tuple[bool, ...]) -> tuple[tuple, list]:
+    """(a key that separates whatever Triton specialises `args` differently, the values its launcher takes:
+    tensors as addresses). Finer than Triton's own: integers by value (Triton: divisibility by 16, range),
+    pointers by dtype and address mod 16 (Triton: dtype, 16-byte alignment); loose[i]: argument i is
+    `do_not_specialize`, where only its integer width counts."""
+    key, values = [], []
+    for x, dns in zip(args, loose):
+        if type(x) is int:
+            key.append(I32_MIN <= x <= I32_MAX if dns else x)
+            values.append(x)
+        elif isinstance(x, Tensor):
+            p = x.data_ptr()
+            key.append(x.dtype)
+            key.append(p & 15)
+            values.append(p)
+        else:
+            key.append(type(x))
+            values.append(x)
+    return tuple(key), values
+
+
+def _hooked() -> bool:
+    import triton
+
+    rt = triton.knobs.runtime
+    return any(getattr(h, "calls", h is not None) for h in (rt.launch_enter_hook, rt.launch_exit_hook))
+
+
+def _driver():
+    from triton.runtime import driver
+
+    return driver.active
+
+
+def launch(kernel, grid: tuple[int, ...], args: tuple, constants: dict) -> None:
+    """`kernel[grid](*args, **constants)`, by the kept compiled kernel when Triton would run that one."""
+    if not cached() or _hooked():
+        kernel[grid](*args, **constants)
+        return
+    active = _driver()
+    loose = _loose.get(kernel)
+    if loose is None:
+        loose = _loose[kernel] = tuple(bool(p.do_not_specialize) for p in kernel.params)
+    device = active.get_current_device()
+    spec, values = fingerprint(args, loose)
+    key = (kernel, device, spec, *constants.items())
+    hit = _compiled.get(key)
+    if hit is None:
+        compiled = kernel[grid](*args, **constants)
+        if len(_compiled) >= MAX_KEPT:  # lengths that change every call (decoding) add a key each
+            _compiled.clear()
+        rest = kernel.params[len(args):]  # constexprs by name (or their defaults), in parameter order
+        _compiled[key] = (compiled, tuple(constants[p.name] if p.name in constants else p.default for p in rest))
+        return
+    compiled, tail = hit
+    g = (*grid, 1, 1)
+    compiled.run(g[0], g[1], g[2], active.get_current_stream(device), compiled.function,
+                 compiled.packed_metadata, None, None, None, *values, *tail)
+
+
+@contextlib.contextmanager
+def through_triton():
+    """Within it every launch goes through `kernel[grid]`, as with DIETPE_FUSED_LAUNCH=jit (to time both)."""
+    cached()
+    saved, _state[0] = _state[0], False
+    try:
+        yield
+    finally:
+        _state[0] = saved
+
+
+def clear() -> None:
+    """Forget the kept kernels (tests)."""
+    _compiled.clear()
+    _loose.clear()
+    _state.clear()
