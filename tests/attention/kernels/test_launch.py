@@ -165,3 +165,20 @@ def test_through_triton_and_the_bound_on_kept_kernels(fake, monkeypatch):
     for n in range(16, 26):  # a length that changes at every call (decoding)
         L.launch(fake, (1,), (x, n, 1), dict(BM=16))
         assert len(L._compiled) <= 3
+
+
+class _BareKernel(_Kernel):
+    """A Triton whose `kernel[grid](...)` returns no launcher, function and metadata to keep."""
+
+    def __getitem__(self, grid):
+        def run(*args, **constants):
+            self.calls.append(("jit", grid, args, constants))
+            return object()
+        return run
+
+
+def test_a_compiled_kernel_without_its_launcher_is_not_kept(fake):
+    bare, x = _BareKernel(), torch.zeros(32)
+    for _ in range(3):
+        L.launch(bare, (1,), (x, 64, 1), dict(BM=16))
+    assert [c[0] for c in bare.calls] == ["jit"] * 3 and not L._compiled

@@ -90,8 +90,10 @@ def launch(kernel, grid: tuple[int, ...], args: tuple, constants: dict) -> None:
         compiled = kernel[grid](*args, **constants)
         if len(_compiled) >= MAX_KEPT:  # lengths that change every call (decoding) add a key each
             _compiled.clear()
-        rest = kernel.params[len(args):]  # constexprs by name (or their defaults), in parameter order
-        _compiled[key] = (compiled, tuple(constants[p.name] if p.name in constants else p.default for p in rest))
+        if all(hasattr(compiled, a) for a in ("run", "function", "packed_metadata")):  # the launcher's inputs
+            rest = kernel.params[len(args):]  # constexprs by name (or their defaults), in parameter order
+            _compiled[key] = (compiled, tuple(constants[p.name] if p.name in constants else p.default
+                                              for p in rest))
         return
     compiled, tail = hit
     g = (*grid, 1, 1)
