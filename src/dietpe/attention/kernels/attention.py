@@ -61,7 +61,7 @@ import triton.language as tl
 from torch import Tensor
 
 from dietpe.attention.kernels import interpreting
-from dietpe.attention.kernels.launch import launch as launch_kernel
+from dietpe.attention.kernels.launch import cdiv as _cdiv, launch as launch_kernel
 
 LOG2E = 1.4426950408889634
 # Triton's interpreter multiplies bfloat16 dot operands wrongly (numpy has no bfloat16): it gets them as float32,
@@ -844,10 +844,6 @@ class Extras:
     n_pieces: int = 0
 
 
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)  # not triton.cdiv: a jit function, several µs per call from Python
-
-
 def _pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
@@ -1075,8 +1071,8 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, scale: float, table: Tens
         bm, bn, warps, stages = config
         bm = min(bm, max(16, _pow2(lq)))  # a few queries (a decoding step): no rows of padding
         launch_kernel(_forward_kernel, (_cdiv(lq, bm), b * h), args,
-              dict(BM=bm, BN=bn, D1=d1, D2=d2, DVP=dvp, EVEN_M=lq % bm == 0, EVEN_N=lk % bn == 0, EVEN_D=even_d,
-                   num_warps=warps, num_stages=stages, **flags))
+                      dict(BM=bm, BN=bn, D1=d1, D2=d2, DVP=dvp, EVEN_M=lq % bm == 0, EVEN_N=lk % bn == 0,
+                           EVEN_D=even_d, num_warps=warps, num_stages=stages, **flags))
 
     _launch(_key("fwd", q, lk, (d1, d2, dvp), flags), _configs(FORWARD_CONFIGS, q.dtype, max(d1, dvp)), launch,
             INTERPRETER_CONFIGS["fwd"])
@@ -1118,20 +1114,21 @@ def attention_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
         dpart = torch.empty(b * h, lq, dtype=torch.float32, device=q.device) if piece_grad else lse
         pwpart = torch.empty(b * h * nm, 4 * ex.slots, dtype=torch.float32, device=q.device) if piece_grad else lse
         launch_kernel(_backward_q_kernel, (nm, b * h),
-              (q, k, v, out, do, lse, delta, dq, part, spart, dpart, pwpart, *pointers, *q.stride()[:3],
-               *k.stride()[:3], *v.stride()[:3], *out.stride()[:3], *do.stride()[:3], *dq.stride()[:3], *tail, nn, w),
-              dict(BM=bm, BN=bn, D1=d1, D2=d2, DVP=dvp, NSEG2P=nseg2p, TAB_GRAD=tab_grad, SEG_GRAD=seg_grad,
-                   EVEN_M=lq % bm == 0, EVEN_N=lk % bn == 0, EVEN_D=even_d, num_warps=warps, num_stages=stages,
-                   **flags))
+                      (q, k, v, out, do, lse, delta, dq, part, spart, dpart, pwpart, *pointers, *q.stride()[:3],
+                       *k.stride()[:3], *v.stride()[:3], *out.stride()[:3], *do.stride()[:3], *dq.stride()[:3],
+                       *tail, nn, w),
+                      dict(BM=bm, BN=bn, D1=d1, D2=d2, DVP=dvp, NSEG2P=nseg2p, TAB_GRAD=tab_grad,
+                           SEG_GRAD=seg_grad, EVEN_M=lq % bm == 0, EVEN_N=lk % bn == 0, EVEN_D=even_d,
+                           num_warps=warps, num_stages=stages, **flags))
         result.update(part=part, spart=spart, dpart=dpart, pwpart=pwpart, blk=bn, nm=nm, nn=nn, width=w)
 
     def launch_kv(config):
         bm, bn, warps, stages = config
         launch_kernel(_backward_kv_kernel, (_cdiv(lk, bn), b * h),
-              (q, k, v, do, lse, delta, dk, dv, *pointers, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
-               *do.stride()[:3], *dk.stride()[:3], *dv.stride()[:3], *tail),
-              dict(BM=bm, BN=bn, D1=d1, D2=d2, DVP=dvp, EVEN_M=lq % bm == 0, EVEN_N=lk % bn == 0, EVEN_D=even_d,
-                   num_warps=warps, num_stages=stages, **flags))
+                      (q, k, v, do, lse, delta, dk, dv, *pointers, *q.stride()[:3], *k.stride()[:3],
+                       *v.stride()[:3], *do.stride()[:3], *dk.stride()[:3], *dv.stride()[:3], *tail),
+                      dict(BM=bm, BN=bn, D1=d1, D2=d2, DVP=dvp, EVEN_M=lq % bm == 0, EVEN_N=lk % bn == 0,
+                           EVEN_D=even_d, num_warps=warps, num_stages=stages, **flags))
 
     q_configs = _configs(BACKWARD_Q_CONFIGS, q.dtype, width)
     if tab_grad:
@@ -1166,8 +1163,8 @@ def _offset_sums(result: dict, b: int, h: int, n_offsets: int, lk: int, causal: 
     out = torch.empty(h, n_offsets, dtype=torch.float32, device=result["part"].device)
     rb = 64 if interpreting() else 256
     launch_kernel(_offset_sum_kernel, (h, _cdiv(n_offsets, rb)),
-          (result["part"], out, b, h, result["nm"], result["nn"], result["width"], n_offsets, lk),
-          dict(BLK=result["blk"], RB=rb, CAUSAL=causal))
+                  (result["part"], out, b, h, result["nm"], result["nn"], result["width"], n_offsets, lk),
+                  dict(BLK=result["blk"], RB=rb, CAUSAL=causal))
     return out
 
 

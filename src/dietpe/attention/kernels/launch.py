@@ -60,6 +60,11 @@ def fingerprint(args, loose: tuple[bool, ...]) -> tuple[tuple, list]:
     return tuple(key), values
 
 
+def cdiv(a: int, b: int) -> int:
+    """⌈a / b⌉ for grids (not `triton.cdiv`: a jit function, several µs per call from Python)."""
+    return -(-a // b)
+
+
 def _hooked() -> bool:
     import triton
 

@@ -17,7 +17,7 @@ import triton.language as tl
 from torch import Tensor
 
 from dietpe.attention.kernels import interpreting
-from dietpe.attention.kernels.launch import launch as launch_kernel
+from dietpe.attention.kernels.launch import cdiv, launch as launch_kernel
 
 #: elements of each half a program rotates (rows × Dh/2): 16 per thread at 4 warps, enough per program for the
 #: memory system to stream (a program of 16 rows of 32 moved 4 values per thread)
@@ -84,7 +84,7 @@ def rotate(q: Tensor, k: Tensor, q_angles: tuple[Tensor, Tensor], k_angles: tupl
     half = d // 2
     half_p2 = max(16, 1 << (half - 1).bit_length())
     rows = rows_per_program(half_p2) if not interpreting() else 16
-    grid = (-(-nq // rows) - (-nk // rows),)
+    grid = (cdiv(nq, rows) + cdiv(nk, rows),)
     launch_kernel(_rotary_kernel, grid,
                   (q, k, qo, ko, cq, sq, ck, sk, h, lq, lk, nq, nk, *q.stride()[:3], *k.stride()[:3],
                    *_angle_strides(cq), *_angle_strides(ck), half, sign),

@@ -239,8 +239,9 @@ def main(argv=None) -> int:
     for name, info in REGISTRY.items():
         if name in chosen and fused.refusal(value_terms=info.probabilities, dropout=0.0, method=info) is None:
             results += check_method(name, "per-head" if info.shareable else "input", False, n)
-    for name in chosen & {"diet-rel", "alibi", "t5", "fire"}:
-        results += check_method(name, "none", True, n)
+    for name in ("diet-rel", "alibi", "t5", "fire"):
+        if name in chosen:
+            results += check_method(name, "none", True, n)
     for name, segment in (("diet-rel", "per-head"), ("tupe-r", "input"), ("fire", "input")):
         if name in chosen:
             results += check_method(name, segment, False, n, packed=True)
