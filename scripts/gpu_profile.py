@@ -13,7 +13,12 @@ Two parts, each a table in OUT.md:
   between calls), sdpa against the fused kernel, forward alone and forward + backward, and a cProfile of the
   fused training step's host side (the functions that take its time);
 * **ops** (`--ops`): the attention operator alone, forward and forward + backward (`triton.testing.do_bench`,
-  median), SDPA's flash kernel against the fused kernel without a term and with a per-head offset table.
+  median), SDPA's flash kernel against the fused kernel without a term and with a per-head offset table (read
+  by window, and per score).
+
+After a method, `/jit` launches its kernels through Triton's `kernel[grid]` every time, and `/score` reads its
+offset table with a load per score (`DIETPE_FUSED_TABLE=score`) instead of one window per tile: each the same
+method timed in the same cycles against the kernels as they ship (`diet-rel@fused,diet-rel@fused/score`).
 """
 
 from __future__ import annotations
@@ -31,7 +36,9 @@ import torch
 
 from dietpe.bench.cost import Variant, build_model, make_inputs, model_config, training_step
 
-METHODS = "none,none@fused,diet-rel@fused,diet-rel@sdpa,diet-rel+seg@fused,diet-abs@fused,t5@fused"
+METHODS = ("none,none@fused,diet-rel@fused,diet-rel@fused/score,diet-rel@sdpa,diet-rel+seg@fused,fire@fused,"
+           "fire@fused/score")
+SUFFIXES = ("jit", "score")
 ATTENTION = ("flash", "fmha", "attention", "_forward_kernel", "_backward_q_kernel", "_backward_kv_kernel",
              "_offset_sum_kernel", "efficient", "cutlass_f")
 GEMM = ("gemm", "nvjet", "sm90_xmma", "cublas", "cutlass")
@@ -89,27 +96,42 @@ def syncs(step) -> int:
     return sum("synchroniz" in str(w.message) for w in caught)
 
 
-def _through_triton(step):
-    """The step with every kernel launched through Triton's `kernel[grid]` (no kept kernels)."""
+def _parse(label: str) -> tuple[str, set[str]]:
+    """(method, suffixes) of `method/jit/score`."""
+    method, *suffixes = label.split("/")
+    unknown = set(suffixes) - set(SUFFIXES)
+    if unknown:
+        raise SystemExit(f"gpu_profile: {label!r}: unknown suffix {sorted(unknown)}; allowed: {', '.join(SUFFIXES)}")
+    return method, set(suffixes)
+
+
+def _variant(step, suffixes: set[str]):
+    """The step with every kernel launched through Triton's `kernel[grid]` (`jit`: no kept kernels) and the offset
+    tables read per score (`score`), as asked."""
+    from dietpe.attention.kernels.attention import table_read
     from dietpe.attention.kernels.launch import through_triton
 
     def run():
-        with through_triton():
+        with contextlib.ExitStack() as stack:
+            if "jit" in suffixes:
+                stack.enter_context(through_triton())
+            if "score" in suffixes:
+                stack.enter_context(table_read("score"))
             step()
-    return run
+    return run if suffixes else step
 
 
 def steps_table(labels: list[str], shape: str, length: int, batch: int, repeats: int) -> list[str]:
     inputs = None
     steps = {}
     for label in labels:
-        method, jit = label.removesuffix("/jit"), label.endswith("/jit")
+        method, suffixes = _parse(label)
         config = model_config(shape, Variant.parse(method), max(512, length))
         model = build_model(config).cuda()
         if inputs is None:
             inputs = {k: t.cuda() for k, t in make_inputs(batch, length, config.vocab_size).items()}
         step = training_step(model, inputs, "bf16")
-        steps[label] = _through_triton(step) if jit else step
+        steps[label] = _variant(step, suffixes)
     for _ in range(3):  # warm-up: compiles, autotunes
         for step in steps.values():
             step()
@@ -210,7 +232,7 @@ def ops_table(shapes: list[tuple[int, int, int, int]]) -> list[str]:
     import torch.nn.functional as F
     from triton.testing import do_bench
 
-    from dietpe.attention.kernels.attention import chosen_configs, fused_attention
+    from dietpe.attention.kernels.attention import chosen_configs, fused_attention, table_read
 
     lines = ["", "## ops: the attention operator alone, bf16, median ms (do_bench)", "",
              "| B x H x L x d | op | fwd ms | fwd+bwd ms | x flash fwd | x flash fwd+bwd |",
@@ -222,9 +244,13 @@ def ops_table(shapes: list[tuple[int, int, int, int]]) -> list[str]:
             x.requires_grad_(True)
         table = (0.1 * torch.randn(h, 2 * n - 1, device="cuda", generator=g)).requires_grad_(True)
         scale = d ** -0.5
+        def per_score():
+            with table_read("score"):
+                return fused_attention(q, k, v, scale, table)
         ops = {"sdpa flash": lambda: F.scaled_dot_product_attention(q, k, v),
                "fused, no term": lambda: fused_attention(q, k, v, scale),
-               "fused, offset table": lambda: fused_attention(q, k, v, scale, table)}
+               "fused, offset table": lambda: fused_attention(q, k, v, scale, table),
+               "fused, offset table, per score": per_score}
         base = None
         for name, op in ops.items():
             fwd = do_bench(lambda: op(), warmup=50, rep=200, return_mode="median")
@@ -247,7 +273,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out", type=Path, help="the report (markdown); - prints it")
     parser.add_argument("--methods", default=METHODS, help="comma-separated methods; `/jit` after one: its kernels "
-                                                              "launched through Triton's `kernel[grid]` each time")
+                        "launched through Triton's `kernel[grid]` each time; `/score`: its offset table read per score")
     parser.add_argument("--shape", default="bert-base")
     parser.add_argument("--length", type=int, default=512)
     parser.add_argument("--batch", type=int, default=8)

@@ -156,3 +156,16 @@ def off_host(model: torch.nn.Module) -> torch.nn.Module:
             if b is not None:
                 module._buffers[name] = b.as_subclass(OffHost)
     return model
+
+
+def load_script(path: str, name: str):
+    """A script under the repository (not a package) imported as module `name`, for its tests."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[1] / path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module

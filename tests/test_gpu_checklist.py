@@ -1,22 +1,16 @@
 """The GPU checklist's structure, checked without a GPU: it fits one GPU window, every step is bounded, at most 8
 files come back, and a step past its limit is killed with a summary line saying so."""
 
-import importlib.util
 import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.conftest import load_script
 
 
 @pytest.fixture(scope="module")
 def checklist():
-    spec = importlib.util.spec_from_file_location("gpu_checklist", ROOT / "scripts" / "gpu_checklist.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["gpu_checklist"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("scripts/gpu_checklist.py", "gpu_checklist")
 
 
 def test_the_plan_fits_one_window_and_eight_files(checklist):

@@ -3,25 +3,19 @@ regression, the folder it assembles, the hook attaching right after construction
 transformers' common tests), and a missing network said in one line. The check on transformers' real tests runs
 in CI (.ci/run)."""
 
-import importlib.util
 import io
 import json
-import sys
 import tarfile
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.conftest import load_script
 
 
 @pytest.fixture(scope="module")
 def check():
-    spec = importlib.util.spec_from_file_location("hf_outside_check", ROOT / "scripts" / "hf_outside" / "check.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["hf_outside_check"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("scripts/hf_outside/check.py", "hf_outside_check")
 
 
 def report(test, when, outcome, reason=""):

@@ -249,3 +249,35 @@ def test_views_with_gaps_and_expanded_heads(device):
     want = torch.autograd.grad((reference(q, k, v, 0.3, table, None, ex) * w).sum(), [qkv, table])
     for a, r in zip(got, want):
         torch.testing.assert_close(a, r, atol=1e-5 * max(r.abs().max().item(), 1), rtol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["fp32-16-table-keep-segments-padding", "fp32-72in2parts-64-table-documents",
+                                  "fp32-32-shared-table-3segments-causal", "fp32-32-table-keep-segments-padding-even",
+                                  "bf16-64-table-causal"])
+def test_both_table_reads_give_the_same_bits(name, device):
+    """The table read as one window per tile and expanded by a gather is the table read per score: the same
+    values in the same order, so the same bits in the output and every gradient (forward, dQ and dK/dV)."""
+    from dietpe.attention.kernels.attention import table_read
+
+    inputs, ex = _case(device, **CASES[name])
+    with table_read("score"):
+        by_score = _run(inputs, ex)
+    with table_read("window"):
+        by_window = _run(inputs, ex)
+    assert torch.equal(by_score[0], by_window[0])
+    assert len(by_score[1]) == len(by_window[1]) >= 4
+    for a, b in zip(by_score[1], by_window[1]):
+        assert torch.equal(a, b)
+
+
+def test_the_table_read_setting_names_its_values(monkeypatch):
+    from dietpe.attention.kernels import attention as A
+
+    monkeypatch.setenv("DIETPE_FUSED_TABLE", "score")
+    assert A._table_read_setting() == ["score"]
+    monkeypatch.setenv("DIETPE_FUSED_TABLE", "tiles")
+    with pytest.raises(ValueError, match="DIETPE_FUSED_TABLE='tiles': allowed values are window, score"):
+        A._table_read_setting()
+    with pytest.raises(ValueError, match="allowed values are window, score"):
+        with A.table_read("rows"):
+            pass

@@ -41,11 +41,12 @@ def _pieces(device, lq, lk, heads, width, flat_unit, seed=3):
 
 
 def _both(device, dtype, b, h, lq, lk, dq, dv, width=32, flat_unit=False, nseg=0, mask=None, causal=False,
-          dropout=0.0):
+          dropout=0.0, reset=False):
     """(kernel, reference): each (out, gradients) for the loss (out · W).sum() with a fixed random W."""
     from dietpe.attention.kernels.attention import dropout_keep, fused_attention
 
-    (q, k, v, _, segments), ex = _case(device, dtype, b, h, lq, lk, dq, dv, nseg=nseg, mask=mask, causal=causal)
+    (q, k, v, _, segments), ex = _case(device, dtype, b, h, lq, lk, dq, dv, nseg=nseg, mask=mask, causal=causal,
+                                       keep=reset)
     numerator, den, kinks, slope, intercept = _pieces(device, lq, lk, h, width, flat_unit)
     ex.dropout, ex.seed = dropout, 99
     keep = dropout_keep(ex.seed, dropout, b, h, lq, lk, device) if dropout else None
@@ -56,6 +57,8 @@ def _both(device, dtype, b, h, lq, lk, dq, dv, width=32, flat_unit=False, nseg=0
                           (den, kinks, slope, intercept))
     got = out, torch.autograd.grad((out.float() * w).sum(), leaves)
     bias = piecewise_dense(numerator, den, kinks, slope, intercept, lq, lk)[None]
+    if reset:  # a_i·c_j: the term's reset rows and columns (TUPE's keeps)
+        bias = bias * ex.q_keep[:, None] * ex.k_keep[None, :]
     with_bias = dataclasses.replace(ex, mask=bias if ex.mask is None else ex.mask.float() + bias)
     want = reference(q, k, v, 0.3, None, segments, with_bias, keep)
     return got, (want, torch.autograd.grad((want.float() * w).sum(), leaves))
@@ -73,6 +76,8 @@ CASES = {
                                    mask="padding"),
     "fp32-16-causal-even-dropout": dict(dtype=torch.float32, b=1, h=2, lq=2 * E, lk=2 * E, dq=16, dv=16,
                                         causal=True, dropout=0.2),
+    "fp32-16-reset-padding": dict(dtype=torch.float32, b=2, h=2, lq=L, lk=L + 3, dq=16, dv=16, reset=True,
+                                 mask="padding"),
     "bf16-64-segments-padding": dict(dtype=torch.bfloat16, b=2, h=2, lq=L, lk=L, dq=64, dv=64, nseg=2,
                                      mask="padding"),
 }
@@ -113,3 +118,17 @@ def test_two_runs_give_the_same_bits(device):
     second = _both(device, torch.float32, b=2, h=2, lq=L + 6, lk=L, dq=16, dv=16, nseg=2, mask="padding")[0]
     assert torch.equal(first[0], second[0])
     assert all(torch.equal(a, b) for a, b in zip(first[1], second[1]))
+
+
+def test_both_table_reads_give_the_same_bits(device):
+    """The piecewise term's numerator read by window and per score: the same bits (forward and both backward
+    kernels, den's and the pieces' sums included)."""
+    from dietpe.attention.kernels.attention import table_read
+
+    case = dict(device=device, dtype=torch.float32, b=2, h=2, lq=L + 6, lk=L, dq=16, dv=16, nseg=2, mask="padding")
+    with table_read("score"):
+        by_score = _both(**case)[0]
+    with table_read("window"):
+        by_window = _both(**case)[0]
+    assert torch.equal(by_score[0], by_window[0])
+    assert all(torch.equal(a, b) for a, b in zip(by_score[1], by_window[1]))

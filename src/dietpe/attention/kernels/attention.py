@@ -17,6 +17,10 @@ the tile from small tables:
     M   the additive mask: padding (one value per key), a dense (Lq, Lk) one, or causality (a flag: blocks
         above the diagonal are skipped, blocks below it run without a mask)
 
+A tile's offsets i - j are one stretch of BM + BN - 1 values of T: it loads them as one vector and gathers the
+tile from it (HAS_TAB == 2), where a load per score (HAS_TAB == 1) makes Triton's pipeliner copy a (BM, BN)
+float32 tile of T into shared memory per stage.
+
 In T's place a piecewise term (PIECES > 0): F_h(x) = slope[p, h]·x + intercept[p, h] with x = T[i - j + Lk - 1]
 / den_i and p the number of kinks below x, found by a binary search over the sorted kinks. That is FIRE's
 f_θ(ψ(i - j) / ψ(max(L, i))) (Li et al. 2023, eq. 4-6): its ReLU MLP of a scalar is piecewise linear, T holds
@@ -125,29 +129,59 @@ def _load_1d(at, idx, n, MASK: tl.constexpr, other):
 
 
 @triton.jit
-def _offset_values(TAB, stab, h, qi, kj, LQ, LK, MASK_M: tl.constexpr, MASK_N: tl.constexpr):
-    """T[h, i - j + Lk - 1] at the tile's pairs (0 past the lengths)."""
-    at = TAB + h * stab + (LK - 1) + qi - kj
-    if MASK_M or MASK_N:
-        t = tl.load(at, mask=(qi < LQ) & (kj < LK), other=0.0)
+def _offset_values(TAB, stab, h, qi, kj, q0, k0, LQ, LK, QB: tl.constexpr, KB: tl.constexpr, HAS_TAB: tl.constexpr,
+                   MASK_M: tl.constexpr, MASK_N: tl.constexpr):
+    """T[h, i - j + Lk - 1] at the tile's pairs: queries qi (QB of them from q0), keys kj (KB from k0), as
+    broadcastable index tensors. HAS_TAB == 2: the tile's QB + KB - 1 offsets are one stretch of T, loaded as
+    one vector and expanded by a gather (one load per tile, not one per score); 1: a load per score (0 past
+    the lengths)."""
+    if HAS_TAB == 2:
+        W: tl.constexpr = 2 * QB if QB > KB else 2 * KB  # a power of two >= QB + KB - 1
+        at = (LK - 1) + q0 - k0 - (KB - 1) + tl.arange(0, W)
+        window = tl.load(TAB + h * stab + at, mask=(at >= 0) & (at < LQ + LK - 1), other=0.0)
+        idx = (qi - q0) - (kj - k0) + (KB - 1)
+        t = tl.reshape(tl.gather(window, tl.reshape(idx, (QB * KB,)), 0), idx.shape)
     else:
-        t = tl.load(at)
+        at = TAB + h * stab + (LK - 1) + qi - kj
+        if MASK_M or MASK_N:
+            t = tl.load(at, mask=(qi < LQ) & (kj < LK), other=0.0)
+        else:
+            t = tl.load(at)
     return t
 
 
 @triton.jit
-def _piecewise(n, qi, h, LQ, DEN, PW, MASK_M: tl.constexpr, PIECES: tl.constexpr, LOGKP: tl.constexpr):
+def _gather(values, idx):
+    """values[idx] for a 1-D vector and an index tensor of any shape, by Triton's gather (through shared memory
+    on a GPU: one copy of the vector per program, not a load from global memory per index)."""
+    return tl.reshape(tl.gather(values, tl.reshape(idx, (idx.numel,)), 0), idx.shape)
+
+
+@triton.jit
+def _piecewise(n, qi, h, LQ, DEN, PW, MASK_M: tl.constexpr, PIECES: tl.constexpr, LOGKP: tl.constexpr,
+               GATHER: tl.constexpr):
     """F_h(x) = slope[p, h]·x + intercept[p, h] at x = n / den_i, p the number of kinks below x: a binary search
-    over PW's PIECES sorted kinks (+inf past the last real one). Returns (F, x, p, slope[p, h], den_i)."""
+    over PW's PIECES sorted kinks (+inf past the last real one). Returns (F, x, p, slope[p, h], den_i). GATHER:
+    the kinks and the head's pieces read once per tile as vectors and gathered from (else a load per score)."""
     den = _load_1d(DEN, qi, LQ, MASK_M, 1.0)
     x = n / den
     p = tl.zeros_like(x).to(tl.int32)
-    for u in tl.static_range(LOGKP):
-        p = tl.where(tl.load(PW + p + ((PIECES >> (u + 1)) - 1)) < x, p + (PIECES >> (u + 1)), p)
-    p = tl.where(tl.load(PW + p) < x, p + 1, p)
     row = PW + PIECES + h * (4 * PIECES)  # per head: slopes, then intercepts, 2·PIECES slots each
-    slope = tl.load(row + p)
-    return slope * x + tl.load(row + 2 * PIECES + p), x, p, slope, den
+    if GATHER:
+        kinks = tl.load(PW + tl.arange(0, PIECES))
+        for u in tl.static_range(LOGKP):
+            p = tl.where(_gather(kinks, p + ((PIECES >> (u + 1)) - 1)) < x, p + (PIECES >> (u + 1)), p)
+        p = tl.where(_gather(kinks, p) < x, p + 1, p)
+        pieces = tl.load(row + tl.arange(0, 4 * PIECES))
+        slope = _gather(pieces, p)
+        intercept = _gather(pieces, p + 2 * PIECES)
+    else:
+        for u in tl.static_range(LOGKP):
+            p = tl.where(tl.load(PW + p + ((PIECES >> (u + 1)) - 1)) < x, p + (PIECES >> (u + 1)), p)
+        p = tl.where(tl.load(PW + p) < x, p + 1, p)
+        slope = tl.load(row + p)
+        intercept = tl.load(row + 2 * PIECES + p)
+    return slope * x + intercept, x, p, slope, den
 
 
 @triton.jit
@@ -177,16 +211,17 @@ def _store_piece_partials(PWPART, DPART, DEN, pw_acc, den_acc, bh, pid_m, offs_m
 
 
 @triton.jit
-def _add_terms(s, qi, kj, b, h, LQ, LK, TAB, stab, KEEPQ, KEEPK, SEGT, sseg, QSEG, sqs, KSEG, sks, MASK, smb, smh, smm,
-               smn, DEN, PW, HAS_TAB: tl.constexpr, HAS_KEEP: tl.constexpr, NSEG: tl.constexpr, MASK_KIND: tl.constexpr,
-               PIECES: tl.constexpr, LOGKP: tl.constexpr, MASK_M: tl.constexpr, MASK_N: tl.constexpr):
+def _add_terms(s, qi, kj, q0, k0, b, h, LQ, LK, TAB, stab, KEEPQ, KEEPK, SEGT, sseg, QSEG, sqs, KSEG, sks, MASK, smb,
+               smh, smm, smn, DEN, PW, HAS_TAB: tl.constexpr, HAS_KEEP: tl.constexpr, NSEG: tl.constexpr,
+               MASK_KIND: tl.constexpr, PIECES: tl.constexpr, LOGKP: tl.constexpr, MASK_M: tl.constexpr,
+               MASK_N: tl.constexpr, QB: tl.constexpr, KB: tl.constexpr):
     """s + log2(e) · (Σ position terms + mask) for one tile. qi, kj: the query and key indices, broadcastable
-    to s's shape ((BM, 1) and (1, BN), or transposed for a key-major tile); MASK_M / MASK_N: the tile reaches
-    past Lq / Lk, so reads are bounded."""
+    to s's shape ((BM, 1) and (1, BN), or transposed for a key-major tile), QB queries from q0 and KB keys from
+    k0; MASK_M / MASK_N: the tile reaches past Lq / Lk, so reads are bounded."""
     if HAS_TAB:
-        t = _offset_values(TAB, stab, h, qi, kj, LQ, LK, MASK_M, MASK_N)
+        t = _offset_values(TAB, stab, h, qi, kj, q0, k0, LQ, LK, QB, KB, HAS_TAB, MASK_M, MASK_N)
         if PIECES > 0:
-            t, _x, _piece, _slope, _den = _piecewise(t, qi, h, LQ, DEN, PW, MASK_M, PIECES, LOGKP)
+            t, _x, _piece, _slope, _den = _piecewise(t, qi, h, LQ, DEN, PW, MASK_M, PIECES, LOGKP, HAS_TAB == 2)
         if HAS_KEEP:
             t = t * _load_1d(KEEPQ, qi, LQ, MASK_M, 0.0) * _load_1d(KEEPK, kj, LK, MASK_N, 0.0)
         s += t * LOG2E_C
@@ -325,9 +360,9 @@ def _forward_tile(acc, l_i, m_i, q1, q2, start, offs_m, k_base, v_base, skn, svn
     offs_n = start + tl.arange(0, BN)
     k1, k2 = _load_halves(k_base, offs_n, skn, LK, DQ, D1, D2, MASK_N, MASK_D)
     s = _scores(q1, q2, k1, k2, D2, PREC) * qk_scale
-    s = _add_terms(s, offs_m[:, None], offs_n[None, :], b, h, LQ, LK, TAB, stab, KEEPQ, KEEPK, SEGT, sseg, QSEG,
-                   sqs, KSEG, sks, MASK, smb, smh, smm, smn, DEN, PW, HAS_TAB, HAS_KEEP, NSEG, MASK_KIND, PIECES,
-                   LOGKP, MASK_M, MASK_N)
+    s = _add_terms(s, offs_m[:, None], offs_n[None, :], tl.min(offs_m), start, b, h, LQ, LK, TAB, stab, KEEPQ,
+                   KEEPK, SEGT, sseg, QSEG, sqs, KSEG, sks, MASK, smb, smh, smm, smn, DEN, PW, HAS_TAB, HAS_KEEP, NSEG,
+                   MASK_KIND, PIECES, LOGKP, MASK_M, MASK_N, BM, BN)
     if MASK_N:
         s = tl.where(offs_n[None, :] < LK, s, float("-inf"))
     if DIAG:
@@ -483,9 +518,17 @@ def _dq_tile_body(dq1, dq2, seg, pw_acc, den_acc, q1, q2, do, lse, delta, sq, st
     k1, k2 = _load_halves(k_base, offs_n, skn, LK, DQ, D1, D2, MASK_N, MASK_D)
     v = _load_2d(v_base, offs_n, svn, LK, tl.arange(0, DVP), DV_, MASK_N, MASK_D)
     s = _scores(q1, q2, k1, k2, D2, PREC) * qk_scale
-    s = _add_terms(s, offs_m[:, None], offs_n[None, :], b, h, LQ, LK, TAB, stab, KEEPQ, KEEPK, SEGT, sseg, QSEG,
-                   sqs, KSEG, sks, MASK, smb, smh, smm, smn, DEN, PW, HAS_TAB, HAS_KEEP, NSEG, MASK_KIND, PIECES,
-                   LOGKP, MASK_M, MASK_N)
+    if PIECES > 0:  # the piecewise term as `_add_terms` adds it, its x, piece and slope kept for the gradients
+        n = _offset_values(TAB, stab, h, offs_m[:, None], offs_n[None, :], tl.min(offs_m), start, LQ, LK, BM, BN,
+                           HAS_TAB, MASK_M, MASK_N)
+        f, x, piece, slope, den = _piecewise(n, offs_m[:, None], h, LQ, DEN, PW, MASK_M, PIECES, LOGKP, False)
+        if HAS_KEEP:
+            f = f * _load_1d(KEEPQ, offs_m, LQ, MASK_M, 0.0)[:, None] \
+                * _load_1d(KEEPK, offs_n, LK, MASK_N, 0.0)[None, :]
+        s += f * LOG2E_C
+    s = _add_terms(s, offs_m[:, None], offs_n[None, :], tl.min(offs_m), start, b, h, LQ, LK, TAB, stab, KEEPQ,
+                   KEEPK, SEGT, sseg, QSEG, sqs, KSEG, sks, MASK, smb, smh, smm, smn, DEN, PW,
+                   HAS_TAB if PIECES == 0 else 0, HAS_KEEP, NSEG, MASK_KIND, PIECES, LOGKP, MASK_M, MASK_N, BM, BN)
     p = tl.math.exp2(s - lse[:, None])  # rows past Lq: lse = inf, p = 0
     if MASK_N:
         p = tl.where(offs_n[None, :] < LK, p, 0.0)
@@ -506,12 +549,10 @@ def _dq_tile_body(dq1, dq2, seg, pw_acc, den_acc, q1, q2, do, lse, delta, sq, st
             dt = ds * _load_1d(KEEPQ, offs_m, LQ, MASK_M, 0.0)[:, None] \
                 * _load_1d(KEEPK, offs_n, LK, MASK_N, 0.0)[None, :]
         if PIECES > 0:  # F_h(n / den): dF/dx = slope, dx/dn = 1/den, dx/dden = -x/den
-            n = _offset_values(TAB, stab, h, offs_m[:, None], offs_n[None, :], LQ, LK, MASK_M, MASK_N)
-            _f, x, piece, slope, den = _piecewise(n, offs_m[:, None], h, LQ, DEN, PW, MASK_M, PIECES, LOGKP)
-            dx = ds * slope
-            dt = dx / den
+            dx = dt * slope
             den_acc += tl.sum(dx * x, 1)
-            pw_acc = _piece_sums(pw_acc, ds, x, piece, PIECES)
+            pw_acc = _piece_sums(pw_acc, dt, x, piece, PIECES)
+            dt = dx / den
         lower, upper = _diagonal_sums(dt, BN)
     if SEG_GRAD:
         sk = _load_1d(KSEG + b * sks, offs_n, LK, MASK_N, 0)
@@ -648,9 +689,9 @@ def _kv_tile(dk1, dk2, dv, k1, k2, v, start, n0, offs_n, q_base, do_base, sqm, s
     lse = _load_1d(LSE + bh * LQ, offs_m, LQ, MASK_M, float("inf"))  # rows past Lq: p = 0
     delta = _load_1d(DELTA + bh * LQ, offs_m, LQ, MASK_M, 0.0)
     st = _scores(k1, k2, q1, q2, D2, PREC) * qk_scale  # Sᵀ
-    st = _add_terms(st, offs_m[None, :], offs_n[:, None], b, h, LQ, LK, TAB, stab, KEEPQ, KEEPK, SEGT, sseg, QSEG, sqs,
-                    KSEG, sks, MASK, smb, smh, smm, smn, DEN, PW, HAS_TAB, HAS_KEEP, NSEG, MASK_KIND, PIECES, LOGKP,
-                    MASK_M, MASK_N)
+    st = _add_terms(st, offs_m[None, :], offs_n[:, None], start, n0, b, h, LQ, LK, TAB, stab, KEEPQ, KEEPK, SEGT,
+                    sseg, QSEG, sqs, KSEG, sks, MASK, smb, smh, smm, smn, DEN, PW, HAS_TAB, HAS_KEEP, NSEG, MASK_KIND,
+                    PIECES, LOGKP, MASK_M, MASK_N, BM, BN)
     pt = tl.math.exp2(st - lse[None, :])
     if DIAG:
         pt = tl.where(offs_m[None, :] >= offs_n[:, None], pt, 0.0)
@@ -895,6 +936,35 @@ _timings: dict[tuple, dict] = {}
 _forced: list[int] = []
 
 
+#: how the kernels read an offset table (their HAS_TAB): "window", the tile's QB + KB - 1 offsets as one vector
+#: expanded by a gather; "score", one load per score, which Triton's pipeliner copies into shared memory tile by
+#: tile (a (BM, BN) float32 buffer per stage: 90 against 27 KiB for the forward's first tile at head size 64 in
+#: bf16, `resources`). DIETPE_FUSED_TABLE chooses; `table_read` within a block
+TABLE_READS = {"window": 2, "score": 1}
+
+
+def _table_read_setting() -> list[str]:
+    name = os.environ.get("DIETPE_FUSED_TABLE", "window")
+    if name not in TABLE_READS:
+        raise ValueError(f"DIETPE_FUSED_TABLE={name!r}: allowed values are {', '.join(TABLE_READS)}")
+    return [name]
+
+
+_table_read = _table_read_setting()
+
+
+@contextlib.contextmanager
+def table_read(name: str):
+    """Within it the kernels read offset tables the way `name` says (a key of TABLE_READS): for timing both."""
+    if name not in TABLE_READS:
+        raise ValueError(f"table_read({name!r}): allowed values are {', '.join(TABLE_READS)}")
+    _table_read.append(name)
+    try:
+        yield
+    finally:
+        _table_read.pop()
+
+
 @contextlib.contextmanager
 def forcing(index: int):
     """Within it every launch takes configuration `index` of its list (the last where shorter; the next that
@@ -1039,7 +1109,8 @@ def _dropout_args(ex: Extras) -> tuple[int, float, float]:
 def _flags(table, segments, ex: Extras, q: Tensor) -> dict:
     nseg = segments.shape[-1] if segments is not None else 0
     kind = 0 if ex.mask is None else (1 if ex.mask.shape[2] == 1 else 2)
-    return dict(HAS_TAB=table is not None, HAS_KEEP=ex.q_keep is not None, NSEG=nseg, MASK_KIND=kind,
+    table_read = TABLE_READS[_table_read[-1]] if table is not None else 0
+    return dict(HAS_TAB=table_read, HAS_KEEP=ex.q_keep is not None, NSEG=nseg, MASK_KIND=kind,
                 PIECES=ex.slots if ex.pieces is not None else 0,
                 LOGKP=ex.slots.bit_length() - 1 if ex.pieces is not None else 0,
                 CAUSAL=ex.causal, DROPOUT=ex.dropout > 0, PREC=_precision(q))

@@ -3,9 +3,12 @@
     python -m dietpe.attention.kernels.resources            every configuration of every list, Hopper (sm_90)
     python -m dietpe.attention.kernels.resources --check    the first of each list, every term on; exit 1 if
                                                             one fails to compile or exceeds shared memory
+    python -m dietpe.attention.kernels.resources --reads    the offset table read per score against by window,
+                                                            per method as the models use the kernels
 
 Triton compiles a kernel to a cubin with the ptxas it ships, for any target, with no GPU and no driver; the
-cubin's resource usage (`cuobjdump --dump-resource-usage`) says what a GPU would allocate. This is how the
+cubin's resource usage (`cuobjdump --dump-resource-usage`) says what a GPU would allocate, and its code
+(`nvdisasm`) how many instructions and global loads a kernel holds. This is how the
 tile lists of `dietpe.attention.kernels.attention` were chosen, and a compile error only a GPU build shows (a
 kernel reading a non-constexpr global: the interpreter allows it) fails here too. Needs Triton's interpreter
 off (TRITON_INTERPRET unset), which this module checks.
@@ -22,8 +25,9 @@ import tempfile
 
 #: Hopper's shared memory per block (227 KiB)
 SHARED_LIMIT = {90: 232448}
-#: every term on: the offset table with its reset, two segments, padding, dropout
-EVERY_TERM = dict(HAS_TAB=True, HAS_KEEP=True, NSEG=2, MASK_KIND=1, CAUSAL=False, DROPOUT=True, PIECES=0, LOGKP=0)
+#: every term on: the offset table with its reset, two segments, padding, dropout (the table read as
+#: DIETPE_FUSED_TABLE says: `cases` sets HAS_TAB)
+EVERY_TERM = dict(HAS_TAB=2, HAS_KEEP=True, NSEG=2, MASK_KIND=1, CAUSAL=False, DROPOUT=True, PIECES=0, LOGKP=0)
 #: a piecewise table (FIRE's 32 kinks) in the offset table's place, with the other terms and a dense 4-D mask
 #: (packed documents: tiles it wholly blocks are skipped one by one)
 PIECEWISE = dict(EVERY_TERM, HAS_KEEP=False, PIECES=32, LOGKP=5, MASK_KIND=2)
@@ -50,8 +54,10 @@ def _signature(fn, dtype: str, constexprs: dict) -> dict:
     return sig
 
 
-def compile_for(fn, dtype: str, constexprs: dict, warps: int, stages: int, arch: int = 90) -> dict:
-    """{shared, registers, spill bytes} of `fn` compiled for sm_`arch` (dtype: "bf16", "fp32", ...)."""
+def compile_for(fn, dtype: str, constexprs: dict, warps: int, stages: int, arch: int = 90,
+                count: bool = False) -> dict:
+    """{shared, registers, spill bytes} of `fn` compiled for sm_`arch` (dtype: "bf16", "fp32", ...); with
+    `count`, its instructions and global loads too."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -69,7 +75,24 @@ def compile_for(fn, dtype: str, constexprs: dict, warps: int, stages: int, arch:
         f.flush()
         usage = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
     number = lambda key: int(m.group(1)) if (m := re.search(key + r":(\d+)", usage)) else None  # noqa: E731
-    return {"shared": kernel.metadata.shared, "registers": number("REG"), "spills": number("STACK")}
+    result = {"shared": kernel.metadata.shared, "registers": number("REG"), "spills": number("STACK")}
+    if count:
+        result.update(_instructions(kernel.asm["cubin"]))
+    return result
+
+
+def _instructions(cubin: bytes) -> dict:
+    """{instructions, global loads (LDG and LDGSTS, the asynchronous copies to shared memory)} in the code."""
+    import triton
+
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        code = subprocess.run([tool, "-c", f.name], capture_output=True, text=True, check=True).stdout
+    ops = [m.group(1) for line in code.splitlines()
+           if (m := re.search(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", line))]
+    return {"instructions": len(ops), "global loads": sum(op in ("LDG", "LDGSTS") for op in ops)}
 
 
 def cases(first_only: bool):
@@ -85,7 +108,8 @@ def cases(first_only: bool):
         if (first_only or even or terms == "piecewise") and (dtype, d1, d2) != ("bf16", 64, 0):
             continue
         size = 2 if dtype == "bf16" else 4
-        flags = dict(EVERY_TERM if terms == "every term" else PIECEWISE, PREC="ieee" if dtype == "fp32" else "tf32",
+        flags = dict(EVERY_TERM if terms == "every term" else PIECEWISE, HAS_TAB=A.TABLE_READS[A._table_read[-1]],
+                     PREC="ieee" if dtype == "fp32" else "tf32",
                      D1=d1, D2=d2, DVP=dvp, EVEN_M=even, EVEN_N=even, EVEN_D=even and d2 == 0)
         tiles = lambda c: dict(BM=c[0], BN=c[1])  # noqa: E731
         lists = [(A._forward_kernel, A.FORWARD_CONFIGS, {}),
@@ -100,6 +124,41 @@ def cases(first_only: bool):
                 yield label, kernel, dtype, {**flags, **extra, **tiles(config)}, *config[2:]
 
 
+#: the table terms as the models use them (bf16, head size 64, lengths a multiple of the tiles, the presets'
+#: attention dropout): each compiled with its table read per score and by window
+READ_CASES = {
+    "diet-rel": {}, "diet-rel + segments": dict(NSEG=2), "tupe-r (reset)": dict(HAS_KEEP=True),
+    "diet-rel, padding": dict(MASK_KIND=1), "fire": dict(PIECES=32, LOGKP=5),
+    "diet-rel, no dropout": dict(DROPOUT=False), "fire, no dropout": dict(PIECES=32, LOGKP=5, DROPOUT=False)}
+
+
+def read_rows():
+    """Markdown rows: per method and kernel (the first tile of the forward's and dK/dV's lists, the dQ kernel's
+    square tiles), shared memory, registers, spills, instructions and global loads, per score → by window."""
+    from dietpe.attention.kernels import attention as A
+
+    base = dict(EVERY_TERM, HAS_KEEP=False, NSEG=0, MASK_KIND=0, PREC="tf32", D1=64, D2=0, DVP=64, EVEN_M=True,
+                EVEN_N=True, EVEN_D=True)
+    q_extra = dict(NSEG2P=4, TAB_GRAD=True)
+    kernels = [("forward", A._forward_kernel, A.FORWARD_CONFIGS[2][64][:1], {}),
+               ("dK/dV", A._backward_kv_kernel, A.BACKWARD_KV_CONFIGS[2][64][:1], {}),
+               ("dQ", A._backward_q_kernel, [c for c in A.BACKWARD_Q_CONFIGS[2][64] if c[0] == c[1]], q_extra)]
+    yield "| method | kernel, tile | shared KiB | registers | spilled B | instructions | global loads |"
+    yield "|---|---|--:|--:|--:|--:|--:|"
+    for method, terms in READ_CASES.items():
+        for name, kernel, configs, extra in kernels:
+            for bm, bn, warps, stages in configs:
+                flags = dict(base, **terms, **extra, BM=bm, BN=bn)
+                if extra:
+                    flags["SEG_GRAD"] = flags["NSEG"] > 0
+                by = [compile_for(kernel, "bf16", dict(flags, HAS_TAB=A.TABLE_READS[read]), warps, stages, count=True)
+                      for read in ("score", "window")]
+                unit = {"shared": 1024}
+                cells = [f"{by[0][k] // unit.get(k, 1)} → {by[1][k] // unit.get(k, 1)}"
+                         for k in ("shared", "registers", "spills", "instructions", "global loads")]
+                yield f"| {method} | {name} {bm} × {bn}, {warps} warps | " + " | ".join(cells) + " |"
+
+
 def _torch_dtype(size: int):
     import torch
 
@@ -111,12 +170,17 @@ def main(argv=None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--check", action="store_true", help="the first configuration of each list only")
     parser.add_argument("--arch", type=int, default=90, choices=sorted(SHARED_LIMIT), help="sm_ARCH")
+    parser.add_argument("--reads", action="store_true", help="the offset table read per score against by window")
     args = parser.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
         print("resources: unset TRITON_INTERPRET (the interpreter compiles nothing)", file=sys.stderr)
         return 2
     from dietpe.attention.kernels import attention as A, rotary as R
 
+    if args.reads:
+        for row in read_rows():
+            print(row, flush=True)
+        return 0
     failed = 0
     todo = list(cases(args.check)) + [
         ("_offset_sum_kernel", A._offset_sum_kernel, "fp32", dict(BLK=64, RB=256, CAUSAL=True), 4, 1),
