@@ -144,12 +144,19 @@ class Context:
         return self.cached(RunsKey(), lambda: None if self.diagonal_offsets() is not None
                            else Runs(self.q_pos, self.k_pos))
 
+    def first_offset(self) -> int | None:
+        """pos_0 - pos'_(Lk-1), the first of the diagonals' offsets (they run on by one), when the model knows
+        its positions without reading them (q_start, k_start); else None."""
+        if self.q_start is None or self.k_start is None:
+            return None
+        return self.q_start - (self.k_start + self.k_pos.shape[-1] - 1)
+
     def diagonal_offsets(self) -> Tensor | None:
         """(Lq + Lk - 1,) offsets pos_i - pos_j along the diagonals of the (Lq, Lk) offsets (see `toeplitz`), or
         None when they are no Toeplitz matrix (positions with gaps, per example, or unknown while compiling)."""
-        if self.q_start is not None and self.k_start is not None:
+        first = self.first_offset()
+        if first is not None:
             lq, lk = self.q_pos.shape[-1], self.k_pos.shape[-1]
-            first = self.q_start - (self.k_start + lk - 1)
             return torch.arange(first, first + lq + lk - 1, device=self.q_pos.device)
         if torch.compiler.is_compiling():
             return None  # reading the positions would break the graph: the general path serves any positions

@@ -113,11 +113,16 @@ class DietRel(PositionMethod):
             return clipped_index(ctx, self.span)
 
         diagonals = clipped_diagonals(ctx, self.span)
+        first, count = ctx.first_offset(), ctx.q_pos.shape[-1] + ctx.k_pos.shape[-1] - 1
+        # default positions within the clip: the diagonals read consecutive columns of R
+        columns = (first + self.span, first + self.span + count) \
+            if first is not None and -self.span <= first and first + count - 1 <= self.span else None
+
         def build():  # one term per table, its dense form kept between inference forwards
             r = self.layer_table(ctx, "r", table)
             return self.keep(ctx, f"diet_rel_{table}", (r,), TableBias(
                 r, ctx.q_pos, ctx.k_pos, self.bucket, index, diagonals=diagonals, reach=self.span,
-                runs=ctx.runs()))
+                runs=ctx.runs(), columns=columns))
 
         return LayerTerms(logits=[ctx.cached(Built(self, table), build)])
 

@@ -87,6 +87,24 @@ def test_causal_lm_matches_eager(position, device):
     _assert_same(_step(fused, ids), _step(ref, ids))
 
 
+@pytest.mark.parametrize("max_distance,view", [(None, True), (3, False)])
+def test_diet_rel_reads_consecutive_columns_as_a_view(max_distance, view, device, monkeypatch):
+    """Unclipped at the default positions, DIET-REL's diagonals read consecutive columns of R: the kernel's
+    table is a slice of the parameter (no gather, no scatter-add in the backward); clipped, a gather. Both
+    give the reference's outputs and gradients."""
+    from dietpe.attention import fused as F
+
+    plans = []
+    real = F.plan
+    monkeypatch.setattr(F, "plan", lambda terms, mask=None: plans.append(real(terms, mask)) or plans[-1])
+    ref, fused = _pair(lambda **kw: DietModel(tiny(16, **kw)), device, position="diet-rel", num_hidden_layers=2,
+                       diet_rel_max_distance=max_distance)
+    ids, mask, seg = batch(L, device=device)
+    _assert_same(_step(fused, ids, mask, seg), _step(ref, ids, mask, seg))
+    assert len(plans) == 2 and all(p.table is not None for p in plans)
+    assert [p.table.values._base is not None for p in plans] == [view, view]  # a gather makes a new tensor
+
+
 def test_packed_documents_by_a_4d_mask_match_eager(device):
     ref, fused = _pair(lambda **kw: DietModel(tiny(16, **kw)), device, position="diet-rel", segment="per-head",
                        sharing="layer")

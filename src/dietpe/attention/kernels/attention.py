@@ -1262,8 +1262,11 @@ class FusedAttention(torch.autograd.Function):
         return dq, dk, dv, d_table, d_segments, d_den, d_slope, d_intercept, None, None
 
 
-def _float32(x: Tensor | None) -> Tensor | None:
-    return x if x is None or (x.dtype == torch.float32 and x.is_contiguous()) else x.float().contiguous()
+def _float32(x: Tensor | None, rows: bool = False) -> Tensor | None:
+    """x as float32 and contiguous; with `rows`, its rows may lie apart (the kernels take a row stride)."""
+    if x is None or (x.dtype == torch.float32 and (x.stride(-1) == 1 if rows else x.is_contiguous())):
+        return x
+    return x.float().contiguous()
 
 
 def kernel_inputs(q: Tensor, k: Tensor, v: Tensor, table: Tensor | None, segments: Tensor | None,
@@ -1275,7 +1278,7 @@ def kernel_inputs(q: Tensor, k: Tensor, v: Tensor, table: Tensor | None, segment
         if table is None:
             raise ValueError("a piecewise term reads its numerator from the offset table: give `table`")
         pieces = (_float32(pieces[0]), pieces[1], _float32(pieces[2]), _float32(pieces[3]))
-    return q, k, v, _float32(table), _float32(segments), pieces
+    return q, k, v, _float32(table, rows=True), _float32(segments), pieces
 
 
 def fused_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, table: Tensor | None = None,

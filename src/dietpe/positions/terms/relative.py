@@ -87,17 +87,20 @@ class TableBias(LazyIndex, PositionBias):
     per head (gathered once per forward) at the clipped offset, whatever the positions; keep must then be a
     module-level function. Without it, the score_mod reads the dense form. runs: the per-example positions'
     `Runs` (where there are no diagonals), along which `offset_table` reads the table for the fused kernel.
+    columns: (a, b) when the buckets along the diagonals are the columns a, a + 1, ..., b - 1 of values, known
+    on the host (DIET-REL's unclipped offsets of the default positions): `offset_table` is then that slice, a
+    view whose gradient is a copy, where a gather's is a sort and a scatter-add.
     """
 
     def __init__(self, values: Tensor, q_pos: Tensor, k_pos: Tensor, bucket: Callable[[Tensor], Tensor],
                  index: Tensor | Callable[[], Tensor] | None = None,
                  keep: Callable[[Tensor, Tensor], Tensor] | None = None, diagonals: Tensor | None = None,
-                 reach: int | None = None, runs: Runs | None = None):
+                 reach: int | None = None, runs: Runs | None = None, columns: tuple[int, int] | None = None):
         super().__init__(None, q_pos, k_pos, values.shape[0])
         self.values, self.bucket, self.reach = values, bucket, reach
         # an (Lq, Lk) int64 index is 512 MiB at 8,192 tokens: never built when the diagonals serve
         self._index = index if index is not None else (lambda: bucket(relative_offsets(q_pos, k_pos)))
-        self.keep, self.diagonals, self.runs = keep, diagonals, runs
+        self.keep, self.diagonals, self.runs, self.columns = keep, diagonals, runs, columns
 
     def _keep(self, start: int, stop: int) -> Tensor | None:
         if self.keep is None:
@@ -118,9 +121,9 @@ class TableBias(LazyIndex, PositionBias):
         return bias if keep is None else bias * keep.to(bias.dtype)
 
     def offset_table(self) -> OffsetTable | None:
-        """values read at the diagonals' buckets (or along the runs'), by advanced indexing, whose gradient on
-        CUDA sorts the indices and adds each bucket's entries in order (`index_select`'s would add them
-        atomically); the keep as two vectors (per example with per-example positions) when it is a
+        """values read at the diagonals' buckets (or along the runs'), as a slice where they are consecutive
+        columns, else by advanced indexing, whose gradient on CUDA sorts the indices and adds each bucket's
+        entries in order (`index_select`'s would add them atomically); the keep as two vectors (per example with per-example positions) when it is a
         `SeparableKeep`. None without diagonals or runs, or with another keep."""
         if self.diagonals is None and self.runs is None:
             return None
@@ -128,8 +131,11 @@ class TableBias(LazyIndex, PositionBias):
             return None
 
         def build():
-            along = self.diagonals if self.diagonals is not None else self.bucket(self.runs.diagonals)
-            values = self.values[:, along]  # (H|1, Lq + Lk - 1)
+            if self.columns is not None and self.diagonals is not None:
+                values = self.values[:, self.columns[0]:self.columns[1]]  # (H|1, Lq + Lk - 1), a view
+            else:
+                along = self.diagonals if self.diagonals is not None else self.bucket(self.runs.diagonals)
+                values = self.values[:, along]  # (H|1, Lq + Lk - 1)
             if self.keep is None:
                 return OffsetTable(values, runs=self.runs)
             return OffsetTable(values, self.keep.query(self.q_pos).to(values.dtype),
