@@ -123,8 +123,9 @@ class TableBias(LazyIndex, PositionBias):
     def offset_table(self) -> OffsetTable | None:
         """values read at the diagonals' buckets (or along the runs'), as a slice where they are consecutive
         columns, else by advanced indexing, whose gradient on CUDA sorts the indices and adds each bucket's
-        entries in order (`index_select`'s would add them atomically); the keep as two vectors (per example with per-example positions) when it is a
-        `SeparableKeep`. None without diagonals or runs, or with another keep."""
+        entries in order (`index_select`'s would add them atomically); the keep as two vectors (per example with
+        per-example positions) when it is a `SeparableKeep`. None without diagonals or runs, or with another
+        keep."""
         if self.diagonals is None and self.runs is None:
             return None
         if not (self.keep is None or isinstance(self.keep, SeparableKeep)):
