@@ -105,6 +105,22 @@ def test_diet_rel_reads_consecutive_columns_as_a_view(max_distance, view, device
     assert [p.table.values._base is not None for p in plans] == [view, view]  # a gather makes a new tensor
 
 
+def test_the_kernel_reads_the_segment_table_not_its_factors(device, monkeypatch):
+    """Per-head segments reach the kernel as their table: the low-rank factors sdpa folds (a gather and a
+    one-hot per layer) are never built on the fused path; eager builds them."""
+    calls = []
+    one_hot = torch.nn.functional.one_hot
+    monkeypatch.setattr(torch.nn.functional, "one_hot", lambda *a, **kw: calls.append(1) or one_hot(*a, **kw))
+    ref, fused = _pair(lambda **kw: DietModel(tiny(16, **kw)), device, position="diet-rel", segment="per-head",
+                       num_hidden_layers=2)
+    ids, mask, seg = batch(L, device=device)
+    got = _step(fused, ids, mask, seg)
+    assert calls == []
+    want = _step(ref, ids, mask, seg)
+    assert calls
+    _assert_same(got, want)
+
+
 def test_packed_documents_by_a_4d_mask_match_eager(device):
     ref, fused = _pair(lambda **kw: DietModel(tiny(16, **kw)), device, position="diet-rel", segment="per-head",
                        sharing="layer")

@@ -27,8 +27,9 @@ class LowRankBias(LogitTerm):
         self.kept = kept
 
     def build(self, q: Tensor | None, rows: tuple[int, int] | None) -> Tensor:
-        fq = self.fq if rows is None else self.fq[..., rows[0]:rows[1], :]
-        return fq @ self.fk.transpose(-1, -2)
+        fq, fk = self.factors()
+        fq = fq if rows is None else fq[..., rows[0]:rows[1], :]
+        return fq @ fk.transpose(-1, -2)
 
     def factors(self) -> tuple[Tensor, Tensor]:
         return self.fq, self.fk
@@ -42,15 +43,23 @@ class SegmentBias(LowRankBias):
     kind = "segment"
 
     def __init__(self, table: Tensor, q_segments: Tensor, k_segments: Tensor):
-        # the factors are built here, not when first read: a recomputed (checkpointed) layer must save what the
-        # first pass saved
         LogitTerm.__init__(self, (q_segments.shape[-1], k_segments.shape[-1]),
                            max(q_segments.shape[0], k_segments.shape[0]), table.shape[0])
         self.kept = None
         self.table, self.q_segments, self.k_segments = table, q_segments, k_segments
-        self.fq = table[:, q_segments].transpose(0, 1)  # (B, H|1, Lq, k): row S(i) of Ŝ
-        onehot = torch.nn.functional.one_hot(k_segments, table.shape[-1])
-        self.fk = onehot.to(table.dtype).unsqueeze(1)  # (B, 1, Lk, k)
+        self._factors = None
+
+    def factors(self) -> tuple[Tensor, Tensor]:
+        """(fq (B, H|1, Lq, k): row S(i) of Ŝ; fk (B, 1, Lk, k): one-hot S(j)), built when first read (the fused
+        kernel reads the table instead: four launches a layer saved) and kept while `reuse` is on; off (a
+        checkpointed layer), each read builds them, so a recomputed layer saves what its first pass saved."""
+        if self._factors is not None:
+            return self._factors
+        fq = self.table[:, self.q_segments].transpose(0, 1)
+        fk = torch.nn.functional.one_hot(self.k_segments, self.table.shape[-1]).to(self.table.dtype).unsqueeze(1)
+        if self.reuse:
+            self._factors = fq, fk
+        return fq, fk
 
     def segment_table(self) -> SegmentTable:
         return SegmentTable(self.table, self.q_segments, self.k_segments)
