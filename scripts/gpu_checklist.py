@@ -106,7 +106,7 @@ def steps() -> list[Step]:
              (f"{PY} -m dietpe.bench.study_time --plan gpu-hour --device cuda --precision bf16",),
              f"{PY} -m dietpe.bench.study_time --help", default=False),
         # where a step's time goes (host, kernels by kind, each kernel alone): run by name
-        Step("profile", "time", 200, "profile.md",
+        Step("profile", "time", 240, "profile.md",
              (f"{PY} scripts/gpu_profile.py - --ops --host none@fused,diet-rel@fused",),
              f"{PY} scripts/gpu_profile.py --help", default=False),
         Step("attach", "time", 120, "attach.md",
