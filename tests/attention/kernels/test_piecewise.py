@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tests.attention.kernels.conftest import NO_TRITON, sizes
-from tests.attention.kernels.test_attention import _case, reference
+from tests.attention.kernels.test_attention import _case, assert_same_reads, reference
 
 pytest.importorskip("triton", reason=NO_TRITON)
 
@@ -121,8 +121,8 @@ def test_two_runs_give_the_same_bits(device):
 
 
 def test_both_table_reads_give_the_same_bits(device):
-    """The piecewise term's numerator read by window and per score: the same bits (forward and both backward
-    kernels, den's and the pieces' sums included)."""
+    """The piecewise term's numerator read by window and per score: the same output and gradients (forward and
+    both backward kernels, den's and the pieces' sums included; `assert_same_reads`)."""
     from dietpe.attention.kernels.attention import table_read
 
     case = dict(device=device, dtype=torch.float32, b=2, h=2, lq=L + 6, lk=L, dq=16, dv=16, nseg=2, mask="padding")
@@ -130,5 +130,24 @@ def test_both_table_reads_give_the_same_bits(device):
         by_score = _both(**case)[0]
     with table_read("window"):
         by_window = _both(**case)[0]
-    assert torch.equal(by_score[0], by_window[0])
-    assert all(torch.equal(a, b) for a, b in zip(by_score[1], by_window[1]))
+    assert_same_reads(by_score, by_window)
+
+
+def test_the_gpus_tiles_gather_the_pieces_too(device, monkeypatch):
+    """FIRE's pieces gathered from the tile's vectors with the GPU's tile sizes, causal with dropout: what the
+    loads per score give (`assert_same_reads`), and the equation's values and gradients."""
+    from dietpe.attention.kernels import attention as A
+    from tests.attention.kernels.test_attention import GPU_TILES
+
+    for name, tiles in GPU_TILES.items():
+        monkeypatch.setitem(A.INTERPRETER_CONFIGS, name, tiles)
+    n = sizes(150, 300)
+    case = dict(device=device, dtype=torch.float32, b=1, h=2, lq=n, lk=n, dq=32, dv=32, causal=True, dropout=0.2)
+    with A.table_read("score"):
+        by_score = _both(**case)[0]
+    with A.table_read("window"):
+        (out, grads), (want, want_grads) = _both(**case)
+    assert_same_reads(by_score, (out, grads))
+    torch.testing.assert_close(out, want, atol=2e-5, rtol=1e-4)
+    for got, ref in zip(grads, want_grads):
+        torch.testing.assert_close(got, ref, atol=1e-5 * max(ref.abs().max().item(), 1), rtol=1e-4)
