@@ -28,7 +28,7 @@ def test_a_variant_runs_its_step_under_its_settings(profile_script):
     seen = []
 
     def step():
-        seen.append((attention._table_read[-1], launch.cached()))
+        seen.append((attention.current_table_read(), launch.cached()))
     plain = profile_script._variant(step, set())
     assert plain is step
     profile_script._variant(step, {"score"})()
@@ -37,4 +37,4 @@ def test_a_variant_runs_its_step_under_its_settings(profile_script):
     default_launch = seen[-1][1]
     assert seen[0] == ("score", default_launch)
     assert seen[1] == ("score", False)
-    assert seen[2][0] == attention._table_read[0]  # restored after the step
+    assert seen[2][0] == attention._table_read_setting()[0]  # restored after the step

@@ -281,13 +281,17 @@ def test_both_table_reads_give_the_same_bits(name, device):
 
 def test_the_table_read_setting_names_its_values(monkeypatch):
     from dietpe.attention.kernels import attention as A
+    from dietpe.errors import ConfigError
 
     monkeypatch.setenv("DIETPE_FUSED_TABLE", "score")
     assert A._table_read_setting() == ["score"]
     monkeypatch.setenv("DIETPE_FUSED_TABLE", "tiles")
-    with pytest.raises(ValueError, match="DIETPE_FUSED_TABLE='tiles': allowed values are window, score"):
+    with pytest.raises(ConfigError, match="DIETPE_FUSED_TABLE='tiles': allowed values are window, score"):
         A._table_read_setting()
-    with pytest.raises(ValueError, match="allowed values are window, score"):
+    monkeypatch.setattr(A, "_table_read", [])  # read at the first use, not at import: the CLI's one line
+    with pytest.raises(ConfigError, match="DIETPE_FUSED_TABLE='tiles'"):
+        A.current_table_read()
+    with pytest.raises(ConfigError, match="allowed values are window, score"):
         with A.table_read("rows"):
             pass
 

@@ -66,6 +66,7 @@ from torch import Tensor
 
 from dietpe.attention.kernels import interpreting
 from dietpe.attention.kernels.launch import cdiv as _cdiv, launch as launch_kernel
+from dietpe.errors import ConfigError
 
 LOG2E = 1.4426950408889634
 # Triton's interpreter multiplies bfloat16 dot operands wrongly (numpy has no bfloat16): it gets them as float32,
@@ -129,6 +130,13 @@ def _load_1d(at, idx, n, MASK: tl.constexpr, other):
 
 
 @triton.jit
+def _gather(values, idx):
+    """values[idx] for a 1-D vector and an index tensor of any shape, by Triton's gather (through shared memory
+    on a GPU: one copy of the vector per program, not a load from global memory per index)."""
+    return tl.reshape(tl.gather(values, tl.reshape(idx, (idx.numel,)), 0), idx.shape)
+
+
+@triton.jit
 def _offset_values(TAB, stab, h, qi, kj, q0, k0, LQ, LK, QB: tl.constexpr, KB: tl.constexpr, HAS_TAB: tl.constexpr,
                    MASK_M: tl.constexpr, MASK_N: tl.constexpr):
     """T[h, i - j + Lk - 1] at the tile's pairs: queries qi (QB of them from q0), keys kj (KB from k0), as
@@ -139,8 +147,7 @@ def _offset_values(TAB, stab, h, qi, kj, q0, k0, LQ, LK, QB: tl.constexpr, KB: t
         W: tl.constexpr = 2 * QB if QB > KB else 2 * KB  # a power of two >= QB + KB - 1
         at = (LK - 1) + q0 - k0 - (KB - 1) + tl.arange(0, W)
         window = tl.load(TAB + h * stab + at, mask=(at >= 0) & (at < LQ + LK - 1), other=0.0)
-        idx = (qi - q0) - (kj - k0) + (KB - 1)
-        t = tl.reshape(tl.gather(window, tl.reshape(idx, (QB * KB,)), 0), idx.shape)
+        t = _gather(window, (qi - q0) - (kj - k0) + (KB - 1))
     else:
         at = TAB + h * stab + (LK - 1) + qi - kj
         if MASK_M or MASK_N:
@@ -148,13 +155,6 @@ def _offset_values(TAB, stab, h, qi, kj, q0, k0, LQ, LK, QB: tl.constexpr, KB: t
         else:
             t = tl.load(at)
     return t
-
-
-@triton.jit
-def _gather(values, idx):
-    """values[idx] for a 1-D vector and an index tensor of any shape, by Triton's gather (through shared memory
-    on a GPU: one copy of the vector per program, not a load from global memory per index)."""
-    return tl.reshape(tl.gather(values, tl.reshape(idx, (idx.numel,)), 0), idx.shape)
 
 
 @triton.jit
@@ -946,18 +946,26 @@ TABLE_READS = {"window": 2, "score": 1}
 def _table_read_setting() -> list[str]:
     name = os.environ.get("DIETPE_FUSED_TABLE", "window")
     if name not in TABLE_READS:
-        raise ValueError(f"DIETPE_FUSED_TABLE={name!r}: allowed values are {', '.join(TABLE_READS)}")
+        raise ConfigError(f"DIETPE_FUSED_TABLE={name!r}: allowed values are {', '.join(TABLE_READS)}")
     return [name]
 
 
-_table_read = _table_read_setting()
+_table_read: list[str] = []  # the environment's setting (read at the first call), then `table_read`'s
+
+
+def current_table_read() -> str:
+    """How the kernels read an offset table now (a key of TABLE_READS)."""
+    if not _table_read:
+        _table_read.extend(_table_read_setting())
+    return _table_read[-1]
 
 
 @contextlib.contextmanager
 def table_read(name: str):
     """Within it the kernels read offset tables the way `name` says (a key of TABLE_READS): for timing both."""
     if name not in TABLE_READS:
-        raise ValueError(f"table_read({name!r}): allowed values are {', '.join(TABLE_READS)}")
+        raise ConfigError(f"table_read({name!r}): allowed values are {', '.join(TABLE_READS)}")
+    current_table_read()
     _table_read.append(name)
     try:
         yield
@@ -1109,7 +1117,7 @@ def _dropout_args(ex: Extras) -> tuple[int, float, float]:
 def _flags(table, segments, ex: Extras, q: Tensor) -> dict:
     nseg = segments.shape[-1] if segments is not None else 0
     kind = 0 if ex.mask is None else (1 if ex.mask.shape[2] == 1 else 2)
-    table_read = TABLE_READS[_table_read[-1]] if table is not None else 0
+    table_read = TABLE_READS[current_table_read()] if table is not None else 0
     return dict(HAS_TAB=table_read, HAS_KEEP=ex.q_keep is not None, NSEG=nseg, MASK_KIND=kind,
                 PIECES=ex.slots if ex.pieces is not None else 0,
                 LOGKP=ex.slots.bit_length() - 1 if ex.pieces is not None else 0,

@@ -108,7 +108,7 @@ def cases(first_only: bool):
         if (first_only or even or terms == "piecewise") and (dtype, d1, d2) != ("bf16", 64, 0):
             continue
         size = 2 if dtype == "bf16" else 4
-        flags = dict(EVERY_TERM if terms == "every term" else PIECEWISE, HAS_TAB=A.TABLE_READS[A._table_read[-1]],
+        flags = dict(EVERY_TERM if terms == "every term" else PIECEWISE, HAS_TAB=A.TABLE_READS[A.current_table_read()],
                      PREC="ieee" if dtype == "fp32" else "tf32",
                      D1=d1, D2=d2, DVP=dvp, EVEN_M=even, EVEN_N=even, EVEN_D=even and d2 == 0)
         tiles = lambda c: dict(BM=c[0], BN=c[1])  # noqa: E731
