@@ -112,6 +112,18 @@ def plan(terms: list[LogitTerm], mask: Tensor | CausalMask | None = None) -> Pla
     return Plan(table, segments[0] if segments else None, fold, pieces[0] if pieces else None)
 
 
+_KERNELS: list[tuple] = []  # imported at the first call (Triton is imported with them), then kept
+
+
+def _kernel_module() -> tuple:
+    if not _KERNELS:
+        from dietpe.attention.kernels.attention import Extras, fused_attention, head_parts
+        from dietpe.attention.kernels.op import fused_attention_op
+
+        _KERNELS.append((Extras, fused_attention, head_parts, fused_attention_op))
+    return _KERNELS[0]
+
+
 def fused(q: Tensor, k: Tensor, v: Tensor, terms: LayerTerms, mask: Tensor | CausalMask | None, scale: float,
           dropout_p: float, need_probs: bool = False) -> tuple[Tensor, None]:
     """The equation by the fused kernel; NotServed (before any work) for a call it cannot serve."""
@@ -121,9 +133,7 @@ def fused(q: Tensor, k: Tensor, v: Tensor, terms: LayerTerms, mask: Tensor | Cau
     if terms.values:
         raise NotServed("attn_backend='fused' cannot add value terms (Shaw's); use attn_backend='eager'")
     table, segments, fold, piecewise = plan(terms.logits, mask)
-    from dietpe.attention.kernels.attention import Extras, fused_attention, head_parts
-    from dietpe.attention.kernels.op import fused_attention_op
-
+    Extras, fused_attention, head_parts, fused_attention_op = _kernel_module()
     s = scale * terms.score_scale
     q, k = apply_qk(q, k, terms)
     q, k = fold_low_rank(q, k, fold, s)

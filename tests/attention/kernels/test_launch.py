@@ -182,3 +182,16 @@ def test_a_compiled_kernel_without_its_launcher_is_not_kept(fake):
     for _ in range(3):
         L.launch(bare, (1,), (x, 64, 1), dict(BM=16))
     assert [c[0] for c in bare.calls] == ["jit"] * 3 and not L._compiled
+
+
+def test_a_token_keys_on_the_tensors_and_the_seed_alone(fake):
+    """With a token (the caller's promise that the rest of the arguments are fixed) the key is the tensors'
+    dtypes and alignments and the unspecialised seed's width: another of those goes through Triton once."""
+    x = torch.zeros(32)
+    token = ("spec", 1)
+    for args in [(x, 64, 5), (x, 64, 6), (x[1:], 64, 7), (x[1:], 64, 8), (x.double(), 64, 9), (x, 64, 2**40)]:
+        L.launch(fake, (2,), args, dict(BM=16), token=token)
+    assert [c[0] for c in fake.calls] == ["jit", "direct", "jit", "direct", "jit", "jit"]
+    assert fake.calls[3][1][-4:] == (64, 8, 16, 7)  # the values passed, then the constexprs in order
+    L.launch(fake, (2,), (x, 64, 5), dict(BM=16), token=("another spec", 1))
+    assert fake.calls[-1][0] == "jit"

@@ -55,9 +55,11 @@ partial buffer holds B·H·⌈Lq/BLK⌉·(⌈Lk/BLK⌉ + 1)·BLK float32, about 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import sys
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import triton
@@ -1025,9 +1027,10 @@ def _first_that_fits(configs: list, launch) -> None:
     raise RuntimeError(f"attn_backend='fused': no tile configuration of {configs} fits this GPU")
 
 
-def _launch(key: tuple, configs: list, launch, interpreter_config: tuple) -> None:
+def _launch(key: tuple, configs: list, launch, interpreter_config: tuple):
     """launch(config): under the interpreter its tile; else the configuration remembered for `key`, or, at the
-    key's first call, the fastest of `configs` that fit the GPU (the first that fits when not tuning)."""
+    key's first call, the fastest of `configs` that fit the GPU (the first that fits when not tuning). Returns
+    what the launch whose results stand returned."""
     if interpreting():
         return launch(interpreter_config)
     if _forced:  # that configuration, or the next one that fits this GPU's shared memory (as the tuner skips)
@@ -1040,10 +1043,10 @@ def _launch(key: tuple, configs: list, launch, interpreter_config: tuple) -> Non
         return launch(config)
     from triton.runtime.errors import OutOfResources
 
-    times = {}
+    times, result = {}, None
     for config in configs:
         try:
-            launch(config)  # compiles at the first call
+            result = launch(config)  # compiles at the first call
         except OutOfResources:
             continue
         if not tune:
@@ -1053,13 +1056,14 @@ def _launch(key: tuple, configs: list, launch, interpreter_config: tuple) -> Non
         if not times:
             raise RuntimeError(f"attn_backend='fused': no tile configuration of {configs} fits this GPU")
         config = min(times, key=times.get)
-        launch(config)  # the results of the chosen configuration
+        result = launch(config)  # the results of the chosen configuration
     _chosen[key] = config
     if times:
         _timings[key] = times
     if os.environ.get("DIETPE_FUSED_VERBOSE", "0") == "1":
         tried = ", ".join(f"{c}: {t * 1e6:.0f} µs" for c, t in times.items())
         print(f"[fused] {key}: {config}{f' of {tried}' if tried else ''}", file=sys.stderr, flush=True)
+    return result
 
 
 def _precision(q: Tensor) -> str:
@@ -1069,17 +1073,14 @@ def _precision(q: Tensor) -> str:
     return "tf32"
 
 
-def _aux_args(table: Tensor | None, segments: Tensor | None, ex: Extras, dummy: Tensor):
-    """Pointers and strides of the tables, keeps, segments and mask (a dummy tensor where absent)."""
-    tab = table if table is not None else dummy
-    seg_t = segments if segments is not None else dummy
-    keep_q = ex.q_keep if ex.q_keep is not None else dummy
-    keep_k = ex.k_keep if ex.k_keep is not None else dummy
-    qs = ex.q_segments if ex.q_segments is not None else dummy
-    ks = ex.k_segments if ex.k_segments is not None else dummy
-    mask = ex.mask if ex.mask is not None else dummy
-    den = ex.den if ex.den is not None else dummy
-    pieces = ex.pieces if ex.pieces is not None else dummy
+def _pointers(table: Tensor | None, segments: Tensor | None, ex: Extras, dummy: Tensor) -> tuple:
+    """The tables, keeps, segments, mask and piecewise buffers the kernels read (`dummy` where absent)."""
+    return tuple(dummy if x is None else x for x in (table, ex.q_keep, ex.k_keep, segments, ex.q_segments,
+                                                      ex.k_segments, ex.mask, ex.den, ex.pieces))
+
+
+def _aux_strides(table: Tensor | None, segments: Tensor | None, ex: Extras) -> tuple:
+    """The strides of `_pointers`' tensors the kernels take (0 along a broadcast dimension)."""
     stab = table.stride(0) if table is not None and table.shape[0] > 1 else 0
     sseg = segments.stride(0) if segments is not None and segments.shape[0] > 1 else 0
     sqs = ex.q_segments.stride(0) if ex.q_segments is not None else 0
@@ -1087,9 +1088,7 @@ def _aux_args(table: Tensor | None, segments: Tensor | None, ex: Extras, dummy: 
     # broadcast dimensions (size 1) read the same entries for every index
     ms = tuple(0 if n == 1 else st for n, st in zip(ex.mask.shape, ex.mask.stride())) if ex.mask is not None \
         else (0, 0, 0, 0)
-    pointers = (tab, keep_q, keep_k, seg_t, qs, ks, mask, den, pieces)
-    strides = (stab, sseg, sqs, sks, *ms, *(_batch_stride(x) for x in (ex.q_keep, ex.k_keep, ex.den)))
-    return pointers, strides
+    return (stab, sseg, sqs, sks, *ms, *(_batch_stride(x) for x in (ex.q_keep, ex.k_keep, ex.den)))
 
 
 def _batch_stride(x: Tensor | None) -> int:
@@ -1131,119 +1130,231 @@ def _key(name: str, q: Tensor, lk: int, widths: tuple, flags: dict) -> tuple:
     return (name, *widths, q.dtype, _pow2(lq), _pow2(lk), _pow2(b * h), *flags.items())  # cheap: every call
 
 
-def attention_forward(q: Tensor, k: Tensor, v: Tensor, scale: float, table: Tensor | None,
-                      segments: Tensor | None, ex: Extras) -> tuple[Tensor, Tensor]:
-    """out (B, H, Lq, Dv) in v's dtype and the log-sum-exp (B, H, Lq) in log2 units, float32."""
-    b, h, lq, dq = q.shape
-    lk, dv = k.shape[2], v.shape[3]
-    out = torch.empty(b, h, lq, dv, dtype=v.dtype, device=q.device)
-    lse = torch.empty(b, h, lq, dtype=torch.float32, device=q.device)
+class _Spec(NamedTuple):
+    """One launch as its call's signature (`signature`) fixes it: everything but the tensors and the seed."""
+
+    grid: tuple
+    before: tuple  # the arguments after the tensors, up to the seed
+    after: tuple  # those after the seed
+    constants: dict
+    token: int  # names this spec to the kept-kernel launcher
+    sizes: dict | None = None  # the dQ kernel's: its partial sums' buffers and their layout
+
+
+#: signature -> the launches it fixes, so a call after the first builds no argument list (host work around
+#: each launch, in a step the host bounds: docs/kernels.md, "Where the time goes")
+_specs: dict[tuple, object] = {}
+_tokens = itertools.count()
+MAX_SPECS = 4096
+
+
+def _meta(x: Tensor | None):
+    return None if x is None else (x.shape, x.stride(), x.dtype)
+
+
+def signature(q: Tensor, k: Tensor, v: Tensor, scale: float, table: Tensor | None, segments: Tensor | None,
+              ex: Extras) -> tuple:
+    """What a call's launches depend on besides the tensors' addresses and the dropout seed: shapes, strides and
+    dtypes, which terms and masks are read and how, and the settings that choose tiles and dot precision."""
+    return (q.shape, q.stride(), q.dtype, _meta(k), _meta(v), q.device, scale, _meta(table), _meta(segments),
+            _meta(ex.q_keep), _meta(ex.k_keep), _meta(ex.q_segments), _meta(ex.k_segments), _meta(ex.mask),
+            _meta(ex.den), ex.pieces is not None, ex.slots, ex.n_pieces, ex.causal, ex.dropout,
+            current_table_read(), _tuning(), _precision(q))
+
+
+def _remember(sig: tuple, specs) -> None:
+    if _forced:  # a forced tile is not the one later calls run
+        return
+    if len(_specs) >= MAX_SPECS:  # lengths that change every call (decoding) add a signature each
+        _specs.clear()
+    _specs[sig] = specs
+
+
+def _run(kernel, spec: _Spec, tensors: tuple, seed: int) -> _Spec:
+    launch_kernel(kernel, spec.grid, (*tensors, *spec.before, seed, *spec.after), spec.constants,
+                  token=(spec.token, len(tensors)))
+    return spec
+
+
+def _widths(q: Tensor, v: Tensor) -> tuple[int, int, int, bool]:
+    """(D1, D2, the value head padded, whether no head channel is masked)."""
+    dq, dv = q.shape[3], v.shape[3]
     d1, d2 = head_parts(dq)
     dvp = max(16, _pow2(dv))
-    pointers, strides = _aux_args(table, segments, ex, lse)
+    return d1, d2, dvp, dq == d1 + d2 and dv == dvp
+
+
+def _forward_spec(config: tuple, q: Tensor, k: Tensor, v: Tensor, scale: float, table: Tensor | None,
+                  segments: Tensor | None, ex: Extras, flags: dict) -> _Spec:
+    b, h, lq, dq = q.shape
+    lk, dv = k.shape[2], v.shape[3]
+    d1, d2, dvp, even_d = _widths(q, v)
+    bm, bn, warps, stages = config
+    bm = min(bm, max(16, _pow2(lq)))  # a few queries (a decoding step): no rows of padding
+    before = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], h * lq * dv, lq * dv, dv,  # out: dense
+              *_aux_strides(table, segments, ex), h, lq, lk, dq, dv, scale * LOG2E)
+    return _Spec((_cdiv(lq, bm), b * h), before, _dropout_args(ex)[1:],
+                 dict(BM=bm, BN=bn, D1=d1, D2=d2, DVP=dvp, EVEN_M=lq % bm == 0, EVEN_N=lk % bn == 0,
+                      EVEN_D=even_d, num_warps=warps, num_stages=stages, **flags), next(_tokens))
+
+
+def attention_forward(q: Tensor, k: Tensor, v: Tensor, scale: float, table: Tensor | None,
+                      segments: Tensor | None, ex: Extras, sig: tuple | None = None) -> tuple[Tensor, Tensor]:
+    """out (B, H, Lq, Dv) in v's dtype and the log-sum-exp (B, H, Lq) in log2 units, float32. sig: the call's
+    `signature`, when the caller has it."""
+    b, h, lq = q.shape[:3]
+    out = torch.empty(b, h, lq, v.shape[3], dtype=v.dtype, device=q.device)
+    lse = torch.empty(b, h, lq, dtype=torch.float32, device=q.device)
+    tensors = (q, k, v, out, lse, *_pointers(table, segments, ex, lse))
+    sig = ("fwd", *(sig or signature(q, k, v, scale, table, segments, ex)))
+    spec = _specs.get(sig)
+    if spec is not None and not _forced:
+        _run(_forward_kernel, spec, tensors, ex.seed)
+        return out, lse
     flags = _flags(table, segments, ex, q)
-    args = (q, k, v, out, lse, *pointers, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3],
-            *strides, h, lq, lk, dq, dv, scale * LOG2E, *_dropout_args(ex))
-    even_d = dq == d1 + d2 and dv == dvp
-
-    def launch(config):
-        bm, bn, warps, stages = config
-        bm = min(bm, max(16, _pow2(lq)))  # a few queries (a decoding step): no rows of padding
-        launch_kernel(_forward_kernel, (_cdiv(lq, bm), b * h), args,
-                      dict(BM=bm, BN=bn, D1=d1, D2=d2, DVP=dvp, EVEN_M=lq % bm == 0, EVEN_N=lk % bn == 0,
-                           EVEN_D=even_d, num_warps=warps, num_stages=stages, **flags))
-
-    _launch(_key("fwd", q, lk, (d1, d2, dvp), flags), _configs(FORWARD_CONFIGS, q.dtype, max(d1, dvp)), launch,
-            INTERPRETER_CONFIGS["fwd"])
+    d1, d2, dvp, _ = _widths(q, v)
+    spec = _launch(_key("fwd", q, k.shape[2], (d1, d2, dvp), flags),
+                   _configs(FORWARD_CONFIGS, q.dtype, max(d1, dvp)),
+                   lambda config: _run(_forward_kernel, _forward_spec(config, q, k, v, scale, table, segments, ex,
+                                                                      flags), tensors, ex.seed),
+                   INTERPRETER_CONFIGS["fwd"])
+    _remember(sig, spec)
     return out, lse
+
+
+def _backward_specs(configs: tuple, q: Tensor, k: Tensor, v: Tensor, out: Tensor, do: Tensor, scale: float,
+                    table: Tensor | None, segments: Tensor | None, ex: Extras, flags: dict, grads: dict
+                    ) -> tuple[_Spec | None, _Spec | None]:
+    """The dQ and dK/dV kernels' launches at configurations (dQ's, dK/dV's); None for a configuration not given."""
+    b, h, lq, dq_width = q.shape
+    lk, dv_width = k.shape[2], v.shape[3]
+    d1, d2, dvp, even_d = _widths(q, v)
+    tail = (*_aux_strides(table, segments, ex), h, lq, lk, dq_width, dv_width, scale * LOG2E, scale)
+    after = _dropout_args(ex)[1:]
+    dense_q = (h * lq * dq_width, lq * dq_width, dq_width)  # the gradients are written densely
+    dense_k, dense_v = (h * lk * dq_width, lk * dq_width, dq_width), (h * lk * dv_width, lk * dv_width, dv_width)
+    specs = [None, None]
+    if configs[0] is not None:
+        bm, bn, warps, stages = configs[0]
+        nm, nn = _cdiv(lq, bm), _cdiv(lk, bn)
+        w = (nn + 1) * bn
+        nseg2p = _pow2(max(1, flags["NSEG"] ** 2))
+        piece_grad = grads["TAB_GRAD"] and ex.pieces is not None
+        # under padding a program skips the key blocks outside its rows' open keys: their partial rows stay 0
+        sizes = dict(part=(b * h * nm, w) if grads["TAB_GRAD"] else None, zero=flags["MASK_KIND"] == 1,
+                     spart=(b * h * nm, nseg2p) if grads["SEG_GRAD"] else None,
+                     dpart=(b * h, lq) if piece_grad else None,
+                     pwpart=(b * h * nm, 4 * ex.slots) if piece_grad else None, blk=bn, nm=nm, nn=nn, width=w,
+                     nseg2p=nseg2p)
+        before = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3], *do.stride()[:3], *dense_q,
+                  *tail)
+        specs[0] = _Spec((nm, b * h), before, (*after, nn, w),
+                         dict(BM=bm, BN=bn, D1=d1, D2=d2, DVP=dvp, NSEG2P=nseg2p, EVEN_M=lq % bm == 0,
+                              EVEN_N=lk % bn == 0, EVEN_D=even_d, num_warps=warps, num_stages=stages, **flags,
+                              **grads), next(_tokens), sizes)
+    if configs[1] is not None:
+        bm, bn, warps, stages = configs[1]
+        before = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3], *dense_k, *dense_v, *tail)
+        specs[1] = _Spec((_cdiv(lk, bn), b * h), before, after,
+                         dict(BM=bm, BN=bn, D1=d1, D2=d2, DVP=dvp, EVEN_M=lq % bm == 0, EVEN_N=lk % bn == 0,
+                              EVEN_D=even_d, num_warps=warps, num_stages=stages, **flags), next(_tokens))
+    return specs[0], specs[1]
+
+
+def _partials(spec: _Spec, dummy: Tensor) -> dict[str, Tensor]:
+    """The dQ kernel's partial-sum buffers its spec names (`dummy` where none is written)."""
+    sizes, out = spec.sizes, {}
+    for name in ("part", "spart", "dpart", "pwpart"):
+        shape = sizes[name]
+        alloc = torch.zeros if name == "part" and sizes["zero"] else torch.empty
+        out[name] = dummy if shape is None else alloc(shape, dtype=torch.float32, device=dummy.device)
+    return out
 
 
 def attention_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, scale: float,
                        table: Tensor | None, segments: Tensor | None, ex: Extras, table_grad: bool = True,
-                       segments_grad: bool = True):
+                       segments_grad: bool = True, sig: tuple | None = None):
     """(dq, dk, dv, d table, d segment table): FlashAttention-2's backward, tables' gradients without atomics
-    (None where not asked for)."""
-    b, h, lq, dq_width = q.shape
-    lk, dv_width = k.shape[2], v.shape[3]
+    (None where not asked for). sig: the forward's `signature`, when the caller has it."""
     do = do if do.stride(-1) == 1 else do.contiguous()
     delta = torch.empty_like(lse)  # rowsum(dO ∘ O), written by the dQ kernel, read by the dK/dV kernel
     # gradients dense whatever q, k, v's strides (a split or an expanded view would make empty_like's differ)
     dq, dk, dv = (torch.empty(x.shape, dtype=x.dtype, device=x.device) for x in (q, k, v))
-    d1, d2 = head_parts(dq_width)
-    dvp = max(16, _pow2(dv_width))
-    pointers, strides = _aux_args(table, segments, ex, lse)
+    pointers = _pointers(table, segments, ex, lse)
+    grads = dict(TAB_GRAD=table is not None and table_grad, SEG_GRAD=segments is not None and segments_grad)
+    sig = ("bwd", out.stride(), do.stride(), *grads.values(), *(sig or signature(q, k, v, scale, table, segments,
+                                                                                ex)))
+    specs, parts = _specs.get(sig), {}
+
+    def run_q(spec):
+        parts.update(_partials(spec, lse))
+        return _run(_backward_q_kernel, spec, (q, k, v, out, do, lse, delta, dq, *parts.values(), *pointers),
+                    ex.seed)
+
+    kv_tensors = (q, k, v, do, lse, delta, dk, dv, *pointers)
+    if specs is not None and not _forced:
+        run_q(specs[0])
+        _run(_backward_kv_kernel, specs[1], kv_tensors, ex.seed)
+    else:
+        specs = _tuned_backward((q, k, v, out, do, scale, table, segments, ex), grads, run_q, kv_tensors)
+        _remember(sig, specs)
+    return (dq, dk, dv, *_table_gradients(specs[0].sizes, parts, q.shape, k.shape[2], table, segments, ex,
+                                          grads))
+
+
+def _tuned_backward(call: tuple, grads: dict, run_q, kv_tensors: tuple) -> tuple[_Spec, _Spec]:
+    """The backward's launches at the tiles remembered for their keys (timed at a key's first call); call: (q, k,
+    v, out, do, scale, table, segments, ex)."""
+    q, k, v, _, _, _, table, segments, ex = call
     flags = _flags(table, segments, ex, q)
-    tab_grad, seg_grad = table is not None and table_grad, segments is not None and segments_grad
-    nseg = flags["NSEG"]
-    nseg2p = _pow2(max(1, nseg * nseg))
-    tail = (*strides, h, lq, lk, dq_width, dv_width, scale * LOG2E, scale, *_dropout_args(ex))
-    even_d = dq_width == d1 + d2 and dv_width == dvp
+    d1, d2, dvp, _ = _widths(q, v)
     width = max(d1, dvp)
-    result = {}
-
-    def launch_q(config):
-        bm, bn, warps, stages = config
-        nm, nn = _cdiv(lq, bm), _cdiv(lk, bn)
-        w = (nn + 1) * bn
-        # under padding a program skips the key blocks outside its rows' open keys: their partial rows stay 0
-        alloc = torch.zeros if flags["MASK_KIND"] == 1 else torch.empty
-        part = alloc(b * h * nm, w, dtype=torch.float32, device=q.device) if tab_grad else lse
-        spart = torch.empty(b * h * nm, nseg2p, dtype=torch.float32, device=q.device) if seg_grad else lse
-        piece_grad = tab_grad and ex.pieces is not None
-        dpart = torch.empty(b * h, lq, dtype=torch.float32, device=q.device) if piece_grad else lse
-        pwpart = torch.empty(b * h * nm, 4 * ex.slots, dtype=torch.float32, device=q.device) if piece_grad else lse
-        launch_kernel(_backward_q_kernel, (nm, b * h),
-                      (q, k, v, out, do, lse, delta, dq, part, spart, dpart, pwpart, *pointers, *q.stride()[:3],
-                       *k.stride()[:3], *v.stride()[:3], *out.stride()[:3], *do.stride()[:3], *dq.stride()[:3],
-                       *tail, nn, w),
-                      dict(BM=bm, BN=bn, D1=d1, D2=d2, DVP=dvp, NSEG2P=nseg2p, TAB_GRAD=tab_grad,
-                           SEG_GRAD=seg_grad, EVEN_M=lq % bm == 0, EVEN_N=lk % bn == 0, EVEN_D=even_d,
-                           num_warps=warps, num_stages=stages, **flags))
-        result.update(part=part, spart=spart, dpart=dpart, pwpart=pwpart, blk=bn, nm=nm, nn=nn, width=w)
-
-    def launch_kv(config):
-        bm, bn, warps, stages = config
-        launch_kernel(_backward_kv_kernel, (_cdiv(lk, bn), b * h),
-                      (q, k, v, do, lse, delta, dk, dv, *pointers, *q.stride()[:3], *k.stride()[:3],
-                       *v.stride()[:3], *do.stride()[:3], *dk.stride()[:3], *dv.stride()[:3], *tail),
-                      dict(BM=bm, BN=bn, D1=d1, D2=d2, DVP=dvp, EVEN_M=lq % bm == 0, EVEN_N=lk % bn == 0,
-                           EVEN_D=even_d, num_warps=warps, num_stages=stages, **flags))
-
     q_configs = _configs(BACKWARD_Q_CONFIGS, q.dtype, width)
-    if tab_grad:
+    if grads["TAB_GRAD"]:
         q_configs = [c for c in q_configs if c[0] == c[1]]
-    grads = dict(TAB_GRAD=tab_grad, SEG_GRAD=seg_grad)
-    _launch(_key("dq", q, lk, (d1, d2, dvp), {**flags, **grads}), q_configs, launch_q,
-            INTERPRETER_CONFIGS["q_square" if tab_grad else "q"])
-    _launch(_key("dkdv", q, lk, (d1, d2, dvp), flags), _configs(BACKWARD_KV_CONFIGS, q.dtype, width), launch_kv,
-            INTERPRETER_CONFIGS["kv"])
-    d_table = d_segments = None
-    if tab_grad:
-        d_table = _offset_sums(result, b, h, lq + lk - 1, lk, ex.causal)
+    lk = k.shape[2]
+    args = (*call, flags, grads)
+    q_spec = _launch(_key("dq", q, lk, (d1, d2, dvp), {**flags, **grads}), q_configs,
+                     lambda config: run_q(_backward_specs((config, None), *args)[0]),
+                     INTERPRETER_CONFIGS["q_square" if grads["TAB_GRAD"] else "q"])
+    kv_spec = _launch(_key("dkdv", q, lk, (d1, d2, dvp), flags), _configs(BACKWARD_KV_CONFIGS, q.dtype, width),
+                      lambda config: _run(_backward_kv_kernel, _backward_specs((None, config), *args)[1], kv_tensors,
+                                          ex.seed),
+                      INTERPRETER_CONFIGS["kv"])
+    return q_spec, kv_spec
+
+
+def _table_gradients(sizes: dict, parts: dict, shape: tuple, lk: int, table: Tensor | None,
+                     segments: Tensor | None, ex: Extras, grads: dict) -> tuple:
+    """(d table, d segment table, d pieces) from the dQ kernel's partial sums, each summed in a fixed order."""
+    b, h, lq = shape[:3]
+    d_table = d_segments = d_pieces = None
+    if grads["TAB_GRAD"]:
+        d_table = _offset_sums(parts["part"], sizes, b, h, lq + lk - 1, lk, ex.causal)
         d_table = d_table.sum(0, keepdim=True) if table.shape[0] == 1 else d_table
-    if seg_grad:
-        pairs = result["spart"].view(b, h, result["nm"], nseg2p)[..., :nseg * nseg].sum((0, 2))  # (H, K·K)
+    if grads["SEG_GRAD"]:
+        nseg = segments.shape[-1]
+        pairs = parts["spart"].view(b, h, sizes["nm"], sizes["nseg2p"])[..., :nseg * nseg].sum((0, 2))  # (H, K·K)
         d_segments = pairs.view(h, nseg, nseg)
         d_segments = d_segments.sum(0, keepdim=True) if segments.shape[0] == 1 else d_segments
-    d_pieces = None
-    if tab_grad and ex.pieces is not None:  # (d den, d slope, d intercept), summed in a fixed order
-        sums = result["pwpart"].view(b, h, result["nm"], 4 * ex.slots).sum((0, 2))  # (H, 4·slots)
+    if grads["TAB_GRAD"] and ex.pieces is not None:  # (d den, d slope, d intercept)
+        sums = parts["pwpart"].view(b, h, sizes["nm"], 4 * ex.slots).sum((0, 2))  # (H, 4·slots)
         n, at = ex.n_pieces, 2 * ex.slots
         dense = torch.contiguous_format  # copies, not views of one buffer (an operator returns no aliases)
-        dpart = result["dpart"].view(b, h, lq)
+        dpart = parts["dpart"].view(b, h, lq)
         shared = ex.den.dim() == 1 or ex.den.shape[0] == 1
         d_den = dpart.sum((0, 1)).view(ex.den.shape) if shared else dpart.sum(1)  # den (Lq,), (1, Lq) or (B, Lq)
         d_pieces = (d_den, sums[:, :n].T.clone(memory_format=dense),
                     sums[:, at:at + n].T.clone(memory_format=dense))
-    return dq, dk, dv, d_table, d_segments, d_pieces
+    return d_table, d_segments, d_pieces
 
 
-def _offset_sums(result: dict, b: int, h: int, n_offsets: int, lk: int, causal: bool) -> Tensor:
-    out = torch.empty(h, n_offsets, dtype=torch.float32, device=result["part"].device)
+def _offset_sums(part: Tensor, sizes: dict, b: int, h: int, n_offsets: int, lk: int, causal: bool) -> Tensor:
+    out = torch.empty(h, n_offsets, dtype=torch.float32, device=part.device)
     rb = 64 if interpreting() else 256
     launch_kernel(_offset_sum_kernel, (h, _cdiv(n_offsets, rb)),
-                  (result["part"], out, b, h, result["nm"], result["nn"], result["width"], n_offsets, lk),
-                  dict(BLK=result["blk"], RB=rb, CAUSAL=causal))
+                  (part, out, b, h, sizes["nm"], sizes["nn"], sizes["width"], n_offsets, lk),
+                  dict(BLK=sizes["blk"], RB=rb, CAUSAL=causal))
     return out
 
 
@@ -1254,9 +1365,10 @@ class FusedAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, table, segments, den, slope, intercept, scale, extras):
-        out, lse = attention_forward(q, k, v, scale, table, segments, extras)
+        sig = signature(q, k, v, scale, table, segments, extras)
+        out, lse = attention_forward(q, k, v, scale, table, segments, extras, sig)
         ctx.save_for_backward(q, k, v, out, lse, table, segments)
-        ctx.scale, ctx.extras = scale, extras
+        ctx.scale, ctx.extras, ctx.sig = scale, extras, sig
         return out
 
     @staticmethod
@@ -1265,7 +1377,8 @@ class FusedAttention(torch.autograd.Function):
         needs = ctx.needs_input_grad
         table_grad = needs[3] or (ctx.extras.pieces is not None and any(needs[5:8]))
         dq, dk, dv, d_table, d_segments, d_pieces = attention_backward(do, q, k, v, out, lse, ctx.scale, table,
-                                                                       segments, ctx.extras, table_grad, needs[4])
+                                                                       segments, ctx.extras, table_grad, needs[4],
+                                                                       ctx.sig)
         d_den, d_slope, d_intercept = d_pieces if d_pieces is not None else (None, None, None)
         return dq, dk, dv, d_table, d_segments, d_den, d_slope, d_intercept, None, None
 

@@ -10,6 +10,8 @@ specialisation the compiled kernel is kept, under a key finer than Triton's spec
 and later calls with the same key call its launcher directly, pointers passed as addresses (7 µs of key and
 lookup for 55 arguments on the development CPU). Any call whose key differs, any launch hook (a profiler's),
 and Triton's interpreter go through `kernel[grid]` as before. `DIETPE_FUSED_LAUNCH=jit` turns the cache off.
+A caller that keeps its launches' other arguments per signature (the attention kernels: `attention._specs`)
+passes a token, and the key is then built from the tensors and the seed alone.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ I32_MIN, I32_MAX = -(2**31), 2**31 - 1
 MAX_KEPT = 4096
 #: (kernel, device, fingerprint, constants) -> (compiled kernel, constexpr values in parameter order)
 _compiled: dict[tuple, tuple] = {}
-_loose: dict[object, tuple[bool, ...]] = {}
+#: kernel -> (whether each parameter is `do_not_specialize`, the indices of those that are)
+_loose: dict[object, tuple[tuple[bool, ...], tuple[int, ...]]] = {}
 _state: list[bool] = []
 
 
@@ -60,6 +63,22 @@ def fingerprint(args, loose: tuple[bool, ...]) -> tuple[tuple, list]:
     return tuple(key), values
 
 
+def tensor_fingerprint(args, n_tensors: int, loose_at: tuple[int, ...]) -> tuple[tuple, list]:
+    """`fingerprint` where a caller vouches that the arguments after the first `n_tensors` are the same values at
+    every call with its token (`launch`): the tensors' dtypes and alignments and the unspecialised integers'
+    widths are all that can change Triton's specialisation."""
+    key, values = [], []
+    for x in args[:n_tensors]:
+        p = x.data_ptr()
+        key.append(x.dtype)
+        key.append(p & 15)
+        values.append(p)
+    for i in loose_at:
+        key.append(I32_MIN <= args[i] <= I32_MAX)
+    values.extend(args[n_tensors:])
+    return tuple(key), values
+
+
 def cdiv(a: int, b: int) -> int:
     """⌈a / b⌉ for grids (not `triton.cdiv`: a jit function, several µs per call from Python)."""
     return -(-a // b)
@@ -78,18 +97,28 @@ def _driver():
     return driver.active
 
 
-def launch(kernel, grid: tuple[int, ...], args: tuple, constants: dict) -> None:
-    """`kernel[grid](*args, **constants)`, by the kept compiled kernel when Triton would run that one."""
+def launch(kernel, grid: tuple[int, ...], args: tuple, constants: dict,
+           token: tuple[object, int] | None = None) -> None:
+    """`kernel[grid](*args, **constants)`, by the kept compiled kernel when Triton would run that one.
+
+    token: (a hashable name, n): the caller promises that every call with this name passes the same grid,
+    constants and arguments after the first n, which are tensors; the key is then built from those tensors
+    and the unspecialised integers only (`tensor_fingerprint`), not from every argument."""
     if not cached() or _hooked():
         kernel[grid](*args, **constants)
         return
     active = _driver()
     loose = _loose.get(kernel)
     if loose is None:
-        loose = _loose[kernel] = tuple(bool(p.do_not_specialize) for p in kernel.params)
+        flags = tuple(bool(p.do_not_specialize) for p in kernel.params)
+        loose = _loose[kernel] = (flags, tuple(i for i, f in enumerate(flags) if f))
     device = active.get_current_device()
-    spec, values = fingerprint(args, loose)
-    key = (kernel, device, spec, *constants.items())
+    if token is None:
+        spec, values = fingerprint(args, loose[0])
+        key = (kernel, device, spec, *constants.items())
+    else:
+        spec, values = tensor_fingerprint(args, token[1], loose[1])
+        key = (kernel, device, token[0], spec)
     hit = _compiled.get(key)
     if hit is None:
         compiled = kernel[grid](*args, **constants)
