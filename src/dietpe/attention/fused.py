@@ -3,7 +3,8 @@ read inside the tile (`dietpe.attention.kernels.attention`, FlashAttention-2's t
 the forward nor the backward holds an (Lq, Lk) tensor, and the tables' gradients are summed without atomics.
 
     scores = (q'·k'ᵀ) · scale · score_scale + T[h, i - j] · a_i · c_j + Ŝ[h, σ_i, τ_j] + mask
-    (low-rank terms fq·fkᵀ folded in: q' = [q', fq / s], k' = [k', fk])
+    (low-rank terms fq·fkᵀ folded in: q' = [q', fq / s], k' = [k', fk], the factors read from their own
+    tensors as the head's second part where q's head is one power-of-two part: no copy of q and k per layer)
 
 Each logit term says how it can be read (`dietpe.positions.terms.LogitTerm`): as an offset table T (DIET-REL,
 T5 and TUPE-R's buckets, ALiBi, KERPLE, over consecutive positions; TUPE's reset as the 0/1 vectors a, c), a
@@ -136,8 +137,10 @@ def fused(q: Tensor, k: Tensor, v: Tensor, terms: LayerTerms, mask: Tensor | Cau
     Extras, fused_attention, head_parts, fused_attention_op = _kernel_module()
     s = scale * terms.score_scale
     q, k = apply_qk(q, k, terms)
-    q, k = fold_low_rank(q, k, fold, s)
-    if max(head_parts(q.shape[-1])[0], v.shape[-1]) > MAX_HEAD_PART:
+    folded = _folded(q, fold, s, head_parts)
+    if folded is None:
+        q, k = fold_low_rank(q, k, fold, s)
+    if max(*head_parts(q.shape[-1]), v.shape[-1], 0 if folded is None else folded[0].shape[-1]) > MAX_HEAD_PART:
         raise NotServed(f"attn_backend='fused' takes head sizes up to {MAX_HEAD_PART} (+ folded channels), got "
                         f"{q.shape[-1]} and {v.shape[-1]}; use attn_backend='sdpa'")
     extras = Extras(causal=isinstance(mask, CausalMask), mask=None if isinstance(mask, CausalMask) else mask)
@@ -159,5 +162,18 @@ def fused(q: Tensor, k: Tensor, v: Tensor, terms: LayerTerms, mask: Tensor | Cau
         pieces = (piecewise.den, piecewise.kinks, piecewise.slope, piecewise.intercept)
     # compiling: the kernel as custom operators (dynamo cannot trace Triton's launcher)
     call = fused_attention_op if torch.compiler.is_compiling() else fused_attention
-    out = call(q, k, v, s, values, segments.table if segments is not None else None, extras, pieces)
-    return out, None
+    return call(q, k, v, s, values, segments.table if segments is not None else None, extras, pieces, folded), None
+
+
+def _folded(q: Tensor, fold: list[LogitTerm], s: float, head_parts) -> tuple[Tensor, Tensor] | None:
+    """A low-rank term's factors (fq / s, fk) for the kernel to read as a second head part from their own tensors
+    (shared by the batch: no copy of q and k per layer, no slices of their gradients), or None where they are
+    concatenated to q and k instead: several terms, a head size the kernel loads in two parts already, or more
+    loaded channels than the concatenation (a rank just past a power of two: TUPE's Dh + 2)."""
+    if len(fold) != 1 or head_parts(q.shape[-1])[1]:
+        return None
+    fq, fk = fold[0].factors()
+    d, r = q.shape[-1], fq.shape[-1]
+    if max(16, 1 << (r - 1).bit_length()) > sum(head_parts(d + r)) - head_parts(d)[0]:
+        return None
+    return (fq / s).to(q.dtype), fk.to(q.dtype)

@@ -121,6 +121,23 @@ def test_the_kernel_reads_the_segment_table_not_its_factors(device, monkeypatch)
     _assert_same(got, want)
 
 
+@pytest.mark.parametrize("position,head_size,copies", [("diet-abs", 16, 0), ("tupe-a", 64, 1)])
+def test_low_rank_factors_are_read_from_their_own_tensors(position, head_size, copies, device, monkeypatch):
+    """DIET-ABS's P_Q, P_K (rank = head size) reach the kernel as a second head part: q and k are never
+    concatenated with them. TUPE-A's correlation (rank Dh + 2, loaded as 128 channels that way, 80 after q's
+    64 concatenated) is concatenated."""
+    import dietpe.attention.fused as F
+
+    calls, fold = [], F.fold_low_rank
+    monkeypatch.setattr(F, "fold_low_rank", lambda q, k, terms, *a: calls.append(len(terms)) or fold(q, k, terms, *a))
+    ref, fused = _pair(lambda **kw: DietModel(tiny(head_size, **kw)), device, position=position,
+                       num_hidden_layers=1)
+    ids, mask, seg = batch(L, device=device)
+    got = _step(fused, ids, mask, seg)
+    assert sum(calls) == copies
+    _assert_same(got, _step(ref, ids, mask, seg))
+
+
 def test_packed_documents_by_a_4d_mask_match_eager(device):
     ref, fused = _pair(lambda **kw: DietModel(tiny(16, **kw)), device, position="diet-rel", segment="per-head",
                        sharing="layer")

@@ -12,7 +12,7 @@ from tests.attention.kernels.conftest import NO_TRITON
 pytest.importorskip("triton", reason=NO_TRITON)
 
 
-def _inputs(device, pieces: bool, nseg: int = 2):
+def _inputs(device, pieces: bool, nseg: int = 2, folded: bool = False):
     g = torch.Generator().manual_seed(0)
     b, h, lq, lk, d = 2, 2, 13, 13, 16
     leaf = lambda *s: torch.randn(*s, generator=g).to(device).requires_grad_()  # noqa: E731
@@ -30,19 +30,21 @@ def _inputs(device, pieces: bool, nseg: int = 2):
         den = (torch.rand(lq, generator=g) + 0.5).to(device).requires_grad_()
         kinks = (torch.rand(5, generator=g) * 3).sort().values.to(device)
         slope, intercept = leaf(6, h), leaf(6, h)
-    return (q, k, v, table, segments, None, None, q_segments, k_segments, mask, den, kinks, slope, intercept, 0.3,
-            False, 0.0)
+    q2, k2 = (leaf(1, h, lq, 12), leaf(1, h, lk, 12)) if folded else (None, None)  # shared by the batch
+    return (q, k, v, table, segments, None, None, q_segments, k_segments, mask, den, kinks, slope, intercept, q2, k2,
+            0.3, False, 0.0)
 
 
-@pytest.mark.parametrize("pieces", [False, True], ids=["table", "piecewise"])
-def test_the_operators_pass_torchs_checks(pieces, device):
+@pytest.mark.parametrize("pieces,folded", [(False, False), (True, False), (False, True)],
+                         ids=["table", "piecewise", "folded factors"])
+def test_the_operators_pass_torchs_checks(pieces, folded, device):
     from dietpe.attention.kernels import op
 
-    args = _inputs(device, pieces)
+    args = _inputs(device, pieces, folded=folded)
     torch.library.opcheck(op.fused_forward, args)
     q, k, v = args[:3]
     out, lse, seed = op.fused_forward(*args)
-    backward = (torch.randn_like(out), q, k, v, out, lse, *args[3:14], seed, 0.3, False, 0.0, True, True)
+    backward = (torch.randn_like(out), q, k, v, out, lse, *args[3:16], seed, 0.3, False, 0.0, True, True)
     torch.library.opcheck(op.fused_backward, tuple(x.detach() if isinstance(x, torch.Tensor) else x
                                                    for x in backward))
 

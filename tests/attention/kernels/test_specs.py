@@ -76,8 +76,9 @@ def _built(shape, terms, extra, table_read):
         flags = A._flags(table, segments, ex, q)
     grads = dict(TAB_GRAD=table is not None, SEG_GRAD=segments is not None)
     fwd = A._forward_spec((16, 32, 4, 1), q, k, v, scale, table, segments, ex, flags)
-    specs = (fwd, *A._backward_specs(((16, 16, 4, 1), (16, 32, 4, 1)), q, k, v, out, out, scale, table, segments,
-                                      ex, flags, grads))
+    second = A._second_gradients(A._parts(q, k, v, ex), q, k, ex)
+    specs = (fwd, *A._backward_specs(((16, 16, 4, 1), (16, 32, 4, 1)), q, k, v, out, out, second, scale, table,
+                                      segments, ex, flags, grads))
     return sig, tuple((s.grid, s.before, s.after, s.constants, s.sizes) for s in specs)
 
 

@@ -38,8 +38,11 @@ four neighbouring keys, and the backward draws the same Z again (FlashAttention'
 dropped weights too, as `F.dropout` after the softmax does).
 
 Low-rank terms (DIET-ABS eq. 1, TUPE's correlation eq. 10) arrive folded into extra query/key channels, so
-the query/key head size may differ from the values'. Head sizes are loaded in two power-of-two parts
-(64 + 16 for 72), values padded to a power of two, both with masked loads.
+the query/key head size may differ from the values'. Heads are loaded in two power-of-two parts, each from
+its own tensor with its own strides: q's channels past the first part (64 + 16 for 72), or the factors
+themselves (`folded`, shared by the batch: batch stride 0), so q and k are never concatenated with them and
+the factors' gradients come back summed over what they are shared by. Values are padded to a power of two;
+loads are masked where a part is narrower than its power of two.
 
 Gradients without atomics. The dQ kernel runs first: one program per query block (per batch row and head)
 computes its rows' rowsum(dO ∘ O), loops over the key blocks for dQ, and sums each (BLK, BLK) tile of dS
@@ -99,13 +102,14 @@ def _load_2d(base, rows, stride, n_rows, cols, n_cols, MASK_ROWS: tl.constexpr, 
 
 
 @triton.jit
-def _load_halves(base, rows, stride, n_rows, n_cols, D1: tl.constexpr, D2: tl.constexpr, MASK_ROWS: tl.constexpr,
-                 MASK_COLS: tl.constexpr):
-    """Rows of q or k as their first D1 channels and the D2 folded ones after them (the first again if none)."""
+def _load_halves(base, base2, rows, stride, stride2, n_rows, n_cols, n_cols2, D1: tl.constexpr, D2: tl.constexpr,
+                 MASK_ROWS: tl.constexpr, MASK_COLS: tl.constexpr):
+    """Rows of q or k as two parts: n_cols channels at `base` (D1 loaded) and n_cols2 at `base2` (D2 loaded; the
+    channels past D1 of the same rows, or low-rank factors folded in); the first again if D2 = 0."""
     x1 = _load_2d(base, rows, stride, n_rows, tl.arange(0, D1), n_cols, MASK_ROWS, MASK_COLS)
     x2 = x1
     if D2 > 0:
-        x2 = _load_2d(base, rows, stride, n_rows, D1 + tl.arange(0, D2), n_cols, MASK_ROWS, MASK_COLS)
+        x2 = _load_2d(base2, rows, stride2, n_rows, tl.arange(0, D2), n_cols2, MASK_ROWS, MASK_COLS)
     return x1, x2
 
 
@@ -351,8 +355,8 @@ def _key_loop(MASK, b, h, LK, smb, smh, smn, pid_m, BM: tl.constexpr, BN: tl.con
 
 
 @triton.jit
-def _forward_tile(acc, l_i, m_i, q1, q2, start, offs_m, k_base, v_base, skn, svn, b, h, bh, LQ, LK, DQ, DV_,
-                  qk_scale, seed, p_drop, inv_keep, TAB, stab, KEEPQ, KEEPK, SEGT, sseg, QSEG, sqs, KSEG, sks,
+def _forward_tile(acc, l_i, m_i, q1, q2, start, offs_m, k_base, k2_base, v_base, skn, sk2n, svn, b, h, bh, LQ, LK, DQ,
+                  DQ2, DV_, qk_scale, seed, p_drop, inv_keep, TAB, stab, KEEPQ, KEEPK, SEGT, sseg, QSEG, sqs, KSEG, sks,
                   MASK, smb, smh, smm, smn, DEN, PW, BM: tl.constexpr, BN: tl.constexpr, D1: tl.constexpr,
                   D2: tl.constexpr, DVP: tl.constexpr, HAS_TAB: tl.constexpr, HAS_KEEP: tl.constexpr,
                   NSEG: tl.constexpr, MASK_KIND: tl.constexpr, PIECES: tl.constexpr, LOGKP: tl.constexpr,
@@ -360,7 +364,7 @@ def _forward_tile(acc, l_i, m_i, q1, q2, start, offs_m, k_base, v_base, skn, svn
                   MASK_D: tl.constexpr, DIAG: tl.constexpr):
     """One key block of the online softmax: (acc, l, m) updated."""
     offs_n = start + tl.arange(0, BN)
-    k1, k2 = _load_halves(k_base, offs_n, skn, LK, DQ, D1, D2, MASK_N, MASK_D)
+    k1, k2 = _load_halves(k_base, k2_base, offs_n, skn, sk2n, LK, DQ, DQ2, D1, D2, MASK_N, MASK_D)
     s = _scores(q1, q2, k1, k2, D2, PREC) * qk_scale
     s = _add_terms(s, offs_m[:, None], offs_n[None, :], tl.min(offs_m), start, b, h, LQ, LK, TAB, stab, KEEPQ,
                    KEEPK, SEGT, sseg, QSEG, sqs, KSEG, sks, MASK, smb, smh, smm, smn, DEN, PW, HAS_TAB, HAS_KEEP, NSEG,
@@ -381,9 +385,9 @@ def _forward_tile(acc, l_i, m_i, q1, q2, start, offs_m, k_base, v_base, skn, svn
 
 
 @triton.jit
-def _forward_block(acc, l_i, m_i, q1, q2, start, offs_m, k_base, v_base, skn, svn, b, h, bh, LQ, LK, DQ, DV_,
-                   qk_scale, seed, p_drop, inv_keep, TAB, stab, KEEPQ, KEEPK, SEGT, sseg, QSEG, sqs, KSEG, sks,
-                   MASK, smb, smh, smm, smn, DEN, PW, BM: tl.constexpr, BN: tl.constexpr, D1: tl.constexpr,
+def _forward_block(acc, l_i, m_i, q1, q2, start, offs_m, k_base, k2_base, v_base, skn, sk2n, svn, b, h, bh, LQ, LK, DQ,
+                   DQ2, DV_, qk_scale, seed, p_drop, inv_keep, TAB, stab, KEEPQ, KEEPK, SEGT, sseg, QSEG, sqs, KSEG,
+                   sks, MASK, smb, smh, smm, smn, DEN, PW, BM: tl.constexpr, BN: tl.constexpr, D1: tl.constexpr,
                    D2: tl.constexpr, DVP: tl.constexpr, HAS_TAB: tl.constexpr, HAS_KEEP: tl.constexpr,
                    NSEG: tl.constexpr, MASK_KIND: tl.constexpr, PIECES: tl.constexpr, LOGKP: tl.constexpr,
                    DROPOUT: tl.constexpr, PREC: tl.constexpr, MASK_M: tl.constexpr, MASK_N: tl.constexpr,
@@ -393,28 +397,28 @@ def _forward_block(acc, l_i, m_i, q1, q2, start, offs_m, k_base, v_base, skn, sv
     if SKIP:
         if _tile_live(MASK, b, h, offs_m[:, None], (start + tl.arange(0, BN))[None, :], LQ, LK, smb, smh, smm, smn,
                       MASK_KIND, MASK_M, MASK_N):
-            acc, l_i, m_i = _forward_tile(acc, l_i, m_i, q1, q2, start, offs_m, k_base, v_base, skn, svn, b, h, bh,
-                                          LQ, LK, DQ, DV_, qk_scale, seed, p_drop, inv_keep, TAB, stab, KEEPQ, KEEPK,
-                                          SEGT, sseg, QSEG, sqs, KSEG, sks, MASK, smb, smh, smm, smn, DEN, PW, BM, BN,
-                                          D1, D2, DVP, HAS_TAB, HAS_KEEP, NSEG, MASK_KIND, PIECES, LOGKP, DROPOUT,
-                                          PREC, MASK_M, MASK_N, MASK_D, DIAG)
+            acc, l_i, m_i = _forward_tile(acc, l_i, m_i, q1, q2, start, offs_m, k_base, k2_base, v_base, skn, sk2n, svn,
+                                          b, h, bh, LQ, LK, DQ, DQ2, DV_, qk_scale, seed, p_drop, inv_keep, TAB, stab,
+                                          KEEPQ, KEEPK, SEGT, sseg, QSEG, sqs, KSEG, sks, MASK, smb, smh, smm, smn, DEN,
+                                          PW, BM, BN, D1, D2, DVP, HAS_TAB, HAS_KEEP, NSEG, MASK_KIND, PIECES, LOGKP,
+                                          DROPOUT, PREC, MASK_M, MASK_N, MASK_D, DIAG)
     else:
-        acc, l_i, m_i = _forward_tile(acc, l_i, m_i, q1, q2, start, offs_m, k_base, v_base, skn, svn, b, h, bh,
-                                      LQ, LK, DQ, DV_, qk_scale, seed, p_drop, inv_keep, TAB, stab, KEEPQ, KEEPK,
-                                      SEGT, sseg, QSEG, sqs, KSEG, sks, MASK, smb, smh, smm, smn, DEN, PW, BM, BN,
-                                      D1, D2, DVP, HAS_TAB, HAS_KEEP, NSEG, MASK_KIND, PIECES, LOGKP, DROPOUT,
-                                      PREC, MASK_M, MASK_N, MASK_D, DIAG)
+        acc, l_i, m_i = _forward_tile(acc, l_i, m_i, q1, q2, start, offs_m, k_base, k2_base, v_base, skn, sk2n, svn, b,
+                                      h, bh, LQ, LK, DQ, DQ2, DV_, qk_scale, seed, p_drop, inv_keep, TAB, stab, KEEPQ,
+                                      KEEPK, SEGT, sseg, QSEG, sqs, KSEG, sks, MASK, smb, smh, smm, smn, DEN, PW, BM,
+                                      BN, D1, D2, DVP, HAS_TAB, HAS_KEEP, NSEG, MASK_KIND, PIECES, LOGKP, DROPOUT, PREC,
+                                      MASK_M, MASK_N, MASK_D, DIAG)
     return acc, l_i, m_i
 
 
 @triton.jit
-def _forward_rows(q1, q2, offs_m, pid_m, k_base, v_base, skn, svn, b, h, bh, LQ, LK, DQ, DV_, qk_scale, seed, p_drop,
-                  inv_keep, TAB, stab, KEEPQ, KEEPK, SEGT, sseg, QSEG, sqs, KSEG, sks, MASK, smb, smh, smm, smn, DEN,
-                  PW, BM: tl.constexpr, BN: tl.constexpr, D1: tl.constexpr, D2: tl.constexpr, DVP: tl.constexpr,
-                  HAS_TAB: tl.constexpr, HAS_KEEP: tl.constexpr, NSEG: tl.constexpr, MASK_KIND: tl.constexpr,
-                  PIECES: tl.constexpr, LOGKP: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr,
-                  PREC: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, EVEN_D: tl.constexpr,
-                  SKIP: tl.constexpr):
+def _forward_rows(q1, q2, offs_m, pid_m, k_base, k2_base, v_base, skn, sk2n, svn, b, h, bh, LQ, LK, DQ, DQ2, DV_,
+                  qk_scale, seed, p_drop, inv_keep, TAB, stab, KEEPQ, KEEPK, SEGT, sseg, QSEG, sqs, KSEG, sks, MASK,
+                  smb, smh, smm, smn, DEN, PW, BM: tl.constexpr, BN: tl.constexpr, D1: tl.constexpr, D2: tl.constexpr,
+                  DVP: tl.constexpr, HAS_TAB: tl.constexpr, HAS_KEEP: tl.constexpr, NSEG: tl.constexpr,
+                  MASK_KIND: tl.constexpr, PIECES: tl.constexpr, LOGKP: tl.constexpr, CAUSAL: tl.constexpr,
+                  DROPOUT: tl.constexpr, PREC: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr,
+                  EVEN_D: tl.constexpr, SKIP: tl.constexpr):
     """(acc, l, m) of one query block over every key block: those wholly below the causal diagonal and inside Lk
     without masks, the rest with them; blocks above the diagonal skipped."""
     m_i = tl.full([BM], float("-inf"), tl.float32)
@@ -422,25 +426,25 @@ def _forward_rows(q1, q2, offs_m, pid_m, k_base, v_base, skn, svn, b, h, bh, LQ,
     acc = tl.zeros([BM, DVP], tl.float32)
     lo, full, hi = _key_loop(MASK, b, h, LK, smb, smh, smn, pid_m, BM, BN, MASK_KIND, CAUSAL, EVEN_N)
     for start in range(lo, full, BN):
-        acc, l_i, m_i = _forward_block(acc, l_i, m_i, q1, q2, start, offs_m, k_base, v_base, skn, svn, b, h, bh,
-                                       LQ, LK, DQ, DV_, qk_scale, seed, p_drop, inv_keep, TAB, stab, KEEPQ, KEEPK,
-                                       SEGT, sseg, QSEG, sqs, KSEG, sks, MASK, smb, smh, smm, smn, DEN, PW, BM, BN,
-                                       D1, D2, DVP, HAS_TAB, HAS_KEEP, NSEG, MASK_KIND, PIECES, LOGKP, DROPOUT, PREC,
-                                       not EVEN_M, False, not EVEN_D, False, SKIP)
+        acc, l_i, m_i = _forward_block(acc, l_i, m_i, q1, q2, start, offs_m, k_base, k2_base, v_base, skn, sk2n, svn, b,
+                                       h, bh, LQ, LK, DQ, DQ2, DV_, qk_scale, seed, p_drop, inv_keep, TAB, stab, KEEPQ,
+                                       KEEPK, SEGT, sseg, QSEG, sqs, KSEG, sks, MASK, smb, smh, smm, smn, DEN, PW, BM,
+                                       BN, D1, D2, DVP, HAS_TAB, HAS_KEEP, NSEG, MASK_KIND, PIECES, LOGKP, DROPOUT,
+                                       PREC, not EVEN_M, False, not EVEN_D, False, SKIP)
     for start in range(tl.maximum(full, lo), hi, BN):
-        acc, l_i, m_i = _forward_block(acc, l_i, m_i, q1, q2, start, offs_m, k_base, v_base, skn, svn, b, h, bh,
-                                       LQ, LK, DQ, DV_, qk_scale, seed, p_drop, inv_keep, TAB, stab, KEEPQ, KEEPK,
-                                       SEGT, sseg, QSEG, sqs, KSEG, sks, MASK, smb, smh, smm, smn, DEN, PW, BM, BN,
-                                       D1, D2, DVP, HAS_TAB, HAS_KEEP, NSEG, MASK_KIND, PIECES, LOGKP, DROPOUT, PREC,
-                                       not EVEN_M, not EVEN_N, not EVEN_D, CAUSAL, SKIP)
+        acc, l_i, m_i = _forward_block(acc, l_i, m_i, q1, q2, start, offs_m, k_base, k2_base, v_base, skn, sk2n, svn, b,
+                                       h, bh, LQ, LK, DQ, DQ2, DV_, qk_scale, seed, p_drop, inv_keep, TAB, stab, KEEPQ,
+                                       KEEPK, SEGT, sseg, QSEG, sqs, KSEG, sks, MASK, smb, smh, smm, smn, DEN, PW, BM,
+                                       BN, D1, D2, DVP, HAS_TAB, HAS_KEEP, NSEG, MASK_KIND, PIECES, LOGKP, DROPOUT,
+                                       PREC, not EVEN_M, not EVEN_N, not EVEN_D, CAUSAL, SKIP)
     return acc, l_i, m_i
 
 
 @triton.jit(do_not_specialize=["seed"])
-def _forward_kernel(Q, K, V, O, LSE, TAB, KEEPQ, KEEPK, SEGT, QSEG, KSEG, MASK, DEN, PW,
-                    sqb, sqh, sqm, skb, skh, skn, svb, svh, svn, sob, soh, som,
+def _forward_kernel(Q, K, V, O, LSE, TAB, KEEPQ, KEEPK, SEGT, QSEG, KSEG, MASK, DEN, PW, Q2, K2,
+                    sqb, sqh, sqm, skb, skh, skn, svb, svh, svn, sob, soh, som, sq2b, sq2h, sq2m, sk2b, sk2h, sk2n,
                     stab, sseg, sqs, sks, smb, smh, smm, smn, skq, skk, sdn,
-                    H, LQ, LK, DQ, DV_, qk_scale, seed, p_drop, inv_keep,
+                    H, LQ, LK, DQ, DQ2, DV_, qk_scale, seed, p_drop, inv_keep,
                     BM: tl.constexpr, BN: tl.constexpr, D1: tl.constexpr, D2: tl.constexpr, DVP: tl.constexpr,
                     HAS_TAB: tl.constexpr, HAS_KEEP: tl.constexpr, NSEG: tl.constexpr,
                     MASK_KIND: tl.constexpr, PIECES: tl.constexpr, LOGKP: tl.constexpr, CAUSAL: tl.constexpr,
@@ -456,19 +460,20 @@ def _forward_kernel(Q, K, V, O, LSE, TAB, KEEPQ, KEEPK, SEGT, QSEG, KSEG, MASK, 
     KEEPQ, KEEPK, DEN = KEEPQ + b * skq, KEEPK + b * skk, DEN + b * sdn  # per example, or shared (stride 0)
     offs_m = pid_m * BM + tl.arange(0, BM)
     q_base, k_base, v_base = Q + b * sqb + h * sqh, K + b * skb + h * skh, V + b * svb + h * svh
-    q1, q2 = _load_halves(q_base, offs_m, sqm, LQ, DQ, D1, D2, not EVEN_M, not EVEN_D)
-    acc, l_i, m_i = _forward_rows(q1, q2, offs_m, pid_m, k_base, v_base, skn, svn, b, h, bh, LQ, LK, DQ, DV_,
-                                  qk_scale, seed, p_drop, inv_keep, TAB, stab, KEEPQ, KEEPK, SEGT, sseg, QSEG, sqs,
-                                  KSEG, sks, MASK, smb, smh, smm, smn, DEN, PW, BM, BN, D1, D2, DVP, HAS_TAB,
+    q2_base, k2_base = Q2 + b * sq2b + h * sq2h, K2 + b * sk2b + h * sk2h
+    q1, q2 = _load_halves(q_base, q2_base, offs_m, sqm, sq2m, LQ, DQ, DQ2, D1, D2, not EVEN_M, not EVEN_D)
+    acc, l_i, m_i = _forward_rows(q1, q2, offs_m, pid_m, k_base, k2_base, v_base, skn, sk2n, svn, b, h, bh, LQ, LK, DQ,
+                                  DQ2, DV_, qk_scale, seed, p_drop, inv_keep, TAB, stab, KEEPQ, KEEPK, SEGT, sseg, QSEG,
+                                  sqs, KSEG, sks, MASK, smb, smh, smm, smn, DEN, PW, BM, BN, D1, D2, DVP, HAS_TAB,
                                   HAS_KEEP, NSEG, MASK_KIND, PIECES, LOGKP, CAUSAL, DROPOUT, PREC, EVEN_M, EVEN_N,
                                   EVEN_D, MASK_KIND == 2)
     if MASK_KIND == 2:
         if tl.min(tl.where(offs_m < LQ, l_i, 1.0)) == 0.0:
-            acc, l_i, m_i = _forward_rows(q1, q2, offs_m, pid_m, k_base, v_base, skn, svn, b, h, bh, LQ, LK, DQ,
-                                          DV_, qk_scale, seed, p_drop, inv_keep, TAB, stab, KEEPQ, KEEPK, SEGT, sseg,
-                                          QSEG, sqs, KSEG, sks, MASK, smb, smh, smm, smn, DEN, PW, BM, BN, D1, D2,
-                                          DVP, HAS_TAB, HAS_KEEP, NSEG, MASK_KIND, PIECES, LOGKP, CAUSAL, DROPOUT,
-                                          PREC, EVEN_M, EVEN_N, EVEN_D, False)
+            acc, l_i, m_i = _forward_rows(q1, q2, offs_m, pid_m, k_base, k2_base, v_base, skn, sk2n, svn, b, h, bh, LQ,
+                                          LK, DQ, DQ2, DV_, qk_scale, seed, p_drop, inv_keep, TAB, stab, KEEPQ, KEEPK,
+                                          SEGT, sseg, QSEG, sqs, KSEG, sks, MASK, smb, smh, smm, smn, DEN, PW, BM, BN,
+                                          D1, D2, DVP, HAS_TAB, HAS_KEEP, NSEG, MASK_KIND, PIECES, LOGKP, CAUSAL,
+                                          DROPOUT, PREC, EVEN_M, EVEN_N, EVEN_D, False)
     acc = acc / l_i[:, None]
     _store_2d(O + b * sob + h * soh, offs_m, som, LQ, tl.arange(0, DVP), DV_, acc.to(O.dtype.element_ty),
               not EVEN_M, not EVEN_D)
@@ -506,10 +511,10 @@ def _segment_sums(ds, sq, sk, NSEG: tl.constexpr, NSEG2P: tl.constexpr):
 
 
 @triton.jit
-def _dq_tile_body(dq1, dq2, seg, pw_acc, den_acc, q1, q2, do, lse, delta, sq, start, offs_m, k_base, v_base, skn,
-                  svn, b, h, bh, LQ, LK, DQ, DV_, qk_scale, seed, p_drop, inv_keep, TAB, stab, KEEPQ, KEEPK, SEGT,
-                  sseg, QSEG, sqs, KSEG, sks, MASK, smb, smh, smm, smn, DEN, PW, BM: tl.constexpr, BN: tl.constexpr,
-                  D1: tl.constexpr, D2: tl.constexpr, DVP: tl.constexpr, HAS_TAB: tl.constexpr,
+def _dq_tile_body(dq1, dq2, seg, pw_acc, den_acc, q1, q2, do, lse, delta, sq, start, offs_m, k_base, k2_base, v_base,
+                  skn, sk2n, svn, b, h, bh, LQ, LK, DQ, DQ2, DV_, qk_scale, seed, p_drop, inv_keep, TAB, stab, KEEPQ,
+                  KEEPK, SEGT, sseg, QSEG, sqs, KSEG, sks, MASK, smb, smh, smm, smn, DEN, PW, BM: tl.constexpr,
+                  BN: tl.constexpr, D1: tl.constexpr, D2: tl.constexpr, DVP: tl.constexpr, HAS_TAB: tl.constexpr,
                   HAS_KEEP: tl.constexpr, NSEG: tl.constexpr, NSEG2P: tl.constexpr, MASK_KIND: tl.constexpr,
                   PIECES: tl.constexpr, LOGKP: tl.constexpr, DROPOUT: tl.constexpr, PREC: tl.constexpr,
                   TAB_GRAD: tl.constexpr, SEG_GRAD: tl.constexpr, MASK_M: tl.constexpr, MASK_N: tl.constexpr,
@@ -517,7 +522,7 @@ def _dq_tile_body(dq1, dq2, seg, pw_acc, den_acc, q1, q2, do, lse, delta, sq, st
     """One key block of the dQ loop: dQ, the tile's dS summed along its diagonals (lower, upper: see
     `_diagonal_sums`), segment pairs and pieces."""
     offs_n = start + tl.arange(0, BN)
-    k1, k2 = _load_halves(k_base, offs_n, skn, LK, DQ, D1, D2, MASK_N, MASK_D)
+    k1, k2 = _load_halves(k_base, k2_base, offs_n, skn, sk2n, LK, DQ, DQ2, D1, D2, MASK_N, MASK_D)
     v = _load_2d(v_base, offs_n, svn, LK, tl.arange(0, DVP), DV_, MASK_N, MASK_D)
     s = _scores(q1, q2, k1, k2, D2, PREC) * qk_scale
     if PIECES > 0:  # the piecewise term as `_add_terms` adds it, its x, piece and slope kept for the gradients
@@ -564,13 +569,13 @@ def _dq_tile_body(dq1, dq2, seg, pw_acc, den_acc, q1, q2, do, lse, delta, sq, st
 
 @triton.jit
 def _dq_tile(dq1, dq2, carry, seg, pw_acc, den_acc, open_rows, q1, q2, do, lse, delta, sq, start, offs_m, k_base,
-             v_base, skn, svn, part_row, NN, b, h, bh, LQ, LK, DQ, DV_, qk_scale, seed, p_drop, inv_keep, TAB, stab,
-             KEEPQ, KEEPK, SEGT, sseg, QSEG, sqs, KSEG, sks, MASK, smb, smh, smm, smn, DEN, PW, BM: tl.constexpr,
-             BN: tl.constexpr, D1: tl.constexpr, D2: tl.constexpr, DVP: tl.constexpr, HAS_TAB: tl.constexpr,
-             HAS_KEEP: tl.constexpr, NSEG: tl.constexpr, NSEG2P: tl.constexpr, MASK_KIND: tl.constexpr,
-             PIECES: tl.constexpr, LOGKP: tl.constexpr, DROPOUT: tl.constexpr, PREC: tl.constexpr,
-             TAB_GRAD: tl.constexpr, SEG_GRAD: tl.constexpr, MASK_M: tl.constexpr, MASK_N: tl.constexpr,
-             MASK_D: tl.constexpr, DIAG: tl.constexpr):
+             k2_base, v_base, skn, sk2n, svn, part_row, NN, b, h, bh, LQ, LK, DQ, DQ2, DV_, qk_scale, seed, p_drop,
+             inv_keep, TAB, stab, KEEPQ, KEEPK, SEGT, sseg, QSEG, sqs, KSEG, sks, MASK, smb, smh, smm, smn, DEN, PW,
+             BM: tl.constexpr, BN: tl.constexpr, D1: tl.constexpr, D2: tl.constexpr, DVP: tl.constexpr,
+             HAS_TAB: tl.constexpr, HAS_KEEP: tl.constexpr, NSEG: tl.constexpr, NSEG2P: tl.constexpr,
+             MASK_KIND: tl.constexpr, PIECES: tl.constexpr, LOGKP: tl.constexpr, DROPOUT: tl.constexpr,
+             PREC: tl.constexpr, TAB_GRAD: tl.constexpr, SEG_GRAD: tl.constexpr, MASK_M: tl.constexpr,
+             MASK_N: tl.constexpr, MASK_D: tl.constexpr, DIAG: tl.constexpr):
     """`_dq_tile_body`, skipped where the mask wholly blocks the tile and every query of the block sees some open
     key (open_rows: its dS is then 0); the finished diagonals written, the lower ones carried (square tiles: the
     next key block's tile continues them)."""
@@ -581,17 +586,17 @@ def _dq_tile(dq1, dq2, carry, seg, pw_acc, den_acc, open_rows, q1, q2, do, lse, 
                           smn, MASK_KIND, MASK_M, MASK_N).to(tl.int32)
         if live + 1 - open_rows > 0:
             dq1, dq2, lower, upper, seg, pw_acc, den_acc = _dq_tile_body(
-                dq1, dq2, seg, pw_acc, den_acc, q1, q2, do, lse, delta, sq, start, offs_m, k_base, v_base, skn, svn,
-                b, h, bh, LQ, LK, DQ, DV_, qk_scale, seed, p_drop, inv_keep, TAB, stab, KEEPQ, KEEPK, SEGT, sseg,
-                QSEG, sqs, KSEG, sks, MASK, smb, smh, smm, smn, DEN, PW, BM, BN, D1, D2, DVP, HAS_TAB, HAS_KEEP,
-                NSEG, NSEG2P, MASK_KIND, PIECES, LOGKP, DROPOUT, PREC, TAB_GRAD, SEG_GRAD, MASK_M, MASK_N, MASK_D,
-                DIAG)
+                dq1, dq2, seg, pw_acc, den_acc, q1, q2, do, lse, delta, sq, start, offs_m, k_base, k2_base, v_base, skn,
+                sk2n, svn, b, h, bh, LQ, LK, DQ, DQ2, DV_, qk_scale, seed, p_drop, inv_keep, TAB, stab, KEEPQ, KEEPK,
+                SEGT, sseg, QSEG, sqs, KSEG, sks, MASK, smb, smh, smm, smn, DEN, PW, BM, BN, D1, D2, DVP, HAS_TAB,
+                HAS_KEEP, NSEG, NSEG2P, MASK_KIND, PIECES, LOGKP, DROPOUT, PREC, TAB_GRAD, SEG_GRAD, MASK_M, MASK_N,
+                MASK_D, DIAG)
     else:
         dq1, dq2, lower, upper, seg, pw_acc, den_acc = _dq_tile_body(
-            dq1, dq2, seg, pw_acc, den_acc, q1, q2, do, lse, delta, sq, start, offs_m, k_base, v_base, skn, svn,
-            b, h, bh, LQ, LK, DQ, DV_, qk_scale, seed, p_drop, inv_keep, TAB, stab, KEEPQ, KEEPK, SEGT, sseg,
-            QSEG, sqs, KSEG, sks, MASK, smb, smh, smm, smn, DEN, PW, BM, BN, D1, D2, DVP, HAS_TAB, HAS_KEEP,
-            NSEG, NSEG2P, MASK_KIND, PIECES, LOGKP, DROPOUT, PREC, TAB_GRAD, SEG_GRAD, MASK_M, MASK_N, MASK_D, DIAG)
+            dq1, dq2, seg, pw_acc, den_acc, q1, q2, do, lse, delta, sq, start, offs_m, k_base, k2_base, v_base, skn,
+            sk2n, svn, b, h, bh, LQ, LK, DQ, DQ2, DV_, qk_scale, seed, p_drop, inv_keep, TAB, stab, KEEPQ, KEEPK, SEGT,
+            sseg, QSEG, sqs, KSEG, sks, MASK, smb, smh, smm, smn, DEN, PW, BM, BN, D1, D2, DVP, HAS_TAB, HAS_KEEP, NSEG,
+            NSEG2P, MASK_KIND, PIECES, LOGKP, DROPOUT, PREC, TAB_GRAD, SEG_GRAD, MASK_M, MASK_N, MASK_D, DIAG)
     if TAB_GRAD:
         tl.store(part_row + (NN - start // BN) * BN + tl.arange(0, BN), upper + carry)  # finished offsets
         carry = lower
@@ -600,14 +605,14 @@ def _dq_tile(dq1, dq2, carry, seg, pw_acc, den_acc, open_rows, q1, q2, do, lse, 
 
 @triton.jit(do_not_specialize=["seed"])
 def _backward_q_kernel(Q, K, V, O, DO, LSE, DELTA, DQ_, PART, SPART, DPART, PWPART, TAB, KEEPQ, KEEPK, SEGT, QSEG, KSEG,
-                       MASK, DEN, PW, sqb, sqh, sqm, skb, skh, skn, svb, svh, svn, sob, soh, som, sdb, sdh, sdm, sgb,
-                       sgh, sgm, stab, sseg, sqs, sks, smb, smh, smm, smn, skq, skk, sdn, H, LQ, LK, DQ, DV_, qk_scale,
-                       scale, seed, p_drop, inv_keep, NN, W, BM: tl.constexpr, BN: tl.constexpr, D1: tl.constexpr,
-                       D2: tl.constexpr, DVP: tl.constexpr, HAS_TAB: tl.constexpr, HAS_KEEP: tl.constexpr,
-                       NSEG: tl.constexpr, NSEG2P: tl.constexpr, MASK_KIND: tl.constexpr, PIECES: tl.constexpr,
-                       LOGKP: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr, PREC: tl.constexpr,
-                       TAB_GRAD: tl.constexpr, SEG_GRAD: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr,
-                       EVEN_D: tl.constexpr):
+                       MASK, DEN, PW, Q2, K2, DQ2_, sqb, sqh, sqm, skb, skh, skn, svb, svh, svn, sob, soh, som, sdb,
+                       sdh, sdm, sgb, sgh, sgm, sq2b, sq2h, sq2m, sk2b, sk2h, sk2n, sg2b, sg2h, sg2m, stab, sseg, sqs,
+                       sks, smb, smh, smm, smn, skq, skk, sdn, H, LQ, LK, DQ, DQ2, DV_, qk_scale, scale, seed, p_drop,
+                       inv_keep, NN, W, BM: tl.constexpr, BN: tl.constexpr, D1: tl.constexpr, D2: tl.constexpr,
+                       DVP: tl.constexpr, HAS_TAB: tl.constexpr, HAS_KEEP: tl.constexpr, NSEG: tl.constexpr,
+                       NSEG2P: tl.constexpr, MASK_KIND: tl.constexpr, PIECES: tl.constexpr, LOGKP: tl.constexpr,
+                       CAUSAL: tl.constexpr, DROPOUT: tl.constexpr, PREC: tl.constexpr, TAB_GRAD: tl.constexpr,
+                       SEG_GRAD: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, EVEN_D: tl.constexpr):
     """rowsum(dO ∘ O) and dQ of one query block of one (batch row, head) by FlashAttention-2's second backward
     loop, and its rows of the tables' partial sums. Runs before the dK/dV kernel, which reads the row sums."""
     pid_m = tl.program_id(0)
@@ -619,7 +624,8 @@ def _backward_q_kernel(Q, K, V, O, DO, LSE, DELTA, DQ_, PART, SPART, DPART, PWPA
     d1 = tl.arange(0, D1)
     dv_cols = tl.arange(0, DVP)
     q_base, k_base, v_base = Q + b * sqb + h * sqh, K + b * skb + h * skh, V + b * svb + h * svh
-    q1, q2 = _load_halves(q_base, offs_m, sqm, LQ, DQ, D1, D2, not EVEN_M, not EVEN_D)
+    q2_base, k2_base = Q2 + b * sq2b + h * sq2h, K2 + b * sk2b + h * sk2h
+    q1, q2 = _load_halves(q_base, q2_base, offs_m, sqm, sq2m, LQ, DQ, DQ2, D1, D2, not EVEN_M, not EVEN_D)
     do = _load_2d(DO + b * sdb + h * sdh, offs_m, sdm, LQ, dv_cols, DV_, not EVEN_M, not EVEN_D)
     o = _load_2d(O + b * sob + h * soh, offs_m, som, LQ, dv_cols, DV_, not EVEN_M, not EVEN_D)
     delta = tl.sum(do.to(tl.float32) * o.to(tl.float32), 1)
@@ -648,29 +654,29 @@ def _backward_q_kernel(Q, K, V, O, DO, LSE, DELTA, DQ_, PART, SPART, DPART, PWPA
     lo, full, hi = _key_loop(MASK, b, h, LK, smb, smh, smn, pid_m, BM, BN, MASK_KIND, CAUSAL, EVEN_N)
     for start in range(lo, full, BN):
         dq1, dq2, carry, seg, pw_acc, den_acc = _dq_tile(dq1, dq2, carry, seg, pw_acc, den_acc, open_rows, q1, q2, do,
-                                                         lse, delta, sq, start, offs_m, k_base, v_base, skn, svn,
-                                                         part_row, NN, b, h, bh, LQ, LK, DQ, DV_, qk_scale, seed,
-                                                         p_drop, inv_keep, TAB, stab, KEEPQ, KEEPK, SEGT, sseg, QSEG,
-                                                         sqs, KSEG, sks, MASK, smb, smh, smm, smn, DEN, PW, BM, BN, D1,
-                                                         D2, DVP, HAS_TAB, HAS_KEEP, NSEG, NSEG2P, MASK_KIND, PIECES,
-                                                         LOGKP, DROPOUT, PREC, TAB_GRAD, SEG_GRAD, not EVEN_M, False,
-                                                         not EVEN_D, False)
+                                                         lse, delta, sq, start, offs_m, k_base, k2_base, v_base, skn,
+                                                         sk2n, svn, part_row, NN, b, h, bh, LQ, LK, DQ, DQ2, DV_,
+                                                         qk_scale, seed, p_drop, inv_keep, TAB, stab, KEEPQ, KEEPK,
+                                                         SEGT, sseg, QSEG, sqs, KSEG, sks, MASK, smb, smh, smm, smn,
+                                                         DEN, PW, BM, BN, D1, D2, DVP, HAS_TAB, HAS_KEEP, NSEG, NSEG2P,
+                                                         MASK_KIND, PIECES, LOGKP, DROPOUT, PREC, TAB_GRAD, SEG_GRAD,
+                                                         not EVEN_M, False, not EVEN_D, False)
     for start in range(tl.maximum(full, lo), hi, BN):
         dq1, dq2, carry, seg, pw_acc, den_acc = _dq_tile(dq1, dq2, carry, seg, pw_acc, den_acc, open_rows, q1, q2, do,
-                                                         lse, delta, sq, start, offs_m, k_base, v_base, skn, svn,
-                                                         part_row, NN, b, h, bh, LQ, LK, DQ, DV_, qk_scale, seed,
-                                                         p_drop, inv_keep, TAB, stab, KEEPQ, KEEPK, SEGT, sseg, QSEG,
-                                                         sqs, KSEG, sks, MASK, smb, smh, smm, smn, DEN, PW, BM, BN, D1,
-                                                         D2, DVP, HAS_TAB, HAS_KEEP, NSEG, NSEG2P, MASK_KIND, PIECES,
-                                                         LOGKP, DROPOUT, PREC, TAB_GRAD, SEG_GRAD, not EVEN_M,
-                                                         not EVEN_N, not EVEN_D, CAUSAL)
+                                                         lse, delta, sq, start, offs_m, k_base, k2_base, v_base, skn,
+                                                         sk2n, svn, part_row, NN, b, h, bh, LQ, LK, DQ, DQ2, DV_,
+                                                         qk_scale, seed, p_drop, inv_keep, TAB, stab, KEEPQ, KEEPK,
+                                                         SEGT, sseg, QSEG, sqs, KSEG, sks, MASK, smb, smh, smm, smn,
+                                                         DEN, PW, BM, BN, D1, D2, DVP, HAS_TAB, HAS_KEEP, NSEG, NSEG2P,
+                                                         MASK_KIND, PIECES, LOGKP, DROPOUT, PREC, TAB_GRAD, SEG_GRAD,
+                                                         not EVEN_M, not EVEN_N, not EVEN_D, CAUSAL)
     if TAB_GRAD:  # the last tile's lower diagonals: nothing continues them
         tl.store(part_row + (NN - tl.cdiv(hi, BN)) * BN + tl.arange(0, BN), carry)
     dq_base = DQ_ + b * sgb + h * sgh  # dQ has its own strides: q may be a view with gaps (a split of q, k, v)
     _store_2d(dq_base, offs_m, sgm, LQ, d1, DQ, (dq1 * scale).to(DQ_.dtype.element_ty), not EVEN_M, not EVEN_D)
     if D2 > 0:
-        _store_2d(dq_base, offs_m, sgm, LQ, D1 + tl.arange(0, D2), DQ, (dq2 * scale).to(DQ_.dtype.element_ty),
-                  not EVEN_M, not EVEN_D)
+        _store_2d(DQ2_ + b * sg2b + h * sg2h, offs_m, sg2m, LQ, tl.arange(0, D2), DQ2,
+                  (dq2 * scale).to(DQ2_.dtype.element_ty), not EVEN_M, not EVEN_D)
     if SEG_GRAD:
         tl.store(SPART + (bh.to(tl.int64) * tl.num_programs(0) + pid_m) * NSEG2P + tl.arange(0, NSEG2P), seg)
     if TAB_GRAD and PIECES > 0:
@@ -678,15 +684,15 @@ def _backward_q_kernel(Q, K, V, O, DO, LSE, DELTA, DQ_, PART, SPART, DPART, PWPA
 
 
 @triton.jit
-def _kv_tile(dk1, dk2, dv, k1, k2, v, start, n0, offs_n, q_base, do_base, sqm, sdm, b, h, bh, LQ, LK, DQ, DV_, qk_scale,
-             seed, p_drop, inv_keep, LSE, DELTA, TAB, stab, KEEPQ, KEEPK, SEGT, sseg, QSEG, sqs, KSEG, sks, MASK, smb,
-             smh, smm, smn, DEN, PW, BM: tl.constexpr, BN: tl.constexpr, D1: tl.constexpr, D2: tl.constexpr,
-             DVP: tl.constexpr, HAS_TAB: tl.constexpr, HAS_KEEP: tl.constexpr, NSEG: tl.constexpr,
+def _kv_tile(dk1, dk2, dv, k1, k2, v, start, n0, offs_n, q_base, q2_base, do_base, sqm, sq2m, sdm, b, h, bh, LQ, LK, DQ,
+             DQ2, DV_, qk_scale, seed, p_drop, inv_keep, LSE, DELTA, TAB, stab, KEEPQ, KEEPK, SEGT, sseg, QSEG, sqs,
+             KSEG, sks, MASK, smb, smh, smm, smn, DEN, PW, BM: tl.constexpr, BN: tl.constexpr, D1: tl.constexpr,
+             D2: tl.constexpr, DVP: tl.constexpr, HAS_TAB: tl.constexpr, HAS_KEEP: tl.constexpr, NSEG: tl.constexpr,
              MASK_KIND: tl.constexpr, PIECES: tl.constexpr, LOGKP: tl.constexpr, DROPOUT: tl.constexpr,
              PREC: tl.constexpr, MASK_M: tl.constexpr, MASK_N: tl.constexpr, MASK_D: tl.constexpr, DIAG: tl.constexpr):
     """One query block of the dK/dV loop, the tile key-major: (BN keys, BM queries)."""
     offs_m = start + tl.arange(0, BM)
-    q1, q2 = _load_halves(q_base, offs_m, sqm, LQ, DQ, D1, D2, MASK_M, MASK_D)
+    q1, q2 = _load_halves(q_base, q2_base, offs_m, sqm, sq2m, LQ, DQ, DQ2, D1, D2, MASK_M, MASK_D)
     do = _load_2d(do_base, offs_m, sdm, LQ, tl.arange(0, DVP), DV_, MASK_M, MASK_D)
     lse = _load_1d(LSE + bh * LQ, offs_m, LQ, MASK_M, float("inf"))  # rows past Lq: p = 0
     delta = _load_1d(DELTA + bh * LQ, offs_m, LQ, MASK_M, 0.0)
@@ -712,13 +718,12 @@ def _kv_tile(dk1, dk2, dv, k1, k2, v, start, n0, offs_n, q_base, do_base, sqm, s
 
 
 @triton.jit
-def _kv_block(dk1, dk2, dv, k1, k2, v, start, n0, offs_n, q_base, do_base, sqm, sdm, b, h, bh, LQ, LK, DQ, DV_,
-              qk_scale, seed, p_drop, inv_keep, LSE, DELTA, TAB, stab, KEEPQ, KEEPK, SEGT, sseg, QSEG, sqs, KSEG, sks,
-              MASK, smb, smh, smm, smn, DEN, PW, BM: tl.constexpr, BN: tl.constexpr, D1: tl.constexpr,
+def _kv_block(dk1, dk2, dv, k1, k2, v, start, n0, offs_n, q_base, q2_base, do_base, sqm, sq2m, sdm, b, h, bh, LQ, LK,
+              DQ, DQ2, DV_, qk_scale, seed, p_drop, inv_keep, LSE, DELTA, TAB, stab, KEEPQ, KEEPK, SEGT, sseg, QSEG,
+              sqs, KSEG, sks, MASK, smb, smh, smm, smn, DEN, PW, BM: tl.constexpr, BN: tl.constexpr, D1: tl.constexpr,
               D2: tl.constexpr, DVP: tl.constexpr, HAS_TAB: tl.constexpr, HAS_KEEP: tl.constexpr, NSEG: tl.constexpr,
               MASK_KIND: tl.constexpr, PIECES: tl.constexpr, LOGKP: tl.constexpr, DROPOUT: tl.constexpr,
-              PREC: tl.constexpr, MASK_M: tl.constexpr, MASK_N: tl.constexpr, MASK_D: tl.constexpr,
-              DIAG: tl.constexpr):
+              PREC: tl.constexpr, MASK_M: tl.constexpr, MASK_N: tl.constexpr, MASK_D: tl.constexpr, DIAG: tl.constexpr):
     """`_kv_tile`, skipped where the mask wholly blocks the tile and every one of its queries sees some open key
     (its log-sum-exp above LSE_OPEN): P and dS are 0 there."""
     if MASK_KIND == 2:
@@ -728,25 +733,25 @@ def _kv_block(dk1, dk2, dv, k1, k2, v, start, n0, offs_n, q_base, do_base, sqm, 
         live = _tile_live(MASK, b, h, offs_m[None, :], offs_n[:, None], LQ, LK, smb, smh, smm, smn, MASK_KIND,
                           MASK_M, MASK_N).to(tl.int32)
         if live + 1 - open_rows > 0:
-            dk1, dk2, dv = _kv_tile(dk1, dk2, dv, k1, k2, v, start, n0, offs_n, q_base, do_base, sqm, sdm, b, h, bh,
-                                    LQ, LK, DQ, DV_, qk_scale, seed, p_drop, inv_keep, LSE, DELTA, TAB, stab, KEEPQ,
-                                    KEEPK, SEGT, sseg, QSEG, sqs, KSEG, sks, MASK, smb, smh, smm, smn, DEN, PW, BM, BN,
-                                    D1, D2, DVP, HAS_TAB, HAS_KEEP, NSEG, MASK_KIND, PIECES, LOGKP, DROPOUT, PREC,
-                                    MASK_M, MASK_N, MASK_D, DIAG)
+            dk1, dk2, dv = _kv_tile(dk1, dk2, dv, k1, k2, v, start, n0, offs_n, q_base, q2_base, do_base, sqm, sq2m,
+                                    sdm, b, h, bh, LQ, LK, DQ, DQ2, DV_, qk_scale, seed, p_drop, inv_keep, LSE, DELTA,
+                                    TAB, stab, KEEPQ, KEEPK, SEGT, sseg, QSEG, sqs, KSEG, sks, MASK, smb, smh, smm, smn,
+                                    DEN, PW, BM, BN, D1, D2, DVP, HAS_TAB, HAS_KEEP, NSEG, MASK_KIND, PIECES, LOGKP,
+                                    DROPOUT, PREC, MASK_M, MASK_N, MASK_D, DIAG)
     else:
-        dk1, dk2, dv = _kv_tile(dk1, dk2, dv, k1, k2, v, start, n0, offs_n, q_base, do_base, sqm, sdm, b, h, bh, LQ,
-                                LK, DQ, DV_, qk_scale, seed, p_drop, inv_keep, LSE, DELTA, TAB, stab, KEEPQ, KEEPK,
-                                SEGT, sseg, QSEG, sqs, KSEG, sks, MASK, smb, smh, smm, smn, DEN, PW, BM, BN, D1, D2,
-                                DVP, HAS_TAB, HAS_KEEP, NSEG, MASK_KIND, PIECES, LOGKP, DROPOUT, PREC, MASK_M, MASK_N,
-                                MASK_D, DIAG)
+        dk1, dk2, dv = _kv_tile(dk1, dk2, dv, k1, k2, v, start, n0, offs_n, q_base, q2_base, do_base, sqm, sq2m, sdm, b,
+                                h, bh, LQ, LK, DQ, DQ2, DV_, qk_scale, seed, p_drop, inv_keep, LSE, DELTA, TAB, stab,
+                                KEEPQ, KEEPK, SEGT, sseg, QSEG, sqs, KSEG, sks, MASK, smb, smh, smm, smn, DEN, PW, BM,
+                                BN, D1, D2, DVP, HAS_TAB, HAS_KEEP, NSEG, MASK_KIND, PIECES, LOGKP, DROPOUT, PREC,
+                                MASK_M, MASK_N, MASK_D, DIAG)
     return dk1, dk2, dv
 
 
 @triton.jit(do_not_specialize=["seed"])
-def _backward_kv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, TAB, KEEPQ, KEEPK, SEGT, QSEG, KSEG, MASK, DEN, PW, sqb, sqh,
-                        sqm, skb, skh, skn, svb, svh, svn, sdb, sdh, sdm, sgkb, sgkh, sgkn, sgvb, sgvh, sgvn, stab,
-                        sseg, sqs, sks, smb, smh, smm, smn, skq, skk, sdn, H, LQ, LK, DQ, DV_, qk_scale, scale, seed,
-                        p_drop, inv_keep,
+def _backward_kv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, TAB, KEEPQ, KEEPK, SEGT, QSEG, KSEG, MASK, DEN, PW, Q2, K2,
+                        DK2, sqb, sqh, sqm, skb, skh, skn, svb, svh, svn, sdb, sdh, sdm, sgkb, sgkh, sgkn, sgvb, sgvh,
+                        sgvn, sq2b, sq2h, sq2m, sk2b, sk2h, sk2n, sgk2b, sgk2h, sgk2n, stab, sseg, sqs, sks, smb, smh,
+                        smm, smn, skq, skk, sdn, H, LQ, LK, DQ, DQ2, DV_, qk_scale, scale, seed, p_drop, inv_keep,
                         BM: tl.constexpr, BN: tl.constexpr, D1: tl.constexpr, D2: tl.constexpr, DVP: tl.constexpr,
                         HAS_TAB: tl.constexpr, HAS_KEEP: tl.constexpr, NSEG: tl.constexpr, MASK_KIND: tl.constexpr,
                         PIECES: tl.constexpr, LOGKP: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr,
@@ -763,8 +768,9 @@ def _backward_kv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, TAB, KEEPQ, KEEPK, SEGT
     d1 = tl.arange(0, D1)
     dv_cols = tl.arange(0, DVP)
     q_base, k_base, v_base = Q + b * sqb + h * sqh, K + b * skb + h * skh, V + b * svb + h * svh
+    q2_base, k2_base = Q2 + b * sq2b + h * sq2h, K2 + b * sk2b + h * sk2h
     do_base = DO + b * sdb + h * sdh
-    k1, k2 = _load_halves(k_base, offs_n, skn, LK, DQ, D1, D2, not EVEN_N, not EVEN_D)
+    k1, k2 = _load_halves(k_base, k2_base, offs_n, skn, sk2n, LK, DQ, DQ2, D1, D2, not EVEN_N, not EVEN_D)
     v = _load_2d(v_base, offs_n, svn, LK, dv_cols, DV_, not EVEN_N, not EVEN_D)
     dk1 = tl.zeros([BN, D1], tl.float32)
     dk2 = dk1
@@ -792,28 +798,28 @@ def _backward_kv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, TAB, KEEPQ, KEEPK, SEGT
         lo, mid, end, stop = (tl.where(skip, 0, lo), tl.where(skip, 0, mid), tl.where(skip, 0, end),
                               tl.where(skip, 0, stop))
     for start in range(lo, mid, BM):
-        dk1, dk2, dv = _kv_block(dk1, dk2, dv, k1, k2, v, start, n0, offs_n, q_base, do_base, sqm, sdm, b, h, bh, LQ,
-                                 LK, DQ, DV_, qk_scale, seed, p_drop, inv_keep, LSE, DELTA, TAB, stab, KEEPQ, KEEPK,
-                                 SEGT, sseg, QSEG, sqs, KSEG, sks, MASK, smb, smh, smm, smn, DEN, PW, BM, BN, D1, D2,
-                                 DVP, HAS_TAB, HAS_KEEP, NSEG, MASK_KIND, PIECES, LOGKP, DROPOUT, PREC, not EVEN_M,
-                                 not EVEN_N, not EVEN_D, True)
+        dk1, dk2, dv = _kv_block(dk1, dk2, dv, k1, k2, v, start, n0, offs_n, q_base, q2_base, do_base, sqm, sq2m, sdm,
+                                 b, h, bh, LQ, LK, DQ, DQ2, DV_, qk_scale, seed, p_drop, inv_keep, LSE, DELTA, TAB,
+                                 stab, KEEPQ, KEEPK, SEGT, sseg, QSEG, sqs, KSEG, sks, MASK, smb, smh, smm, smn, DEN,
+                                 PW, BM, BN, D1, D2, DVP, HAS_TAB, HAS_KEEP, NSEG, MASK_KIND, PIECES, LOGKP, DROPOUT,
+                                 PREC, not EVEN_M, not EVEN_N, not EVEN_D, True)
     for start in range(mid, end, BM):
-        dk1, dk2, dv = _kv_block(dk1, dk2, dv, k1, k2, v, start, n0, offs_n, q_base, do_base, sqm, sdm, b, h, bh, LQ,
-                                 LK, DQ, DV_, qk_scale, seed, p_drop, inv_keep, LSE, DELTA, TAB, stab, KEEPQ, KEEPK,
-                                 SEGT, sseg, QSEG, sqs, KSEG, sks, MASK, smb, smh, smm, smn, DEN, PW, BM, BN, D1, D2,
-                                 DVP, HAS_TAB, HAS_KEEP, NSEG, MASK_KIND, PIECES, LOGKP, DROPOUT, PREC, False,
-                                 not EVEN_N, not EVEN_D, False)
+        dk1, dk2, dv = _kv_block(dk1, dk2, dv, k1, k2, v, start, n0, offs_n, q_base, q2_base, do_base, sqm, sq2m, sdm,
+                                 b, h, bh, LQ, LK, DQ, DQ2, DV_, qk_scale, seed, p_drop, inv_keep, LSE, DELTA, TAB,
+                                 stab, KEEPQ, KEEPK, SEGT, sseg, QSEG, sqs, KSEG, sks, MASK, smb, smh, smm, smn, DEN,
+                                 PW, BM, BN, D1, D2, DVP, HAS_TAB, HAS_KEEP, NSEG, MASK_KIND, PIECES, LOGKP, DROPOUT,
+                                 PREC, False, not EVEN_N, not EVEN_D, False)
     for start in range(tl.maximum(mid, end), stop, BM):
-        dk1, dk2, dv = _kv_block(dk1, dk2, dv, k1, k2, v, start, n0, offs_n, q_base, do_base, sqm, sdm, b, h, bh, LQ,
-                                 LK, DQ, DV_, qk_scale, seed, p_drop, inv_keep, LSE, DELTA, TAB, stab, KEEPQ, KEEPK,
-                                 SEGT, sseg, QSEG, sqs, KSEG, sks, MASK, smb, smh, smm, smn, DEN, PW, BM, BN, D1, D2,
-                                 DVP, HAS_TAB, HAS_KEEP, NSEG, MASK_KIND, PIECES, LOGKP, DROPOUT, PREC, True,
-                                 not EVEN_N, not EVEN_D, False)
+        dk1, dk2, dv = _kv_block(dk1, dk2, dv, k1, k2, v, start, n0, offs_n, q_base, q2_base, do_base, sqm, sq2m, sdm,
+                                 b, h, bh, LQ, LK, DQ, DQ2, DV_, qk_scale, seed, p_drop, inv_keep, LSE, DELTA, TAB,
+                                 stab, KEEPQ, KEEPK, SEGT, sseg, QSEG, sqs, KSEG, sks, MASK, smb, smh, smm, smn, DEN,
+                                 PW, BM, BN, D1, D2, DVP, HAS_TAB, HAS_KEEP, NSEG, MASK_KIND, PIECES, LOGKP, DROPOUT,
+                                 PREC, True, not EVEN_N, not EVEN_D, False)
     _store_2d(DK + b * sgkb + h * sgkh, offs_n, sgkn, LK, d1, DQ, (dk1 * scale).to(DK.dtype.element_ty),
               not EVEN_N, not EVEN_D)
     if D2 > 0:
-        _store_2d(DK + b * sgkb + h * sgkh, offs_n, sgkn, LK, D1 + tl.arange(0, D2), DQ,
-                  (dk2 * scale).to(DK.dtype.element_ty), not EVEN_N, not EVEN_D)
+        _store_2d(DK2 + b * sgk2b + h * sgk2h, offs_n, sgk2n, LK, tl.arange(0, D2), DQ2,
+                  (dk2 * scale).to(DK2.dtype.element_ty), not EVEN_N, not EVEN_D)
     _store_2d(DV + b * sgvb + h * sgvh, offs_n, sgvn, LK, dv_cols, DV_, dv.to(DV.dtype.element_ty), not EVEN_N,
               not EVEN_D)
 
@@ -885,6 +891,10 @@ class Extras:
     pieces: Tensor | None = None
     slots: int = 0
     n_pieces: int = 0
+    #: low-rank factors folded in as a second head part read from their own tensors, (B|1, H|1, Lq, r) and
+    #: (B|1, H|1, Lk, r): the scores gain q2·k2ᵀ·scale (set by `FusedAttention`, whose inputs they are)
+    q2: Tensor | None = None
+    k2: Tensor | None = None
 
 
 def _pow2(n: int) -> int:
@@ -1158,7 +1168,8 @@ def signature(q: Tensor, k: Tensor, v: Tensor, scale: float, table: Tensor | Non
     dtypes, which terms and masks are read and how, and the settings that choose tiles and dot precision."""
     return (q.shape, q.stride(), q.dtype, _meta(k), _meta(v), q.device, scale, _meta(table), _meta(segments),
             _meta(ex.q_keep), _meta(ex.k_keep), _meta(ex.q_segments), _meta(ex.k_segments), _meta(ex.mask),
-            _meta(ex.den), ex.pieces is not None, ex.slots, ex.n_pieces, ex.causal, ex.dropout,
+            _meta(ex.den), ex.pieces is not None, ex.slots, ex.n_pieces, _meta(ex.q2), _meta(ex.k2), ex.causal,
+            ex.dropout,
             current_table_read(), _tuning(), _precision(q))
 
 
@@ -1176,26 +1187,51 @@ def _run(kernel, spec: _Spec, tensors: tuple, seed: int) -> _Spec:
     return spec
 
 
-def _widths(q: Tensor, v: Tensor) -> tuple[int, int, int, bool]:
-    """(D1, D2, the value head padded, whether no head channel is masked)."""
+class _Parts(NamedTuple):
+    """The query/key head as the kernels load it: D1 channels of q and k (dq1 of them real), then D2 (dq2 real)
+    of q2 and k2, which are q and k's channels past D1 or the folded factors (`Extras.q2`)."""
+
+    q2: Tensor
+    k2: Tensor
+    d1: int
+    d2: int
+    dq1: int
+    dq2: int
+    dvp: int  # the value head, padded
+    even_d: bool  # no head channel masked
+
+
+def _parts(q: Tensor, k: Tensor, v: Tensor, ex: Extras) -> _Parts:
     dq, dv = q.shape[3], v.shape[3]
-    d1, d2 = head_parts(dq)
     dvp = max(16, _pow2(dv))
-    return d1, d2, dvp, dq == d1 + d2 and dv == dvp
+    d1, d2 = head_parts(dq)
+    if ex.q2 is not None:
+        r = ex.q2.shape[3]
+        d2, q2, k2, dq1, dq2 = max(16, _pow2(r)), ex.q2, ex.k2, dq, r
+    else:
+        q2, k2 = (q[..., d1:], k[..., d1:]) if d2 else (q, k)
+        dq1, dq2 = min(dq, d1), (dq - d1 if d2 else 0)
+    return _Parts(q2, k2, d1, d2, dq1, dq2, dvp, dq1 == d1 and dq2 == d2 and dv == dvp)
+
+
+def _row_strides(x: Tensor) -> tuple[int, int, int]:
+    """Batch, head and row strides of a (B|1, H|1, L, D) tensor, 0 along a broadcast dimension."""
+    return tuple(0 if n == 1 else st for n, st in zip(x.shape[:3], x.stride()[:3]))
 
 
 def _forward_spec(config: tuple, q: Tensor, k: Tensor, v: Tensor, scale: float, table: Tensor | None,
                   segments: Tensor | None, ex: Extras, flags: dict) -> _Spec:
-    b, h, lq, dq = q.shape
+    b, h, lq = q.shape[:3]
     lk, dv = k.shape[2], v.shape[3]
-    d1, d2, dvp, even_d = _widths(q, v)
+    pt = _parts(q, k, v, ex)
     bm, bn, warps, stages = config
     bm = min(bm, max(16, _pow2(lq)))  # a few queries (a decoding step): no rows of padding
     before = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], h * lq * dv, lq * dv, dv,  # out: dense
-              *_aux_strides(table, segments, ex), h, lq, lk, dq, dv, scale * LOG2E)
+              *_row_strides(pt.q2), *_row_strides(pt.k2), *_aux_strides(table, segments, ex), h, lq, lk, pt.dq1,
+              pt.dq2, dv, scale * LOG2E)
     return _Spec((_cdiv(lq, bm), b * h), before, _dropout_args(ex)[1:],
-                 dict(BM=bm, BN=bn, D1=d1, D2=d2, DVP=dvp, EVEN_M=lq % bm == 0, EVEN_N=lk % bn == 0,
-                      EVEN_D=even_d, num_warps=warps, num_stages=stages, **flags), next(_tokens))
+                 dict(BM=bm, BN=bn, D1=pt.d1, D2=pt.d2, DVP=pt.dvp, EVEN_M=lq % bm == 0, EVEN_N=lk % bn == 0,
+                      EVEN_D=pt.even_d, num_warps=warps, num_stages=stages, **flags), next(_tokens))
 
 
 def attention_forward(q: Tensor, k: Tensor, v: Tensor, scale: float, table: Tensor | None,
@@ -1205,16 +1241,16 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, scale: float, table: Tens
     b, h, lq = q.shape[:3]
     out = torch.empty(b, h, lq, v.shape[3], dtype=v.dtype, device=q.device)
     lse = torch.empty(b, h, lq, dtype=torch.float32, device=q.device)
-    tensors = (q, k, v, out, lse, *_pointers(table, segments, ex, lse))
+    pt = _parts(q, k, v, ex)
+    tensors = (q, k, v, out, lse, *_pointers(table, segments, ex, lse), pt.q2, pt.k2)
     sig = ("fwd", *(sig or signature(q, k, v, scale, table, segments, ex)))
     spec = _specs.get(sig)
     if spec is not None and not _forced:
         _run(_forward_kernel, spec, tensors, ex.seed)
         return out, lse
     flags = _flags(table, segments, ex, q)
-    d1, d2, dvp, _ = _widths(q, v)
-    spec = _launch(_key("fwd", q, k.shape[2], (d1, d2, dvp), flags),
-                   _configs(FORWARD_CONFIGS, q.dtype, max(d1, dvp)),
+    spec = _launch(_key("fwd", q, k.shape[2], (pt.d1, pt.d2, pt.dvp), flags),
+                   _configs(FORWARD_CONFIGS, q.dtype, max(pt.d1, pt.d2, pt.dvp)),
                    lambda config: _run(_forward_kernel, _forward_spec(config, q, k, v, scale, table, segments, ex,
                                                                       flags), tensors, ex.seed),
                    INTERPRETER_CONFIGS["fwd"])
@@ -1222,17 +1258,20 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, scale: float, table: Tens
     return out, lse
 
 
-def _backward_specs(configs: tuple, q: Tensor, k: Tensor, v: Tensor, out: Tensor, do: Tensor, scale: float,
-                    table: Tensor | None, segments: Tensor | None, ex: Extras, flags: dict, grads: dict
+def _backward_specs(configs: tuple, q: Tensor, k: Tensor, v: Tensor, out: Tensor, do: Tensor, second: tuple,
+                    scale: float, table: Tensor | None, segments: Tensor | None, ex: Extras, flags: dict, grads: dict
                     ) -> tuple[_Spec | None, _Spec | None]:
-    """The dQ and dK/dV kernels' launches at configurations (dQ's, dK/dV's); None for a configuration not given."""
+    """The dQ and dK/dV kernels' launches at configurations (dQ's, dK/dV's); None for a configuration not given.
+    second: the gradients' buffers for the second head parts (`_second_gradients`)."""
     b, h, lq, dq_width = q.shape
     lk, dv_width = k.shape[2], v.shape[3]
-    d1, d2, dvp, even_d = _widths(q, v)
-    tail = (*_aux_strides(table, segments, ex), h, lq, lk, dq_width, dv_width, scale * LOG2E, scale)
+    pt = _parts(q, k, v, ex)
+    parts = (*_row_strides(pt.q2), *_row_strides(pt.k2))
+    tail = (*_aux_strides(table, segments, ex), h, lq, lk, pt.dq1, pt.dq2, dv_width, scale * LOG2E, scale)
     after = _dropout_args(ex)[1:]
     dense_q = (h * lq * dq_width, lq * dq_width, dq_width)  # the gradients are written densely
     dense_k, dense_v = (h * lk * dq_width, lk * dq_width, dq_width), (h * lk * dv_width, lk * dv_width, dv_width)
+    fixed = dict(D1=pt.d1, D2=pt.d2, DVP=pt.dvp, EVEN_D=pt.even_d, **flags)
     specs = [None, None]
     if configs[0] is not None:
         bm, bn, warps, stages = configs[0]
@@ -1247,18 +1286,35 @@ def _backward_specs(configs: tuple, q: Tensor, k: Tensor, v: Tensor, out: Tensor
                      pwpart=(b * h * nm, 4 * ex.slots) if piece_grad else None, blk=bn, nm=nm, nn=nn, width=w,
                      nseg2p=nseg2p)
         before = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3], *do.stride()[:3], *dense_q,
-                  *tail)
+                  *parts, *second[0].stride()[:3], *tail)
         specs[0] = _Spec((nm, b * h), before, (*after, nn, w),
-                         dict(BM=bm, BN=bn, D1=d1, D2=d2, DVP=dvp, NSEG2P=nseg2p, EVEN_M=lq % bm == 0,
-                              EVEN_N=lk % bn == 0, EVEN_D=even_d, num_warps=warps, num_stages=stages, **flags,
-                              **grads), next(_tokens), sizes)
+                         dict(BM=bm, BN=bn, NSEG2P=nseg2p, EVEN_M=lq % bm == 0, EVEN_N=lk % bn == 0,
+                              num_warps=warps, num_stages=stages, **fixed, **grads), next(_tokens), sizes)
     if configs[1] is not None:
         bm, bn, warps, stages = configs[1]
-        before = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3], *dense_k, *dense_v, *tail)
+        before = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3], *dense_k, *dense_v, *parts,
+                  *second[1].stride()[:3], *tail)
         specs[1] = _Spec((_cdiv(lk, bn), b * h), before, after,
-                         dict(BM=bm, BN=bn, D1=d1, D2=d2, DVP=dvp, EVEN_M=lq % bm == 0, EVEN_N=lk % bn == 0,
-                              EVEN_D=even_d, num_warps=warps, num_stages=stages, **flags), next(_tokens))
+                         dict(BM=bm, BN=bn, EVEN_M=lq % bm == 0, EVEN_N=lk % bn == 0, num_warps=warps,
+                              num_stages=stages, **fixed), next(_tokens))
     return specs[0], specs[1]
+
+
+def _second_gradients(pt: _Parts, dq: Tensor, dk: Tensor, ex: Extras) -> tuple[Tensor, Tensor]:
+    """Where the kernels write the second head parts' gradients: dq and dk's channels past D1, or buffers for
+    the folded factors (B, H, L, r), summed to their shapes afterwards (`_reduced`)."""
+    if ex.q2 is None:
+        return (dq[..., pt.d1:], dk[..., pt.d1:]) if pt.d2 else (dq, dk)
+    b, h, lq = dq.shape[:3]
+    lk, r = dk.shape[2], pt.dq2
+    return (torch.empty(b, h, lq, r, dtype=ex.q2.dtype, device=dq.device),
+            torch.empty(b, h, lk, r, dtype=ex.k2.dtype, device=dk.device))
+
+
+def _reduced(grad: Tensor, like: Tensor) -> Tensor:
+    """grad (B, H, L, r) summed over the dimensions `like` broadcasts (size 1), in a fixed order."""
+    dims = tuple(d for d in (0, 1) if like.shape[d] == 1 and grad.shape[d] > 1)
+    return grad.sum(dims, keepdim=True) if dims else grad
 
 
 def _partials(spec: _Spec, dummy: Tensor) -> dict[str, Tensor]:
@@ -1274,13 +1330,16 @@ def _partials(spec: _Spec, dummy: Tensor) -> dict[str, Tensor]:
 def attention_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, scale: float,
                        table: Tensor | None, segments: Tensor | None, ex: Extras, table_grad: bool = True,
                        segments_grad: bool = True, sig: tuple | None = None):
-    """(dq, dk, dv, d table, d segment table): FlashAttention-2's backward, tables' gradients without atomics
-    (None where not asked for). sig: the forward's `signature`, when the caller has it."""
+    """(dq, dk, dv, d table, d segment table, d pieces, d folded factors): FlashAttention-2's backward, tables'
+    gradients without atomics (None where not asked for, or absent). sig: the forward's `signature`, when the
+    caller has it."""
     do = do if do.stride(-1) == 1 else do.contiguous()
     delta = torch.empty_like(lse)  # rowsum(dO ∘ O), written by the dQ kernel, read by the dK/dV kernel
     # gradients dense whatever q, k, v's strides (a split or an expanded view would make empty_like's differ)
     dq, dk, dv = (torch.empty(x.shape, dtype=x.dtype, device=x.device) for x in (q, k, v))
-    pointers = _pointers(table, segments, ex, lse)
+    pt = _parts(q, k, v, ex)
+    second = _second_gradients(pt, dq, dk, ex)
+    pointers = (*_pointers(table, segments, ex, lse), pt.q2, pt.k2)
     grads = dict(TAB_GRAD=table is not None and table_grad, SEG_GRAD=segments is not None and segments_grad)
     sig = ("bwd", out.stride(), do.stride(), *grads.values(), *(sig or signature(q, k, v, scale, table, segments,
                                                                                 ex)))
@@ -1288,27 +1347,29 @@ def attention_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
 
     def run_q(spec):
         parts.update(_partials(spec, lse))
-        return _run(_backward_q_kernel, spec, (q, k, v, out, do, lse, delta, dq, *parts.values(), *pointers),
-                    ex.seed)
+        return _run(_backward_q_kernel, spec, (q, k, v, out, do, lse, delta, dq, *parts.values(), *pointers,
+                                               second[0]), ex.seed)
 
-    kv_tensors = (q, k, v, do, lse, delta, dk, dv, *pointers)
+    kv_tensors = (q, k, v, do, lse, delta, dk, dv, *pointers, second[1])
     if specs is not None and not _forced:
         run_q(specs[0])
         _run(_backward_kv_kernel, specs[1], kv_tensors, ex.seed)
     else:
-        specs = _tuned_backward((q, k, v, out, do, scale, table, segments, ex), grads, run_q, kv_tensors)
+        specs = _tuned_backward((q, k, v, out, do, second, scale, table, segments, ex), grads, run_q, kv_tensors)
         _remember(sig, specs)
+    d_second = None if ex.q2 is None else (_reduced(second[0], ex.q2), _reduced(second[1], ex.k2))
     return (dq, dk, dv, *_table_gradients(specs[0].sizes, parts, q.shape, k.shape[2], table, segments, ex,
-                                          grads))
+                                          grads), d_second)
 
 
 def _tuned_backward(call: tuple, grads: dict, run_q, kv_tensors: tuple) -> tuple[_Spec, _Spec]:
     """The backward's launches at the tiles remembered for their keys (timed at a key's first call); call: (q, k,
-    v, out, do, scale, table, segments, ex)."""
-    q, k, v, _, _, _, table, segments, ex = call
+    v, out, do, second, scale, table, segments, ex)."""
+    q, k, v, table, segments, ex = *call[:3], *call[-3:]
     flags = _flags(table, segments, ex, q)
-    d1, d2, dvp, _ = _widths(q, v)
-    width = max(d1, dvp)
+    pt = _parts(q, k, v, ex)
+    d1, d2, dvp = pt.d1, pt.d2, pt.dvp
+    width = max(d1, d2, dvp)
     q_configs = _configs(BACKWARD_Q_CONFIGS, q.dtype, width)
     if grads["TAB_GRAD"]:
         q_configs = [c for c in q_configs if c[0] == c[1]]
@@ -1364,7 +1425,8 @@ class FusedAttention(torch.autograd.Function):
     intercepts (their values reach the kernel packed in `extras`)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, table, segments, den, slope, intercept, scale, extras):
+    def forward(ctx, q, k, v, table, segments, den, slope, intercept, q2, k2, scale, extras):
+        extras.q2, extras.k2 = q2, k2
         sig = signature(q, k, v, scale, table, segments, extras)
         out, lse = attention_forward(q, k, v, scale, table, segments, extras, sig)
         ctx.save_for_backward(q, k, v, out, lse, table, segments)
@@ -1376,11 +1438,11 @@ class FusedAttention(torch.autograd.Function):
         q, k, v, out, lse, table, segments = ctx.saved_tensors
         needs = ctx.needs_input_grad
         table_grad = needs[3] or (ctx.extras.pieces is not None and any(needs[5:8]))
-        dq, dk, dv, d_table, d_segments, d_pieces = attention_backward(do, q, k, v, out, lse, ctx.scale, table,
-                                                                       segments, ctx.extras, table_grad, needs[4],
-                                                                       ctx.sig)
+        dq, dk, dv, d_table, d_segments, d_pieces, d_second = attention_backward(
+            do, q, k, v, out, lse, ctx.scale, table, segments, ctx.extras, table_grad, needs[4], ctx.sig)
         d_den, d_slope, d_intercept = d_pieces if d_pieces is not None else (None, None, None)
-        return dq, dk, dv, d_table, d_segments, d_den, d_slope, d_intercept, None, None
+        d_q2, d_k2 = d_second if d_second is not None else (None, None)
+        return dq, dk, dv, d_table, d_segments, d_den, d_slope, d_intercept, d_q2, d_k2, None, None
 
 
 def _float32(x: Tensor | None, rows: bool = False) -> Tensor | None:
@@ -1402,10 +1464,26 @@ def kernel_inputs(q: Tensor, k: Tensor, v: Tensor, table: Tensor | None, segment
     return q, k, v, _float32(table, rows=True), _float32(segments), pieces
 
 
+def folded_inputs(q: Tensor, folded: tuple[Tensor, Tensor] | None) -> tuple[Tensor | None, Tensor | None]:
+    """(q2, k2) as the kernels read them (unit stride along the head), checked against q's head size."""
+    if folded is None:
+        return None, None
+    if head_parts(q.shape[-1])[1]:
+        raise ValueError(f"folded channels are read as a second head part: the head size must be a power of two "
+                         f"or at most 16, got {q.shape[-1]} (concatenate them to q and k instead)")
+    q2, k2 = (x if x.stride(-1) == 1 else x.contiguous() for x in folded)
+    return q2, k2
+
+
 def fused_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, table: Tensor | None = None,
                     segments: Tensor | None = None, extras: Extras | None = None,
-                    pieces: tuple[Tensor, Tensor, Tensor, Tensor] | None = None) -> Tensor:
+                    pieces: tuple[Tensor, Tensor, Tensor, Tensor] | None = None,
+                    folded: tuple[Tensor, Tensor] | None = None) -> Tensor:
     """The kernel on q (B, H, Lq, Dq), k (B, H, Lk, Dq), v (B, H, Lk, Dv): out (B, H, Lq, Dv).
+
+    folded (q2 (B|1, H|1, Lq, r), k2 (B|1, H|1, Lk, r)): extra query/key channels read from their own tensors
+    after q's and k's (a low-rank term folded in without copying q and k: the scores gain q2·k2ᵀ·scale; Dq a
+    power of two or at most 16, so that q's head is loaded as one part), with gradients.
 
     table (H|1, Lq + Lk - 1): the offset table T[h, i - j + Lk - 1]; segments (H|1, K, K): Ŝ; extras: see
     `Extras`. pieces (den (Lq,) or per example (B, Lq), kinks (W,) sorted, slope (W + 1, H), intercept
@@ -1415,10 +1493,11 @@ def fused_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, table: Tensor
     back through the cast)."""
     extras = extras or Extras()
     q, k, v, table, segments, pieces = kernel_inputs(q, k, v, table, segments, pieces)
+    q2, k2 = folded_inputs(q, folded)
     den = slope = intercept = None
     if pieces is not None:
         den, kinks, slope, intercept = pieces
         extras.den = den.detach()
         extras.pieces, extras.slots = pack_pieces(kinks, slope, intercept)
         extras.n_pieces = slope.shape[0]
-    return FusedAttention.apply(q, k, v, table, segments, den, slope, intercept, scale, extras)
+    return FusedAttention.apply(q, k, v, table, segments, den, slope, intercept, q2, k2, scale, extras)

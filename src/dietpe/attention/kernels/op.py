@@ -15,17 +15,17 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from dietpe.attention.kernels.attention import (Extras, attention_backward, attention_forward, kernel_inputs,
-                                                pack_pieces)
+from dietpe.attention.kernels.attention import (Extras, attention_backward, attention_forward, folded_inputs,
+                                                kernel_inputs, pack_pieces)
 
 NAMESPACE = "dietpe"
 _EMPTY = (0,)
 
 
-def _extras(q_keep, k_keep, q_segments, k_segments, mask, den, kinks, slope, intercept, causal: bool,
+def _extras(q_keep, k_keep, q_segments, k_segments, mask, den, kinks, slope, intercept, q2, k2, causal: bool,
             dropout: float, seed: int) -> Extras:
     ex = Extras(q_keep=q_keep, k_keep=k_keep, q_segments=q_segments, k_segments=k_segments, mask=mask,
-                causal=causal, dropout=dropout, seed=seed)
+                causal=causal, dropout=dropout, seed=seed, q2=q2, k2=k2)
     if den is not None:
         ex.den = den
         ex.pieces, ex.slots = pack_pieces(kinks, slope, intercept)
@@ -42,18 +42,19 @@ def _draw_seed(dropout: float) -> int:
 def fused_forward(q: Tensor, k: Tensor, v: Tensor, table: Tensor | None, segments: Tensor | None,
                   q_keep: Tensor | None, k_keep: Tensor | None, q_segments: Tensor | None,
                   k_segments: Tensor | None, mask: Tensor | None, den: Tensor | None, kinks: Tensor | None,
-                  slope: Tensor | None, intercept: Tensor | None, scale: float, causal: bool,
-                  dropout: float) -> tuple[Tensor, Tensor, Tensor]:
+                  slope: Tensor | None, intercept: Tensor | None, q2: Tensor | None, k2: Tensor | None,
+                  scale: float, causal: bool, dropout: float) -> tuple[Tensor, Tensor, Tensor]:
     """(out, log-sum-exp, the dropout seed as a CPU int64 scalar)."""
     seed = _draw_seed(dropout)
-    ex = _extras(q_keep, k_keep, q_segments, k_segments, mask, den, kinks, slope, intercept, causal, dropout, seed)
+    ex = _extras(q_keep, k_keep, q_segments, k_segments, mask, den, kinks, slope, intercept, q2, k2, causal,
+                 dropout, seed)
     out, lse = attention_forward(q, k, v, scale, table, segments, ex)
     return out, lse, torch.tensor(seed, dtype=torch.int64)
 
 
 @fused_forward.register_fake
-def _(q, k, v, table, segments, q_keep, k_keep, q_segments, k_segments, mask, den, kinks, slope, intercept,
-      scale, causal, dropout):
+def _(q, k, v, table, segments, q_keep, k_keep, q_segments, k_segments, mask, den, kinks, slope, intercept, q2,
+      k2, scale, causal, dropout):
     b, h, lq, _ = q.shape
     out = q.new_empty(b, h, lq, v.shape[-1], dtype=v.dtype)
     return out, q.new_empty(b, h, lq, dtype=torch.float32), torch.empty((), dtype=torch.int64)
@@ -63,37 +64,43 @@ def _(q, k, v, table, segments, q_keep, k_keep, q_segments, k_segments, mask, de
 def fused_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, table: Tensor | None,
                    segments: Tensor | None, q_keep: Tensor | None, k_keep: Tensor | None,
                    q_segments: Tensor | None, k_segments: Tensor | None, mask: Tensor | None, den: Tensor | None,
-                   kinks: Tensor | None, slope: Tensor | None, intercept: Tensor | None, seed: Tensor, scale: float,
-                   causal: bool, dropout: float, table_grad: bool, segments_grad: bool) -> list[Tensor]:
-    """[dq, dk, dv, d table, d segments, d den, d slope, d intercept]; an empty tensor where none is asked for."""
-    ex = _extras(q_keep, k_keep, q_segments, k_segments, mask, den, kinks, slope, intercept, causal, dropout,
-                 int(seed.item()))
-    dq, dk, dv, d_table, d_segments, d_pieces = attention_backward(do, q, k, v, out, lse, scale, table, segments,
-                                                                   ex, table_grad, segments_grad)
-    grads = [d_table, d_segments, *(d_pieces if d_pieces is not None else (None, None, None))]
+                   kinks: Tensor | None, slope: Tensor | None, intercept: Tensor | None, q2: Tensor | None,
+                   k2: Tensor | None, seed: Tensor, scale: float, causal: bool, dropout: float, table_grad: bool,
+                   segments_grad: bool) -> list[Tensor]:
+    """[dq, dk, dv, d table, d segments, d den, d slope, d intercept, d q2, d k2]; an empty tensor where none is
+    asked for or absent."""
+    ex = _extras(q_keep, k_keep, q_segments, k_segments, mask, den, kinks, slope, intercept, q2, k2, causal,
+                 dropout, int(seed.item()))
+    dq, dk, dv, d_table, d_segments, d_pieces, d_second = attention_backward(
+        do, q, k, v, out, lse, scale, table, segments, ex, table_grad, segments_grad)
+    grads = [d_table, d_segments, *(d_pieces if d_pieces is not None else (None, None, None)),
+             *(d_second if d_second is not None else (None, None))]
     return [dq, dk, dv, *(g if g is not None else q.new_empty(_EMPTY) for g in grads)]
 
 
-def _gradient_shapes(q, table, segments, den, slope, table_grad: bool, segments_grad: bool) -> list[tuple | None]:
-    """Shapes of the tables' gradients the backward returns (None: an empty tensor)."""
+def _gradient_shapes(q, table, segments, den, slope, q2, k2, table_grad: bool,
+                     segments_grad: bool) -> list[tuple | None]:
+    """Shapes of the tables' and folded factors' gradients the backward returns (None: an empty tensor)."""
     pieces = table_grad and den is not None
     return [tuple(table.shape) if table is not None and table_grad else None,
             tuple(segments.shape) if segments is not None and segments_grad else None,
-            tuple(den.shape) if pieces else None, *((tuple(slope.shape),) * 2 if pieces else (None, None))]
+            tuple(den.shape) if pieces else None, *((tuple(slope.shape),) * 2 if pieces else (None, None)),
+            *((tuple(q2.shape), tuple(k2.shape)) if q2 is not None else (None, None))]
 
 
 @fused_backward.register_fake
 def _(do, q, k, v, out, lse, table, segments, q_keep, k_keep, q_segments, k_segments, mask, den, kinks, slope,
-      intercept, seed, scale, causal, dropout, table_grad, segments_grad):
-    shapes = _gradient_shapes(q, table, segments, den, slope, table_grad, segments_grad)
-    tables = [q.new_empty(s if s is not None else _EMPTY, dtype=torch.float32 if s is not None else q.dtype)
-              for s in shapes]
+      intercept, q2, k2, seed, scale, causal, dropout, table_grad, segments_grad):
+    shapes = _gradient_shapes(q, table, segments, den, slope, q2, k2, table_grad, segments_grad)
+    dtypes = [torch.float32] * 5 + [q2.dtype if q2 is not None else q.dtype, k2.dtype if k2 is not None else q.dtype]
+    tables = [q.new_empty(s if s is not None else _EMPTY, dtype=t if s is not None else q.dtype)
+              for s, t in zip(shapes, dtypes)]
     # dense, whatever q, k, v's strides: as the kernels write them
     return [q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), *tables]
 
 
 _INPUTS = ("q", "k", "v", "table", "segments", "q_keep", "k_keep", "q_segments", "k_segments", "mask", "den",
-           "kinks", "slope", "intercept")
+           "kinks", "slope", "intercept", "q2", "k2")
 
 
 def _setup(ctx, inputs, output):
@@ -103,15 +110,15 @@ def _setup(ctx, inputs, output):
 
 def _backward(ctx, do, _dlse, _dseed):
     saved = ctx.saved_tensors
-    q, k, v, table, segments, q_keep, k_keep, q_segments, k_segments, mask, den, kinks, slope, intercept = \
+    q, k, v, table, segments, q_keep, k_keep, q_segments, k_segments, mask, den, kinks, slope, intercept, q2, k2 = \
         saved[:len(_INPUTS)]
     out, lse, seed = saved[len(_INPUTS):]
     needs = dict(zip(_INPUTS, ctx.needs_input_grad))
     table_grad = needs["table"] or (den is not None and (needs["den"] or needs["slope"] or needs["intercept"]))
     grads = fused_backward(do.contiguous(), q, k, v, out, lse, table, segments, q_keep, k_keep, q_segments,
-                           k_segments, mask, den, kinks, slope, intercept, seed, ctx.scale, ctx.causal, ctx.dropout,
-                           table_grad, needs["segments"])
-    by_name = dict(zip(("q", "k", "v", "table", "segments", "den", "slope", "intercept"), grads))
+                           k_segments, mask, den, kinks, slope, intercept, q2, k2, seed, ctx.scale, ctx.causal,
+                           ctx.dropout, table_grad, needs["segments"])
+    by_name = dict(zip(("q", "k", "v", "table", "segments", "den", "slope", "intercept", "q2", "k2"), grads))
     return (*(by_name.get(n) if needs[n] else None for n in _INPUTS), None, None, None)
 
 
@@ -120,13 +127,15 @@ fused_forward.register_autograd(_backward, setup_context=_setup)
 
 def fused_attention_op(q: Tensor, k: Tensor, v: Tensor, scale: float, table: Tensor | None = None,
                        segments: Tensor | None = None, extras: Extras | None = None,
-                       pieces: tuple[Tensor, Tensor, Tensor, Tensor] | None = None) -> Tensor:
+                       pieces: tuple[Tensor, Tensor, Tensor, Tensor] | None = None,
+                       folded: tuple[Tensor, Tensor] | None = None) -> Tensor:
     """`attention.fused_attention` through the operators, for torch.compile (the same arguments); the seed in
     `extras` is ignored: the operator draws its own."""
     extras = extras or Extras()
     q, k, v, table, segments, pieces = kernel_inputs(q, k, v, table, segments, pieces)
     den, kinks, slope, intercept = pieces if pieces is not None else (None, None, None, None)
+    q2, k2 = folded_inputs(q, folded)
     ex = extras
     out, _, _ = fused_forward(q, k, v, table, segments, ex.q_keep, ex.k_keep, ex.q_segments, ex.k_segments, ex.mask,
-                              den, kinks, slope, intercept, scale, ex.causal, ex.dropout)
+                              den, kinks, slope, intercept, q2, k2, scale, ex.causal, ex.dropout)
     return out

@@ -32,7 +32,7 @@ EVERY_TERM = dict(HAS_TAB=2, HAS_KEEP=True, NSEG=2, MASK_KIND=1, CAUSAL=False, D
 #: (packed documents: tiles it wholly blocks are skipped one by one)
 PIECEWISE = dict(EVERY_TERM, HAS_KEEP=False, PIECES=32, LOGKP=5, MASK_KIND=2)
 FLOATS = ("qk_scale", "scale", "p_drop", "inv_keep", "sign")
-ELEMENT_POINTERS = ("Q", "K", "V", "O", "DO", "DK", "DV", "DQ_", "QO", "KO")
+ELEMENT_POINTERS = ("Q", "K", "V", "O", "DO", "DK", "DV", "DQ_", "QO", "KO", "Q2", "K2", "DQ2_", "DK2")
 INT_POINTERS = ("QSEG", "KSEG")
 FLOAT_POINTERS = ("LSE", "DELTA", "TAB", "KEEPQ", "KEEPK", "SEGT", "PART", "SPART", "MASK", "OUT", "CQ", "SQ", "CK",
                   "SK", "DEN", "PW", "DPART", "PWPART")
