@@ -1169,8 +1169,7 @@ def signature(q: Tensor, k: Tensor, v: Tensor, scale: float, table: Tensor | Non
     return (q.shape, q.stride(), q.dtype, _meta(k), _meta(v), q.device, scale, _meta(table), _meta(segments),
             _meta(ex.q_keep), _meta(ex.k_keep), _meta(ex.q_segments), _meta(ex.k_segments), _meta(ex.mask),
             _meta(ex.den), ex.pieces is not None, ex.slots, ex.n_pieces, _meta(ex.q2), _meta(ex.k2), ex.causal,
-            ex.dropout,
-            current_table_read(), _tuning(), _precision(q))
+            ex.dropout, current_table_read(), _tuning(), _precision(q))
 
 
 def _remember(sig: tuple, specs) -> None:

@@ -67,16 +67,12 @@ def tensor_fingerprint(args, n_tensors: int, loose_at: tuple[int, ...]) -> tuple
     """`fingerprint` where a caller vouches that the arguments after the first `n_tensors` are the same values at
     every call with its token (`launch`): the tensors' dtypes and alignments and the unspecialised integers'
     widths are all that can change Triton's specialisation."""
-    key, values = [], []
-    for x in args[:n_tensors]:
-        p = x.data_ptr()
-        key.append(x.dtype)
-        key.append(p & 15)
-        values.append(p)
-    for i in loose_at:
-        key.append(I32_MIN <= args[i] <= I32_MAX)
+    tensors = args[:n_tensors]
+    values = [x.data_ptr() for x in tensors]
+    key = (*[x.dtype for x in tensors], *[p & 15 for p in values],
+           *[I32_MIN <= args[i] <= I32_MAX for i in loose_at])
     values.extend(args[n_tensors:])
-    return tuple(key), values
+    return key, values
 
 
 def cdiv(a: int, b: int) -> int:

@@ -1,0 +1,183 @@
+"""Host time the fused kernel's path costs per layer, measured on the CPU with its launches stubbed out.
+
+At bert-base, 512 tokens × 8, bf16, an H100's training step was bound by the host (docs/kernels.md, "Where the
+time goes"): what the attention call costs in Python and aten ops before and after its kernels is then what a
+method costs. This times that part alone, without a GPU: a small model (tiny sizes, so the CPU's arithmetic is
+negligible) trains with `attn_backend="fused"` on CPU tensors along the GPU's host path (tile lists, the kept-
+kernel launcher's keys and calls), each kernel replaced by a stand-in whose launch does nothing, so only the
+host's work is timed; the same model with a trivial autograd Function in the attention's place (two
+allocations forward, three backward) is the floor. Printed per method: the forward call (the backend function)
+and the Function's backward in µs per layer, the floor's, the difference (medians over interleaved cycles),
+and the Python calls per layer above the floor's (cProfile's count: exact, where the times drift with the
+machine). The figures are this CPU's: a GPU host differs by a factor, not in which changes help.
+
+    TRITON_INTERPRET=1 python scripts/host_cost.py --methods none,diet-rel,diet-abs,diet-rel+seg
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+
+class _Compiled:
+    """A compiled kernel whose launch does nothing."""
+
+    function = packed_metadata = None
+
+    def run(self, *args):
+        pass
+
+
+class _StubKernel:
+    """Stands in for a jit kernel: its parameters (what the kept-kernel launcher reads) and `kernel[grid](...)`
+    returning a compiled kernel that launches nothing."""
+
+    def __init__(self, real):
+        from triton.runtime.jit import JITFunction
+
+        fn = getattr(real, "fn", real)
+        self.params = JITFunction(fn, do_not_specialize=["seed"] if "seed" in fn.__code__.co_varnames else []).params
+
+    def __getitem__(self, grid):
+        return lambda *args, **constants: _Compiled()
+
+
+class _Driver:
+    def get_current_device(self):
+        return 0
+
+    def get_current_stream(self, device):
+        return 0
+
+
+def _setup():
+    """The GPU's host path with nothing launched: no interpreter, the tile lists a GPU uses (fixed, untimed), the
+    kept-kernel launcher keyed and called as on a GPU, each kernel a stand-in whose launch does nothing."""
+    os.environ["TRITON_INTERPRET"] = "1"  # CPU tensors accepted; every kernel below is a stand-in
+    os.environ["DIETPE_FUSED_AUTOTUNE"] = "0"
+    import torch
+
+    import dietpe.attention.fused as F
+    import dietpe.attention.kernels.attention as A
+    from dietpe.attention.kernels import launch as L
+
+    F.device_problem = lambda t: None
+    A.interpreting = L.interpreting = lambda: False
+    L._driver, L._hooked = _Driver, lambda: False
+    for name in ("_forward_kernel", "_backward_q_kernel", "_backward_kv_kernel", "_offset_sum_kernel"):
+        setattr(A, name, _StubKernel(getattr(A, name)))
+    return torch, F, A
+
+
+class _Timed:
+    """Accumulates the seconds spent in the wrapped forward and backward calls."""
+
+    def __init__(self):
+        self.seconds = [0.0, 0.0]
+
+    def forward(self, fn):
+        def call(*args, **kwargs):
+            start = time.perf_counter()
+            out = fn(*args, **kwargs)
+            self.seconds[0] += time.perf_counter() - start
+            return out
+        return call
+
+    def backward(self, fn):
+        def call(ctx, grad):
+            start = time.perf_counter()
+            out = fn(ctx, grad)
+            self.seconds[1] += time.perf_counter() - start
+            return out
+        return staticmethod(call)
+
+
+def _floor_function(torch):
+    class Floor(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v):
+            out = torch.empty(q.shape[:3] + v.shape[3:], dtype=v.dtype)
+            ctx.save_for_backward(q, k, v, out, torch.empty(q.shape[:3]))
+            return out
+
+        @staticmethod
+        def backward(ctx, grad):
+            q, k, v, _, _ = ctx.saved_tensors
+            return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+    return Floor
+
+
+def measure(methods: list[str], cycles: int, steps: int, layers: int = 4) -> dict[str, dict[str, float]]:
+    """{method: {fused_fwd, fused_bwd, floor_fwd, floor_bwd, above}} in µs per layer, medians over cycles, and
+    `calls`: Python calls per layer above the floor's."""
+    import cProfile
+    import pstats
+
+    torch, F, A = _setup()
+    from dietpe import DietConfig, DietModel
+    from dietpe.attention import registry
+
+    torch.set_num_threads(1)
+    timed, floor = _Timed(), _floor_function(torch)
+    for cls in (A.FusedAttention, floor):
+        cls.backward = timed.backward(cls.backward)
+    paths = {"fused": timed.forward(F.fused),
+             "floor": timed.forward(lambda q, k, v, *rest, **kw: (floor.apply(q, k, v), None))}
+    ids = torch.randint(1, 50, (2, 12), generator=torch.Generator().manual_seed(0))
+    segments = (torch.arange(12) >= 6).long().expand(2, 12)
+    results = {}
+    for spec in methods:
+        position, _, seg = spec.partition("+")
+        torch.manual_seed(0)
+        config = DietConfig(vocab_size=50, hidden_size=32, num_hidden_layers=layers, num_attention_heads=2,
+                            intermediate_size=64, max_position_embeddings=32, position=position,
+                            segment="per-head" if seg else "input", attn_backend="fused",
+                            hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.1)
+        model = DietModel(config).to(torch.bfloat16)
+        runs, calls = {"fused": [], "floor": []}, {}
+        for _ in range(cycles):
+            for name, path in paths.items():
+                object.__setattr__(registry.ALL_BACKENDS["fused"], "forward", path)
+                step = lambda: model(ids, token_type_ids=segments).last_hidden_state.float().sum().backward()  # noqa: E731
+                for _ in range(3):
+                    step()
+                timed.seconds = [0.0, 0.0]
+                for _ in range(steps):
+                    step()
+                runs[name].append([s / steps / layers * 1e6 for s in timed.seconds])
+                profile = cProfile.Profile()
+                profile.runcall(step)
+                calls[name] = pstats.Stats(profile).total_calls / layers
+        object.__setattr__(registry.ALL_BACKENDS["fused"], "forward", F.fused)
+        med = {f"{n}_{part}": statistics.median(r[i] for r in runs[n]) for n in runs
+               for i, part in enumerate(("fwd", "bwd"))}
+        med["above"] = statistics.median(f[0] + f[1] - b[0] - b[1] for f, b in zip(runs["fused"], runs["floor"]))
+        med["calls"] = calls["fused"] - calls["floor"]
+        results[spec] = med
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--methods", default="none,diet-rel,diet-abs,diet-rel+seg",
+                   help="comma-separated methods, +seg for DIET's per-head segments")
+    p.add_argument("--cycles", type=int, default=9)
+    p.add_argument("--steps", type=int, default=40)
+    args = p.parse_args(argv)
+    results = measure(args.methods.split(","), args.cycles, args.steps)
+    print("| method | forward µs | backward µs | floor forward | floor backward | above the floor | Python calls "
+          "above the floor's |")
+    print("|---|--:|--:|--:|--:|--:|--:|")
+    for spec, r in results.items():
+        print(f"| {spec} | {r['fused_fwd']:.1f} | {r['fused_bwd']:.1f} | {r['floor_fwd']:.1f} | "
+              f"{r['floor_bwd']:.1f} | {r['above']:.1f} | {r['calls']:.0f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
