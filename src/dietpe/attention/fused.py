@@ -172,8 +172,10 @@ def _folded(q: Tensor, fold: list[LogitTerm], s: float, head_parts) -> tuple[Ten
     loaded channels than the concatenation (a rank just past a power of two: TUPE's Dh + 2)."""
     if len(fold) != 1 or head_parts(q.shape[-1])[1]:
         return None
-    fq, fk = fold[0].factors()
+    term = fold[0]
+    fq, fk = term.factors()
     d, r = q.shape[-1], fq.shape[-1]
     if max(16, 1 << (r - 1).bit_length()) > sum(head_parts(d + r)) - head_parts(d)[0]:
         return None
-    return (fq / s).to(q.dtype), fk.to(q.dtype)
+    # once per forward for the layers that share the term (DIET-ABS's sharing=layer)
+    return term.per_forward(f"folded {s} {q.dtype}", lambda: ((fq / s).to(q.dtype), fk.to(q.dtype)))

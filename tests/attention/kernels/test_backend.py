@@ -138,6 +138,23 @@ def test_low_rank_factors_are_read_from_their_own_tensors(position, head_size, c
     _assert_same(got, _step(ref, ids, mask, seg))
 
 
+@pytest.mark.parametrize("sharing,built", [("layer", 1), ("none", 3)])
+def test_shared_factors_are_scaled_once_per_forward(sharing, built, device, monkeypatch):
+    """DIET-ABS's factors shared by every layer reach the kernel scaled and cast once per forward, per layer when
+    each layer has its own; either way the model matches eager."""
+    from dietpe.positions.terms.logit import LogitTerm
+
+    builds, per_forward = [], LogitTerm.per_forward
+    monkeypatch.setattr(LogitTerm, "per_forward", lambda self, name, build: per_forward(
+        self, name, lambda: builds.append(name) or build()))
+    ref, fused = _pair(lambda **kw: DietModel(tiny(16, **kw)), device, position="diet-abs", sharing=sharing,
+                       num_hidden_layers=3)
+    ids, mask, seg = batch(L, device=device)
+    got = _step(fused, ids, mask, seg)
+    assert sum(name.startswith("folded") for name in builds) == built
+    _assert_same(got, _step(ref, ids, mask, seg))
+
+
 def test_packed_documents_by_a_4d_mask_match_eager(device):
     ref, fused = _pair(lambda **kw: DietModel(tiny(16, **kw)), device, position="diet-rel", segment="per-head",
                        sharing="layer")
