@@ -6,8 +6,20 @@ import os
 if os.environ.get("DIET_TEST_DEVICE", "cpu") != "cuda":
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# pytest-xdist's workers share the cores: each takes its share of intra-op threads, where torch's default (one
+# per core in every worker) oversubscribes them and tiny models only contend (the integration, model and
+# attention tests: 186 s on 2 cores in two workers of 2 threads, 140 s with 1 each). A count the user set stays.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+THREADS = None
+if _WORKERS > 1 and "OMP_NUM_THREADS" not in os.environ:
+    THREADS = max(1, (os.cpu_count() or 1) // _WORKERS)
+    os.environ["OMP_NUM_THREADS"] = str(THREADS)  # before torch; subprocesses inherit it
+
 import pytest  # noqa: E402
 import torch  # noqa: E402
+
+if THREADS is not None:
+    torch.set_num_threads(THREADS)  # in case torch was imported before this file
 
 from dietpe import DietConfig
 from dietpe.positions.registry import FIELDS, REGISTRY
