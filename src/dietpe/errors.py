@@ -26,9 +26,15 @@ def may_read(tensor) -> bool:
     """Whether an InputError check may read `tensor`'s values (min/max of ids, `all()` of a mask). Reading
     copies a result to the host: free on the CPU, but on a GPU it stalls the queue, and a training step would
     pay it every time. So values are read on the CPU and at inference (no gradient); in a GPU training step the
-    inputs come from the command's own collators, already in range. Never while compiling (a graph break)."""
+    inputs come from the command's own collators, already in range. Never while compiling (a graph break), nor
+    while a CUDA graph is captured (a copy to the host is not allowed there)."""
     import torch
 
     if torch.compiler.is_compiling():
         return False
-    return tensor.device.type == "cpu" or (tensor.device.type != "meta" and not torch.is_grad_enabled())
+    kind = tensor.device.type
+    if kind == "cpu":
+        return True
+    if kind == "meta" or torch.is_grad_enabled():
+        return False
+    return not (kind == "cuda" and torch.cuda.is_current_stream_capturing())

@@ -133,3 +133,21 @@ def test_linformer_refuses_a_4d_mask():
     model = DietModel(tiny(attention="linformer", position="absolute"))
     with pytest.raises(InputError, match="attention='linformer' .* cannot take a 4-D attention_mask"):
         model(batch(L)[0], attention_mask=_blocks(2, 1, L, L))
+
+
+def test_values_are_read_at_inference_on_cuda_but_not_while_a_cuda_graph_is_captured(monkeypatch):
+    """The checks of values copy a result to the host, which a CUDA graph's capture does not allow (it fails the
+    capture): on CUDA they read at inference, not in a training step, and not while capturing."""
+    import types
+
+    from dietpe.errors import may_read
+
+    on_cuda = types.SimpleNamespace(device=torch.device("cuda"))  # only its device is looked at
+    capturing = []
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: bool(capturing))
+    assert not may_read(on_cuda)  # a training step
+    with torch.no_grad():
+        assert may_read(on_cuda)
+        capturing.append(True)
+        assert not may_read(on_cuda)
+        assert may_read(torch.zeros(1))  # the CPU's cost nothing, and no graph is captured there

@@ -21,10 +21,10 @@ pairs inside one run, so they are served where the mask opens no pair across run
 
 Served on CUDA, and on CPU tensors under Triton's interpreter (TRITON_INTERPRET=1, the tests). A call it
 cannot serve raises `NotServed` (a ConfigError) naming why: a mask that opens pairs across runs, positions read
-while compiling, a term of another kind, value terms. Attention dropout is drawn in the kernel (Philox, the
-same mask again in the backward). `attn_backend="auto"` picks it on CUDA for every method whose terms are of
-these kinds (`Traits.tile_terms`) and runs sdpa for such calls instead; asked for by name, a method it cannot
-serve is refused when the model is built.
+while compiling, a term of another kind, value terms, attention dropout inside a CUDA graph's capture (the
+Philox seed is drawn on the host per call, the same mask again in the backward; a replay would repeat it).
+`attn_backend="auto"` picks it on CUDA for every method whose terms are of these kinds (`Traits.tile_terms`) and
+runs sdpa for such calls instead; asked for by name, a method it cannot serve is refused when the model is built.
 """
 
 from __future__ import annotations
@@ -118,10 +118,10 @@ _KERNELS: list[tuple] = []  # imported at the first call (Triton is imported wit
 
 def _kernel_module() -> tuple:
     if not _KERNELS:
-        from dietpe.attention.kernels.attention import Extras, fused_attention, head_parts
+        from dietpe.attention.kernels import attention
         from dietpe.attention.kernels.op import fused_attention_op
 
-        _KERNELS.append((Extras, fused_attention, head_parts, fused_attention_op))
+        _KERNELS.append((attention, fused_attention_op))
     return _KERNELS[0]
 
 
@@ -134,7 +134,10 @@ def fused(q: Tensor, k: Tensor, v: Tensor, terms: LayerTerms, mask: Tensor | Cau
     if terms.values:
         raise NotServed("attn_backend='fused' cannot add value terms (Shaw's); use attn_backend='eager'")
     table, segments, fold, piecewise = plan(terms.logits, mask)
-    Extras, fused_attention, head_parts, fused_attention_op = _kernel_module()
+    kernels, fused_attention_op = _kernel_module()
+    head_parts = kernels.head_parts
+    # before any work: NotServed while a CUDA graph is captured with dropout (compiled, the operator draws it)
+    seed = 0 if torch.compiler.is_compiling() else kernels.dropout_seed(dropout_p, q)
     s = scale * terms.score_scale
     q, k = apply_qk(q, k, terms)
     folded = _folded(q, fold, s, head_parts)
@@ -143,12 +146,8 @@ def fused(q: Tensor, k: Tensor, v: Tensor, terms: LayerTerms, mask: Tensor | Cau
     if max(*head_parts(q.shape[-1]), v.shape[-1], 0 if folded is None else folded[0].shape[-1]) > MAX_HEAD_PART:
         raise NotServed(f"attn_backend='fused' takes head sizes up to {MAX_HEAD_PART} (+ folded channels), got "
                         f"{q.shape[-1]} and {v.shape[-1]}; use attn_backend='sdpa'")
-    extras = Extras(causal=isinstance(mask, CausalMask), mask=None if isinstance(mask, CausalMask) else mask)
-    if dropout_p > 0 and not torch.compiler.is_compiling():
-        # a seed from torch's CPU generator: no wait for the GPU, and a seeded run repeats (compiled, the
-        # kernel's operator draws it the same way)
-        extras.seed = int(torch.randint(0, 2**62, ()).item())
-    extras.dropout = dropout_p
+    causal = isinstance(mask, CausalMask)
+    extras = kernels.Extras(causal=causal, mask=None if causal else mask, dropout=dropout_p, seed=seed)
     if table is not None and table.q_keep is not None:
         extras.q_keep, extras.k_keep = (x if x.dtype == torch.float32 and x.is_contiguous() else x.float().contiguous()
                                         for x in (table.q_keep, table.k_keep))
@@ -161,7 +160,7 @@ def fused(q: Tensor, k: Tensor, v: Tensor, terms: LayerTerms, mask: Tensor | Cau
         values = piecewise.numerator.unsqueeze(0)  # (1, Lq + Lk - 1): the heads share it
         pieces = (piecewise.den, piecewise.kinks, piecewise.slope, piecewise.intercept)
     # compiling: the kernel as custom operators (dynamo cannot trace Triton's launcher)
-    call = fused_attention_op if torch.compiler.is_compiling() else fused_attention
+    call = fused_attention_op if torch.compiler.is_compiling() else kernels.fused_attention
     return call(q, k, v, s, values, segments.table if segments is not None else None, extras, pieces, folded), None
 
 

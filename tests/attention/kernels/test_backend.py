@@ -249,6 +249,54 @@ def test_attention_dropout_repeats_with_the_seed(device):
     assert not torch.equal(runs[0][0], runs[2][0])
 
 
+def test_dropout_inside_a_cuda_graphs_capture_is_declined_and_auto_runs_sdpa(device, monkeypatch):
+    """The dropout seed is a launch argument drawn on the host: captured, every replay would drop the same scores.
+    While a capture runs (stood in for on the CPU) the kernel declines a call with dropout, before any work;
+    without dropout it serves the call; "auto" runs sdpa for the declined calls. The operator compile uses draws
+    its seed the same way."""
+    from dietpe.attention.kernels import attention, op
+
+    _, fused = _pair(lambda **kw: DietModel(tiny(16, **kw)), device, position="diet-rel", segment="per-head",
+                     attention_probs_dropout_prob=0.3)
+    ids, mask, seg = batch(L, device=device)
+    monkeypatch.setattr(attention, "graph_capturing", lambda q: True)
+    launched = []
+    monkeypatch.setattr(attention, "fused_attention", lambda *a: launched.append(1) or pytest.fail("launched"))
+    with pytest.raises(NotServed, match="CUDA graph replays the seed"):
+        fused(ids, mask, seg)
+    with pytest.raises(NotServed, match="CUDA graph replays the seed"):
+        op.fused_forward(*_op_inputs(device))
+    assert not launched
+    monkeypatch.undo()
+    monkeypatch.setattr(attention, "graph_capturing", lambda q: True)
+    fused.eval()  # no dropout: served while capturing
+    with torch.no_grad():
+        want = fused(ids, mask, seg).last_hidden_state
+    fused.train()
+    monkeypatch.setattr(registry, "AUTO", ("fused", *registry.AUTO))  # auto with the kernel first
+    auto = resolve_backend("auto", value_terms=False, method=REGISTRY["diet-rel"])
+    tried = []
+
+    def forward(*args):
+        tried.append(True)
+        return auto.forward(*args)
+
+    for layer in fused.layers:  # on the CPU too (auto skips the kernel there): try it, then fall back
+        layer.attention.backend = dataclasses.replace(auto, forward=forward, skip=lambda q: False)
+    torch.manual_seed(0)
+    got = fused(ids, mask, seg).last_hidden_state
+    assert tried and torch.isfinite(got).all() and not torch.equal(got, want)  # sdpa ran, with its dropout
+    fused.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(fused(ids, mask, seg).last_hidden_state, want, atol=2e-5, rtol=1e-4)
+
+
+def _op_inputs(device):
+    from tests.attention.kernels.test_op import _inputs
+
+    return (*_inputs(device, pieces=False)[:-1], 0.2)  # attention dropout 0.2
+
+
 def test_per_example_positions_are_declined_per_call_and_auto_runs_sdpa(device, monkeypatch):
     ref, fused = _pair(lambda **kw: DietModel(tiny(16, **kw)), device, position="t5")
     ids, mask, seg = batch(L, device=device)

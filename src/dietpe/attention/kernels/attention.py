@@ -71,7 +71,7 @@ from torch import Tensor
 
 from dietpe.attention.kernels import interpreting
 from dietpe.attention.kernels.launch import cdiv as _cdiv, launch as launch_kernel
-from dietpe.errors import ConfigError
+from dietpe.errors import ConfigError, NotServed
 
 LOG2E = 1.4426950408889634
 # Triton's interpreter multiplies bfloat16 dot operands wrongly (numpy has no bfloat16): it gets them as float32,
@@ -1116,6 +1116,24 @@ def pack_pieces(kinks: Tensor, slope: Tensor, intercept: Tensor) -> tuple[Tensor
     per_head[:, 1, :w + 1] = intercept.detach().T
     pad = torch.full((slots - w,), torch.inf, dtype=torch.float32, device=kinks.device)
     return torch.cat([kinks.detach().float(), pad, per_head.flatten()]), slots
+
+
+def graph_capturing(q: Tensor) -> bool:
+    """Whether a CUDA graph is being captured on the current stream of q's device."""
+    return q.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
+def dropout_seed(dropout: float, q: Tensor) -> int:
+    """Attention dropout's Philox seed (0 without dropout), from torch's CPU generator: no wait for the GPU, a
+    seeded run repeats, and activation checkpointing's restored generator draws it again. NotServed while a CUDA
+    graph is captured: the seed is a launch argument, so every replay would drop the same scores."""
+    if dropout <= 0:
+        return 0
+    if graph_capturing(q):
+        raise NotServed("attn_backend='fused' draws attention dropout's seed on the host at each call, and a CUDA "
+                        "graph replays the seed it captured (the same scores dropped at every step): capture with "
+                        "attention dropout 0, or use attn_backend='sdpa'")
+    return int(torch.randint(0, 2**62, ()).item())
 
 
 def _dropout_args(ex: Extras) -> tuple[int, float, float]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from dietpe.attention.kernels import attention as _attention
 from dietpe.attention.kernels.attention import (Extras, attention_backward, attention_forward, folded_inputs,
                                                 kernel_inputs, pack_pieces)
 
@@ -33,11 +34,6 @@ def _extras(q_keep, k_keep, q_segments, k_segments, mask, den, kinks, slope, int
     return ex
 
 
-def _draw_seed(dropout: float) -> int:
-    # torch's CPU generator, as the eager path: a seeded run repeats, and checkpointing's restored state too
-    return int(torch.randint(0, 2**62, ()).item()) if dropout > 0 else 0
-
-
 @torch.library.custom_op(f"{NAMESPACE}::fused_attention", mutates_args=())
 def fused_forward(q: Tensor, k: Tensor, v: Tensor, table: Tensor | None, segments: Tensor | None,
                   q_keep: Tensor | None, k_keep: Tensor | None, q_segments: Tensor | None,
@@ -45,7 +41,7 @@ def fused_forward(q: Tensor, k: Tensor, v: Tensor, table: Tensor | None, segment
                   slope: Tensor | None, intercept: Tensor | None, q2: Tensor | None, k2: Tensor | None,
                   scale: float, causal: bool, dropout: float) -> tuple[Tensor, Tensor, Tensor]:
     """(out, log-sum-exp, the dropout seed as a CPU int64 scalar)."""
-    seed = _draw_seed(dropout)
+    seed = _attention.dropout_seed(dropout, q)  # as the eager path draws it
     ex = _extras(q_keep, k_keep, q_segments, k_segments, mask, den, kinks, slope, intercept, q2, k2, causal,
                  dropout, seed)
     out, lse = attention_forward(q, k, v, scale, table, segments, ex)

@@ -9,10 +9,11 @@ than three times the eager reference's own bfloat16 run (a sanity check: both ro
 passes that must give the same bits; the causal LM; packed documents by per-example position_ids and their
 mask (the tables read along the runs); attention dropout against the equation with the kernel's own mask; in
 bfloat16 at 512 tokens (whole tiles: the unmasked paths), every tile configuration the autotuner may pick; the
-rotary kernel against `apply_rotary`. Prints one line per check and ends with `selftest: OK` (exit 0) or
-`selftest: FAILED n of m: ...` (exit 1). Most of its time (over 3.5 minutes on an H100) is Triton compiling each
-kernel variant. `--device cpu --length 24` runs the same checks under Triton's interpreter
-(TRITON_INTERPRET=1), slowly: a check of this script itself.
+rotary kernel against `apply_rotary`; on CUDA, a CUDA graph's replay, and attention dropout declined in a
+capture. Prints one line per check and ends with `selftest: OK` (exit 0) or `selftest: FAILED n of m: ...`
+(exit 1). Most of its time (over 3.5 minutes on an H100) is Triton compiling each kernel variant. `--device cpu
+--length 24` runs the same checks under Triton's interpreter (TRITON_INTERPRET=1),
+slowly: a check of this script itself.
 """
 
 from __future__ import annotations
@@ -29,12 +30,12 @@ DEVICE = "cuda"
 FP32_OUT, FP32_GRAD = 1e-4, 1e-3
 
 
-def _model(position: str, segment: str, backend: str, causal: bool = False):
+def _model(position: str, segment: str, backend: str, causal: bool = False, dropout: float = 0.0):
     from dietpe import DietConfig, DietModel
     from dietpe.models.causal import DietCausalConfig, DietCausalModel
 
     kw = dict(vocab_size=100, hidden_size=256, num_hidden_layers=1, num_attention_heads=4, intermediate_size=256,
-              max_position_embeddings=512, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+              max_position_embeddings=512, hidden_dropout_prob=0.0, attention_probs_dropout_prob=dropout,
               position=position, attn_backend=backend)
     torch.manual_seed(0)
     model = DietCausalModel(DietCausalConfig(**kw)) if causal else DietModel(DietConfig(segment=segment, **kw))
@@ -186,6 +187,36 @@ def check_whole_tiles(n: int) -> list[tuple[str, bool]]:
     return results
 
 
+def check_graph(n: int) -> list[tuple[str, bool]]:
+    """A CUDA graph captured around a fused model: without dropout its replay gives the eager call's output; with
+    attention dropout the capture is declined (NotServed) rather than replaying one seed at every step."""
+    from dietpe.errors import NotServed
+
+    inputs = _inputs(n, False)
+    model = _model("diet-rel", "per-head", "fused").eval()
+    with torch.no_grad():
+        want = model(**inputs).last_hidden_state
+        side = torch.cuda.Stream()  # warmed up on a side stream before capture, as torch's docs ask
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            model(**inputs)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = model(**inputs).last_hidden_state
+        graph.replay()
+        torch.cuda.synchronize()
+    same = torch.equal(out, want)
+    declined = "no error"
+    try:
+        with torch.cuda.graph(torch.cuda.CUDAGraph()):
+            _model("diet-rel", "per-head", "fused", dropout=0.1)(**inputs)
+    except Exception as e:  # NotServed, possibly wrapped by the capture's end
+        declined = type(e).__name__ if isinstance(e, NotServed) or isinstance(e.__context__, NotServed) else repr(e)
+    print(f"{'CUDA graph':>22}: replay equals the call: {same} | with dropout: {declined}", flush=True)
+    return [("CUDA graph replay", same), ("CUDA graph with dropout declined", declined == "NotServed")]
+
+
 def check_rotary(n: int) -> list[tuple[str, bool]]:
     from dietpe.attention.kernels.rotary import rotary_qk
     from dietpe.positions.functional import apply_rotary, rotary_angles
@@ -249,6 +280,8 @@ def main(argv=None) -> int:
     if not args.methods:
         results += check_whole_tiles(512 if DEVICE == "cuda" else 32)
     results += check_rotary(n)
+    if DEVICE == "cuda":
+        results += check_graph(n)
     failed = [label for label, ok in results if not ok]
     print(f"selftest: {'OK' if not failed else f'FAILED {len(failed)} of {len(results)}: ' + ', '.join(failed)} "
           f"({time.perf_counter() - start:.0f} s)")
