@@ -107,7 +107,8 @@ def steps() -> list[Step]:
              f"{PY} -m dietpe.bench.study_time --help", default=False),
         # where a step's time goes (host, kernels by kind, each kernel alone): run by name
         Step("profile", "time", 240, "profile.md",
-             (f"{PY} scripts/gpu_profile.py - --ops --host none@fused,diet-rel@fused",),
+             (f"{PY} scripts/gpu_profile.py - --ops --host none@fused,diet-rel@fused --graphs none,none@fused,"
+              "diet-rel@fused,diet-rel+seg@fused,diet-abs@fused,t5@fused,alibi@fused,diet-rel@sdpa",),
              f"{PY} scripts/gpu_profile.py --help", default=False),
         Step("attach", "time", 120, "attach.md",
              # the methods not yet measured attached first (the budget may end before the last)

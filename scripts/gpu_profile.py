@@ -12,6 +12,9 @@ Two parts, each a table in OUT.md:
 * **host** (`--host`): the host's time to queue one call of the attention operator (nothing waits for the GPU
   between calls), sdpa against the fused kernel, forward alone and forward + backward, and a cProfile of the
   fused training step's host side (the functions that take its time);
+* **graphs** (`--graphs`): inference (bf16 autocast), each method's forward called as usual against the
+  replay of a CUDA graph captured around it: the replay queues no Python and no launches, so its time is the
+  GPU's alone, and the ratios between replays are what the methods cost on the GPU with the host's share gone;
 * **ops** (`--ops`): the attention operator alone, forward and forward + backward (`triton.testing.do_bench`,
   median), SDPA's flash kernel against the fused kernel without a term and with a per-head offset table (read
   by window, and per score).
@@ -34,7 +37,7 @@ from pathlib import Path
 
 import torch
 
-from dietpe.bench.cost import Variant, build_model, make_inputs, model_config, training_step
+from dietpe.bench.cost import Variant, build_model, first_output, make_inputs, model_config, training_step
 
 METHODS = ("none,none@fused,diet-rel@fused,diet-rel@fused/score,diet-rel@sdpa,diet-rel+seg@fused,fire@fused,"
            "fire@fused/score")
@@ -165,6 +168,59 @@ def steps_table(labels: list[str], shape: str, length: int, batch: int, repeats:
     return lines + tops
 
 
+def _graphed(forward):
+    """forward's CUDA graph, captured after warming up on a side stream as torch's docs ask: its replay."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):  # tiles chosen, kernels compiled and kept
+            forward()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        forward()
+    return graph.replay
+
+
+def graphs_table(labels: list[str], shape: str, length: int, batch: int, repeats: int,
+                 device: str = "cuda") -> list[str]:
+    """Inference called as usual against its CUDA graph's replay, both × the first method's, interleaved."""
+    inputs, calls = None, {}
+    for label in labels:
+        config = model_config(shape, Variant.parse(label), max(512, length))
+        model = build_model(config).to(device).eval()
+        if inputs is None:
+            inputs = {k: t.to(device) for k, t in make_inputs(batch, length, config.vocab_size).items()}
+
+        def forward(model=model):
+            # no autocast weight cache: a graph would keep the first capture's casts (torch's docs)
+            with torch.no_grad(), torch.autocast(device, dtype=torch.bfloat16, cache_enabled=False):
+                first_output(model(**inputs))
+        calls[label] = {"call": forward, "replay": _graphed(forward)}
+    times = {(label, kind): [] for label in calls for kind in ("call", "replay")}
+    names = list(times)
+    for cycle in range(repeats):
+        shift = cycle % len(names)
+        for key in names[shift:] + names[:shift]:
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            calls[key[0]][key[1]]()
+            torch.cuda.synchronize()
+            times[key].append(time.perf_counter() - t0)
+    first = labels[0]
+    lines = [f"## graphs: {shape}, {length} x {batch}, bf16 inference, called against a CUDA graph's replay, "
+             f"{repeats} interleaved cycles", "", "| method | call ms | x first | replay ms | x first |",
+             "|---|--:|--:|--:|--:|"]
+    for label in calls:
+        row = [f"| {label} "]
+        for kind in ("call", "replay"):
+            ratio = statistics.median(t / b for t, b in zip(times[label, kind], times[first, kind]))
+            row.append(f"| {statistics.median(times[label, kind]) * 1e3:.2f} | {ratio:.3f} ")
+        lines.append("".join(row) + "|")
+        print(lines[-1], flush=True)
+    return lines
+
+
 def host_table(labels: list[str], shape: str, length: int, batch: int) -> list[str]:
     import cProfile
     import io
@@ -280,6 +336,8 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=8)
     parser.add_argument("--ops", action="store_true", help="also time the attention operator alone")
     parser.add_argument("--host", help="comma-separated methods whose training step's host side to profile")
+    parser.add_argument("--graphs", help="comma-separated methods whose inference to time called and as a CUDA "
+                        "graph's replay (the first is what the ratios divide by)")
     parser.add_argument("--no-steps", action="store_true")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
@@ -291,6 +349,8 @@ def main(argv=None) -> int:
             lines += steps_table(args.methods.split(","), args.shape, args.length, args.batch, args.repeats)
         if args.host:
             lines += host_table(args.host.split(","), args.shape, args.length, args.batch)
+        if args.graphs:
+            lines += graphs_table(args.graphs.split(","), args.shape, args.length, args.batch, args.repeats)
         if args.ops:
             lines += ops_table([(8, 12, 512, 64), (4, 12, 2048, 64), (1, 12, 8192, 64), (8, 12, 512, 128)])
     finally:

@@ -38,3 +38,34 @@ def test_a_variant_runs_its_step_under_its_settings(profile_script):
     assert seen[0] == ("score", default_launch)
     assert seen[1] == ("score", False)
     assert seen[2][0] == attention._table_read_setting()[0]  # restored after the step
+
+
+def test_the_graphs_table_times_each_call_and_its_replay(profile_script, monkeypatch):
+    """Its plumbing on the CPU, with stand-ins for the CUDA graph API: each method's forward runs on its own
+    (warm-up on the side stream, capture, the timed calls) and as the capture's replay, and the table gives
+    both times and ratios to the first method's; the fused kernel runs under the interpreter."""
+    import contextlib
+
+    import torch
+
+    captured, replays = [], []
+
+    class Graph:
+        def replay(self):
+            replays.append(1)
+
+    @contextlib.contextmanager
+    def graph(g):
+        captured.append(g)
+        yield
+
+    stream = type("Stream", (), {"wait_stream": lambda self, other: None})
+    for name, value in (("Stream", stream), ("current_stream", stream), ("stream", lambda s: contextlib.nullcontext()),
+                        ("CUDAGraph", Graph), ("graph", graph), ("synchronize", lambda: None)):
+        monkeypatch.setattr(torch.cuda, name, value)
+    lines = profile_script.graphs_table(["none", "diet-rel@fused"], "bert-tiny", 16, 2, 3, device="cpu")
+    assert len(captured) == 2 and len(replays) == 2 * 3
+    rows = [line.split("|")[1:-1] for line in lines if line.startswith("| none") or line.startswith("| diet-rel")]
+    assert [r[0].strip() for r in rows] == ["none", "diet-rel@fused"]
+    assert rows[0][2].strip() == "1.000" and rows[0][4].strip() == "1.000"  # the first divides by itself
+    assert all(float(r[1]) > 0 and float(r[2]) > 0 and float(r[3]) >= 0 and float(r[4]) > 0 for r in rows)
