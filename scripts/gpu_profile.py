@@ -124,6 +124,13 @@ def _variant(step, suffixes: set[str]):
     return run if suffixes else step
 
 
+def _cycles(names: list, repeats: int):
+    """Each interleaved cycle's order: every name once, starting one further on at each cycle."""
+    for cycle in range(repeats):
+        shift = cycle % len(names)
+        yield names[shift:] + names[:shift]
+
+
 def steps_table(labels: list[str], shape: str, length: int, batch: int, repeats: int) -> list[str]:
     inputs = None
     steps = {}
@@ -140,9 +147,8 @@ def steps_table(labels: list[str], shape: str, length: int, batch: int, repeats:
             step()
     wall, host = {k: [] for k in steps}, {k: [] for k in steps}
     names = list(steps)
-    for cycle in range(repeats):
-        shift = cycle % len(names)
-        for name in names[shift:] + names[:shift]:
+    for order in _cycles(names, repeats):
+        for name in order:
             torch.cuda.synchronize()
             t0 = time.perf_counter()
             steps[name]()
@@ -199,9 +205,8 @@ def graphs_table(labels: list[str], shape: str, length: int, batch: int, repeats
         calls[label] = {"call": forward, "replay": _graphed(forward)}
     times = {(label, kind): [] for label in calls for kind in ("call", "replay")}
     names = list(times)
-    for cycle in range(repeats):
-        shift = cycle % len(names)
-        for key in names[shift:] + names[:shift]:
+    for order in _cycles(names, repeats):
+        for key in order:
             torch.cuda.synchronize()
             t0 = time.perf_counter()
             calls[key[0]][key[1]]()
