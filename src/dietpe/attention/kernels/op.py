@@ -15,9 +15,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from dietpe.attention.kernels import attention as _attention
-from dietpe.attention.kernels.attention import (Extras, attention_backward, attention_forward, folded_inputs,
-                                                kernel_inputs, pack_pieces)
+from dietpe.attention.kernels.attention import (Extras, attention_backward, attention_forward, dropout_seed,
+                                                folded_inputs, kernel_inputs, pack_pieces)
 
 NAMESPACE = "dietpe"
 _EMPTY = (0,)
@@ -41,7 +40,7 @@ def fused_forward(q: Tensor, k: Tensor, v: Tensor, table: Tensor | None, segment
                   slope: Tensor | None, intercept: Tensor | None, q2: Tensor | None, k2: Tensor | None,
                   scale: float, causal: bool, dropout: float) -> tuple[Tensor, Tensor, Tensor]:
     """(out, log-sum-exp, the dropout seed as a CPU int64 scalar)."""
-    seed = _attention.dropout_seed(dropout, q)  # as the eager path draws it
+    seed = dropout_seed(dropout, q)  # as the eager path draws it
     ex = _extras(q_keep, k_keep, q_segments, k_segments, mask, den, kinks, slope, intercept, q2, k2, causal,
                  dropout, seed)
     out, lse = attention_forward(q, k, v, scale, table, segments, ex)
