@@ -21,10 +21,11 @@ pairs inside one run, so they are served where the mask opens no pair across run
 
 Served on CUDA, and on CPU tensors under Triton's interpreter (TRITON_INTERPRET=1, the tests). A call it
 cannot serve raises `NotServed` (a ConfigError) naming why: a mask that opens pairs across runs, positions read
-while compiling, a term of another kind, value terms, attention dropout inside a CUDA graph's capture (the
-Philox seed is drawn on the host per call, the same mask again in the backward; a replay would repeat it).
-`attn_backend="auto"` picks it on CUDA for every method whose terms are of these kinds (`Traits.tile_terms`) and
-runs sdpa for such calls instead; asked for by name, a method it cannot serve is refused when the model is built.
+while compiling, a term of another kind, value terms. Attention dropout is drawn in the kernel (Philox, the same
+mask again in the backward) from a seed drawn on the device per call, which the kernels read from memory: a
+CUDA graph's replay draws anew. `attn_backend="auto"` picks it on CUDA for every method whose terms are of these
+kinds (`Traits.tile_terms`) and runs sdpa for such calls instead; asked for by name, a method it cannot serve is
+refused when the model is built.
 """
 
 from __future__ import annotations
@@ -136,8 +137,6 @@ def fused(q: Tensor, k: Tensor, v: Tensor, terms: LayerTerms, mask: Tensor | Cau
     table, segments, fold, piecewise = plan(terms.logits, mask)
     kernels, fused_attention_op = _kernel_module()
     head_parts = kernels.head_parts
-    # before any work: NotServed while a CUDA graph is captured with dropout (compiled, the operator draws it)
-    seed = 0 if torch.compiler.is_compiling() else kernels.dropout_seed(dropout_p, q)
     s = scale * terms.score_scale
     q, k = apply_qk(q, k, terms)
     folded = _folded(q, fold, s, head_parts)
@@ -147,6 +146,8 @@ def fused(q: Tensor, k: Tensor, v: Tensor, terms: LayerTerms, mask: Tensor | Cau
         raise NotServed(f"attn_backend='fused' takes head sizes up to {MAX_HEAD_PART} (+ folded channels), got "
                         f"{q.shape[-1]} and {v.shape[-1]}; use attn_backend='sdpa'")
     causal = isinstance(mask, CausalMask)
+    # compiled, the kernel's operator draws the seed itself
+    seed = 0 if torch.compiler.is_compiling() else kernels.dropout_seed(dropout_p, q)
     extras = kernels.Extras(causal=causal, mask=None if causal else mask, dropout=dropout_p, seed=seed)
     if table is not None and table.q_keep is not None:
         extras.q_keep, extras.k_keep = (x if x.dtype == torch.float32 and x.is_contiguous() else x.float().contiguous()

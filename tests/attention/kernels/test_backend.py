@@ -249,46 +249,38 @@ def test_attention_dropout_repeats_with_the_seed(device):
     assert not torch.equal(runs[0][0], runs[2][0])
 
 
-def test_dropout_inside_a_cuda_graphs_capture_is_declined_and_auto_runs_sdpa(device, monkeypatch):
-    """The dropout seed is a launch argument drawn on the host: captured, every replay would drop the same scores.
-    While a capture runs (stood in for on the CPU) the kernel declines a call with dropout, before any work;
-    without dropout it serves the call; "auto" runs sdpa for the declined calls. The operator compile uses draws
-    its seed the same way."""
+def test_the_dropout_seed_is_drawn_on_the_device_and_read_by_the_kernels_at_each_launch(device):
+    """A CUDA graph replays launches with the arguments they were captured with: a seed from the host would drop
+    the same scores at every replay. So the seed is drawn on q's device by torch's generator (a seeded run
+    repeats) and the kernels read it from memory when they run: a new value in the same tensor gives the mask of
+    that seed, forward and backward. The compiled path's operator returns that tensor for its backward."""
     from dietpe.attention.kernels import attention, op
 
-    _, fused = _pair(lambda **kw: DietModel(tiny(16, **kw)), device, position="diet-rel", segment="per-head",
-                     attention_probs_dropout_prob=0.3)
-    ids, mask, seg = batch(L, device=device)
-    monkeypatch.setattr(attention, "graph_capturing", lambda q: True)
-    launched = []
-    monkeypatch.setattr(attention, "fused_attention", lambda *a: launched.append(1) or pytest.fail("launched"))
-    with pytest.raises(NotServed, match="CUDA graph replays the seed"):
-        fused(ids, mask, seg)
-    with pytest.raises(NotServed, match="CUDA graph replays the seed"):
-        op.fused_forward(*_op_inputs(device))
-    assert not launched
-    monkeypatch.undo()
-    monkeypatch.setattr(attention, "graph_capturing", lambda q: True)
-    fused.eval()  # no dropout: served while capturing
-    with torch.no_grad():
-        want = fused(ids, mask, seg).last_hidden_state
-    fused.train()
-    monkeypatch.setattr(registry, "AUTO", ("fused", *registry.AUTO))  # auto with the kernel first
-    auto = resolve_backend("auto", value_terms=False, method=REGISTRY["diet-rel"])
-    tried = []
-
-    def forward(*args):
-        tried.append(True)
-        return auto.forward(*args)
-
-    for layer in fused.layers:  # on the CPU too (auto skips the kernel there): try it, then fall back
-        layer.attention.backend = dataclasses.replace(auto, forward=forward, skip=lambda q: False)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 2, L, 16, generator=g).to(device).requires_grad_() for _ in range(3))
+    table = torch.randn(2, 2 * L - 1, generator=g).to(device).requires_grad_()
     torch.manual_seed(0)
-    got = fused(ids, mask, seg).last_hidden_state
-    assert tried and torch.isfinite(got).all() and not torch.equal(got, want)  # sdpa ran, with its dropout
-    fused.eval()
-    with torch.no_grad():
-        torch.testing.assert_close(fused(ids, mask, seg).last_hidden_state, want, atol=2e-5, rtol=1e-4)
+    seed = attention.dropout_seed(0.3, q)
+    torch.manual_seed(0)
+    assert torch.equal(attention.dropout_seed(0.3, q), seed) and attention.dropout_seed(0.0, q) == 0
+    assert (seed.shape, seed.dtype, seed.device) == ((1,), torch.int64, q.device)
+    w = torch.randn(2, 2, L, 16, generator=g).to(device)
+
+    def run(ex):
+        out = attention.fused_attention(q, k, v, 0.25, table, None, ex)
+        return (out, *torch.autograd.grad((out * w).sum(), (q, k, v, table)))
+
+    held = torch.tensor([5], device=device)
+    ex = attention.Extras(dropout=0.3, seed=held)
+    first = run(ex)
+    held.fill_(6)  # what a replay's draw does: the same tensor, a new value
+    second = run(ex)
+    for got, want in ((first, run(attention.Extras(dropout=0.3, seed=5))),
+                      (second, run(attention.Extras(dropout=0.3, seed=6)))):
+        assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert not torch.equal(first[0], second[0])
+    out, _, drawn = op.fused_forward(*_op_inputs(device))
+    assert drawn.device == q.device and drawn.dtype == torch.int64 and torch.isfinite(out).all()
 
 
 def _op_inputs(device):

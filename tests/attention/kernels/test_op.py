@@ -61,7 +61,7 @@ def _model(position, segment, dropout):
 
 
 def _step(model, run, ids, segments, w):
-    torch.manual_seed(0)  # the same attention-dropout seeds, drawn from torch's CPU generator
+    torch.manual_seed(0)  # the same attention-dropout seeds, drawn by torch's generators
     model.zero_grad()
     out = run(ids, token_type_ids=segments).last_hidden_state
     (out * w).sum().backward()

@@ -71,7 +71,7 @@ from torch import Tensor
 
 from dietpe.attention.kernels import interpreting
 from dietpe.attention.kernels.launch import cdiv as _cdiv, launch as launch_kernel
-from dietpe.errors import ConfigError, NotServed
+from dietpe.errors import ConfigError
 
 LOG2E = 1.4426950408889634
 # Triton's interpreter multiplies bfloat16 dot operands wrongly (numpy has no bfloat16): it gets them as float32,
@@ -440,11 +440,11 @@ def _forward_rows(q1, q2, offs_m, pid_m, k_base, k2_base, v_base, skn, sk2n, svn
     return acc, l_i, m_i
 
 
-@triton.jit(do_not_specialize=["seed"])
+@triton.jit
 def _forward_kernel(Q, K, V, O, LSE, TAB, KEEPQ, KEEPK, SEGT, QSEG, KSEG, MASK, DEN, PW, Q2, K2,
                     sqb, sqh, sqm, skb, skh, skn, svb, svh, svn, sob, soh, som, sq2b, sq2h, sq2m, sk2b, sk2h, sk2n,
                     stab, sseg, sqs, sks, smb, smh, smm, smn, skq, skk, sdn,
-                    H, LQ, LK, DQ, DQ2, DV_, qk_scale, seed, p_drop, inv_keep,
+                    H, LQ, LK, DQ, DQ2, DV_, qk_scale, SEED, p_drop, inv_keep,
                     BM: tl.constexpr, BN: tl.constexpr, D1: tl.constexpr, D2: tl.constexpr, DVP: tl.constexpr,
                     HAS_TAB: tl.constexpr, HAS_KEEP: tl.constexpr, NSEG: tl.constexpr,
                     MASK_KIND: tl.constexpr, PIECES: tl.constexpr, LOGKP: tl.constexpr, CAUSAL: tl.constexpr,
@@ -458,6 +458,7 @@ def _forward_kernel(Q, K, V, O, LSE, TAB, KEEPQ, KEEPK, SEGT, QSEG, KSEG, MASK, 
     b = (bh // H).to(tl.int64)
     h = (bh % H).to(tl.int64)
     KEEPQ, KEEPK, DEN = KEEPQ + b * skq, KEEPK + b * skk, DEN + b * sdn  # per example, or shared (stride 0)
+    seed = _seed(SEED, DROPOUT)
     offs_m = pid_m * BM + tl.arange(0, BM)
     q_base, k_base, v_base = Q + b * sqb + h * sqh, K + b * skb + h * skh, V + b * svb + h * svh
     q2_base, k2_base = Q2 + b * sq2b + h * sq2h, K2 + b * sk2b + h * sk2h
@@ -603,11 +604,11 @@ def _dq_tile(dq1, dq2, carry, seg, pw_acc, den_acc, open_rows, q1, q2, do, lse, 
     return dq1, dq2, carry, seg, pw_acc, den_acc
 
 
-@triton.jit(do_not_specialize=["seed"])
+@triton.jit
 def _backward_q_kernel(Q, K, V, O, DO, LSE, DELTA, DQ_, PART, SPART, DPART, PWPART, TAB, KEEPQ, KEEPK, SEGT, QSEG, KSEG,
                        MASK, DEN, PW, Q2, K2, DQ2_, sqb, sqh, sqm, skb, skh, skn, svb, svh, svn, sob, soh, som, sdb,
                        sdh, sdm, sgb, sgh, sgm, sq2b, sq2h, sq2m, sk2b, sk2h, sk2n, sg2b, sg2h, sg2m, stab, sseg, sqs,
-                       sks, smb, smh, smm, smn, skq, skk, sdn, H, LQ, LK, DQ, DQ2, DV_, qk_scale, scale, seed, p_drop,
+                       sks, smb, smh, smm, smn, skq, skk, sdn, H, LQ, LK, DQ, DQ2, DV_, qk_scale, scale, SEED, p_drop,
                        inv_keep, NN, W, BM: tl.constexpr, BN: tl.constexpr, D1: tl.constexpr, D2: tl.constexpr,
                        DVP: tl.constexpr, HAS_TAB: tl.constexpr, HAS_KEEP: tl.constexpr, NSEG: tl.constexpr,
                        NSEG2P: tl.constexpr, MASK_KIND: tl.constexpr, PIECES: tl.constexpr, LOGKP: tl.constexpr,
@@ -620,6 +621,7 @@ def _backward_q_kernel(Q, K, V, O, DO, LSE, DELTA, DQ_, PART, SPART, DPART, PWPA
     b = (bh // H).to(tl.int64)
     h = (bh % H).to(tl.int64)
     KEEPQ, KEEPK, DEN = KEEPQ + b * skq, KEEPK + b * skk, DEN + b * sdn  # per example, or shared (stride 0)
+    seed = _seed(SEED, DROPOUT)
     offs_m = pid_m * BM + tl.arange(0, BM)
     d1 = tl.arange(0, D1)
     dv_cols = tl.arange(0, DVP)
@@ -747,11 +749,11 @@ def _kv_block(dk1, dk2, dv, k1, k2, v, start, n0, offs_n, q_base, q2_base, do_ba
     return dk1, dk2, dv
 
 
-@triton.jit(do_not_specialize=["seed"])
+@triton.jit
 def _backward_kv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, TAB, KEEPQ, KEEPK, SEGT, QSEG, KSEG, MASK, DEN, PW, Q2, K2,
                         DK2, sqb, sqh, sqm, skb, skh, skn, svb, svh, svn, sdb, sdh, sdm, sgkb, sgkh, sgkn, sgvb, sgvh,
                         sgvn, sq2b, sq2h, sq2m, sk2b, sk2h, sk2n, sgk2b, sgk2h, sgk2n, stab, sseg, sqs, sks, smb, smh,
-                        smm, smn, skq, skk, sdn, H, LQ, LK, DQ, DQ2, DV_, qk_scale, scale, seed, p_drop, inv_keep,
+                        smm, smn, skq, skk, sdn, H, LQ, LK, DQ, DQ2, DV_, qk_scale, scale, SEED, p_drop, inv_keep,
                         BM: tl.constexpr, BN: tl.constexpr, D1: tl.constexpr, D2: tl.constexpr, DVP: tl.constexpr,
                         HAS_TAB: tl.constexpr, HAS_KEEP: tl.constexpr, NSEG: tl.constexpr, MASK_KIND: tl.constexpr,
                         PIECES: tl.constexpr, LOGKP: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr,
@@ -763,6 +765,7 @@ def _backward_kv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, TAB, KEEPQ, KEEPK, SEGT
     b = (bh // H).to(tl.int64)
     h = (bh % H).to(tl.int64)
     KEEPQ, KEEPK, DEN = KEEPQ + b * skq, KEEPK + b * skk, DEN + b * sdn  # per example, or shared (stride 0)
+    seed = _seed(SEED, DROPOUT)
     n0 = pid_n * BN
     offs_n = n0 + tl.arange(0, BN)
     d1 = tl.arange(0, D1)
@@ -845,8 +848,19 @@ def _offset_sum_kernel(PART, OUT, B, H, NM, NN, W, NOFF, LK, BLK: tl.constexpr, 
 
 
 @triton.jit
-def _keep_mask_kernel(OUT, seed, p_drop, LQ, LK, BM: tl.constexpr, BN: tl.constexpr):
+def _seed(SEED, DROPOUT: tl.constexpr):
+    """Attention dropout's Philox seed, read from memory at each launch (a CUDA graph's replay reads the one its
+    own draw wrote); 0 without dropout, where SEED is any pointer and is not read."""
+    if DROPOUT:
+        return tl.load(SEED)
+    else:
+        return 0
+
+
+@triton.jit
+def _keep_mask_kernel(OUT, SEED, p_drop, LQ, LK, BM: tl.constexpr, BN: tl.constexpr):
     """The dropout mask the attention kernels draw, written out (for tests)."""
+    seed = tl.load(SEED)
     bh = tl.program_id(2)
     offs_m = tl.program_id(0) * BM + tl.arange(0, BM)
     start = tl.program_id(1) * BN
@@ -856,10 +870,11 @@ def _keep_mask_kernel(OUT, seed, p_drop, LQ, LK, BM: tl.constexpr, BN: tl.conste
     tl.store(OUT + (bh.to(tl.int64) * LQ + offs_m[:, None]) * LK + offs_n[None, :], kept.to(tl.int8), mask=ok)
 
 
-def dropout_keep(seed: int, p: float, b: int, h: int, lq: int, lk: int, device) -> Tensor:
+def dropout_keep(seed: int | Tensor, p: float, b: int, h: int, lq: int, lk: int, device) -> Tensor:
     """(B, H, Lq, Lk) booleans: which pairs the kernels keep under dropout p with this seed."""
     out = torch.empty(b, h, lq, lk, dtype=torch.int8, device=device)
-    _keep_mask_kernel[(triton.cdiv(lq, 16), triton.cdiv(lk, 16), b * h)](out, seed, p, lq, lk, BM=16, BN=16)
+    _keep_mask_kernel[(triton.cdiv(lq, 16), triton.cdiv(lk, 16), b * h)](out, _seed_tensor(seed, device), p, lq, lk,
+                                                                          BM=16, BN=16)
     return out.bool()
 
 
@@ -881,9 +896,10 @@ class Extras:
     k_segments: Tensor | None = None
     mask: Tensor | None = None
     causal: bool = False
-    #: attention dropout: the probability and the Philox seed (the backward draws the same mask)
+    #: attention dropout: the probability and the Philox seed, an int or a 1-element int64 tensor (`dropout_seed`),
+    #: which the kernels read at launch (the backward draws the same mask)
     dropout: float = 0.0
-    seed: int = 0
+    seed: int | Tensor = 0
     #: a piecewise-linear F_h of x = T[h, i - j + Lk - 1] / den_i in place of T's value (see `fused_attention`):
     #: den (Lq,) or per example (B, Lq) float32; pieces, `pack_pieces`'s buffer of the sorted kinks and each
     #: head's slopes and intercepts; slots, its kink slots (a power of two); n_pieces, the pieces (kinks + 1)
@@ -1118,27 +1134,30 @@ def pack_pieces(kinks: Tensor, slope: Tensor, intercept: Tensor) -> tuple[Tensor
     return torch.cat([kinks.detach().float(), pad, per_head.flatten()]), slots
 
 
-def graph_capturing(q: Tensor) -> bool:
-    """Whether a CUDA graph is being captured on the current stream of q's device."""
-    return q.is_cuda and torch.cuda.is_current_stream_capturing()
-
-
-def dropout_seed(dropout: float, q: Tensor) -> int:
-    """Attention dropout's Philox seed (0 without dropout), from torch's CPU generator: no wait for the GPU, a
-    seeded run repeats, and activation checkpointing's restored generator draws it again. NotServed while a CUDA
-    graph is captured: the seed is a launch argument, so every replay would drop the same scores."""
+def dropout_seed(dropout: float, q: Tensor) -> Tensor | int:
+    """Attention dropout's Philox seed (0 without dropout): one int64 drawn on q's device by torch's generator
+    there. Nothing waits for the GPU (the kernels read it from memory), a seeded run repeats, activation
+    checkpointing restores the generator and draws it again, and inside a CUDA graph the draw is captured with
+    the kernels, so each replay draws a new seed (a host value would be replayed as captured)."""
     if dropout <= 0:
         return 0
-    if graph_capturing(q):
-        raise NotServed("attn_backend='fused' draws attention dropout's seed on the host at each call, and a CUDA "
-                        "graph replays the seed it captured (the same scores dropped at every step): capture with "
-                        "attention dropout 0, or use attn_backend='sdpa'")
-    return int(torch.randint(0, 2**62, ()).item())
+    return torch.randint(0, 2**62, (1,), device=q.device)
 
 
-def _dropout_args(ex: Extras) -> tuple[int, float, float]:
-    """(seed, p, 1 / (1 - p))."""
-    return ex.seed, ex.dropout, 1.0 / (1.0 - ex.dropout)
+def _seed_tensor(seed: int | Tensor, device) -> Tensor:
+    if isinstance(seed, Tensor):
+        return seed if seed.device == torch.device(device) else seed.to(device)
+    return torch.full((1,), seed, dtype=torch.int64, device=device)
+
+
+def _seed_arg(ex: Extras, q: Tensor) -> Tensor:
+    """What the kernels' SEED points at: the seed, or q where no dropout reads it (no tensor made per call)."""
+    return _seed_tensor(ex.seed, q.device) if ex.dropout > 0 else q
+
+
+def _dropout_args(ex: Extras) -> tuple[float, float]:
+    """(p, 1 / (1 - p))."""
+    return ex.dropout, 1.0 / (1.0 - ex.dropout)
 
 
 def _flags(table, segments, ex: Extras, q: Tensor) -> dict:
@@ -1198,7 +1217,7 @@ def _remember(sig: tuple, specs) -> None:
     _specs[sig] = specs
 
 
-def _run(kernel, spec: _Spec, tensors: tuple, seed: int) -> _Spec:
+def _run(kernel, spec: _Spec, tensors: tuple, seed: Tensor) -> _Spec:
     launch_kernel(kernel, spec.grid, (*tensors, *spec.before, seed, *spec.after), spec.constants,
                   token=(spec.token, len(tensors)))
     return spec
@@ -1246,7 +1265,7 @@ def _forward_spec(config: tuple, q: Tensor, k: Tensor, v: Tensor, scale: float, 
     before = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], h * lq * dv, lq * dv, dv,  # out: dense
               *_row_strides(pt.q2), *_row_strides(pt.k2), *_aux_strides(table, segments, ex), h, lq, lk, pt.dq1,
               pt.dq2, dv, scale * LOG2E)
-    return _Spec((_cdiv(lq, bm), b * h), before, _dropout_args(ex)[1:],
+    return _Spec((_cdiv(lq, bm), b * h), before, _dropout_args(ex),
                  dict(BM=bm, BN=bn, D1=pt.d1, D2=pt.d2, DVP=pt.dvp, EVEN_M=lq % bm == 0, EVEN_N=lk % bn == 0,
                       EVEN_D=pt.even_d, num_warps=warps, num_stages=stages, **flags), next(_tokens))
 
@@ -1261,15 +1280,15 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, scale: float, table: Tens
     pt = _parts(q, k, v, ex)
     tensors = (q, k, v, out, lse, *_pointers(table, segments, ex, lse), pt.q2, pt.k2)
     sig = ("fwd", *(sig or signature(q, k, v, scale, table, segments, ex)))
-    spec = _specs.get(sig)
+    spec, seed = _specs.get(sig), _seed_arg(ex, q)
     if spec is not None and not _forced:
-        _run(_forward_kernel, spec, tensors, ex.seed)
+        _run(_forward_kernel, spec, tensors, seed)
         return out, lse
     flags = _flags(table, segments, ex, q)
     spec = _launch(_key("fwd", q, k.shape[2], (pt.d1, pt.d2, pt.dvp), flags),
                    _configs(FORWARD_CONFIGS, q.dtype, max(pt.d1, pt.d2, pt.dvp)),
                    lambda config: _run(_forward_kernel, _forward_spec(config, q, k, v, scale, table, segments, ex,
-                                                                      flags), tensors, ex.seed),
+                                                                      flags), tensors, seed),
                    INTERPRETER_CONFIGS["fwd"])
     _remember(sig, spec)
     return out, lse
@@ -1285,7 +1304,7 @@ def _backward_specs(configs: tuple, q: Tensor, k: Tensor, v: Tensor, out: Tensor
     pt = _parts(q, k, v, ex)
     parts = (*_row_strides(pt.q2), *_row_strides(pt.k2))
     tail = (*_aux_strides(table, segments, ex), h, lq, lk, pt.dq1, pt.dq2, dv_width, scale * LOG2E, scale)
-    after = _dropout_args(ex)[1:]
+    after = _dropout_args(ex)
     dense_q = (h * lq * dq_width, lq * dq_width, dq_width)  # the gradients are written densely
     dense_k, dense_v = (h * lk * dq_width, lk * dq_width, dq_width), (h * lk * dv_width, lk * dv_width, dv_width)
     fixed = dict(D1=pt.d1, D2=pt.d2, DVP=pt.dvp, EVEN_D=pt.even_d, **flags)
@@ -1360,17 +1379,17 @@ def attention_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
     grads = dict(TAB_GRAD=table is not None and table_grad, SEG_GRAD=segments is not None and segments_grad)
     sig = ("bwd", out.stride(), do.stride(), *grads.values(), *(sig or signature(q, k, v, scale, table, segments,
                                                                                 ex)))
-    specs, parts = _specs.get(sig), {}
+    specs, parts, seed = _specs.get(sig), {}, _seed_arg(ex, q)
 
     def run_q(spec):
         parts.update(_partials(spec, lse))
         return _run(_backward_q_kernel, spec, (q, k, v, out, do, lse, delta, dq, *parts.values(), *pointers,
-                                               second[0]), ex.seed)
+                                               second[0]), seed)
 
     kv_tensors = (q, k, v, do, lse, delta, dk, dv, *pointers, second[1])
     if specs is not None and not _forced:
         run_q(specs[0])
-        _run(_backward_kv_kernel, specs[1], kv_tensors, ex.seed)
+        _run(_backward_kv_kernel, specs[1], kv_tensors, seed)
     else:
         specs = _tuned_backward((q, k, v, out, do, second, scale, table, segments, ex), grads, run_q, kv_tensors)
         _remember(sig, specs)
@@ -1397,7 +1416,7 @@ def _tuned_backward(call: tuple, grads: dict, run_q, kv_tensors: tuple) -> tuple
                      INTERPRETER_CONFIGS["q_square" if grads["TAB_GRAD"] else "q"])
     kv_spec = _launch(_key("dkdv", q, lk, (d1, d2, dvp), flags), _configs(BACKWARD_KV_CONFIGS, q.dtype, width),
                       lambda config: _run(_backward_kv_kernel, _backward_specs((None, config), *args)[1], kv_tensors,
-                                          ex.seed),
+                                          _seed_arg(ex, q)),
                       INTERPRETER_CONFIGS["kv"])
     return q_spec, kv_spec
 

@@ -6,8 +6,8 @@ Why custom operators: dynamo cannot trace Triton's launcher (it reads `UntypedSt
 kernel's autograd Function breaks the graph, and a full-graph compile fails. An operator is opaque to the
 compiler: it records the call with the shapes `register_fake` gives and runs the kernels as in eager mode
 (the autotuner's choice, the same bits). Eager mode keeps the autograd Function, which skips the operator's
-dispatch per call. Attention dropout's Philox seed is drawn inside the operator from torch's CPU generator,
-as the eager path draws it, and handed to the backward as a tensor.
+dispatch per call. Attention dropout's Philox seed is drawn inside the operator on q's device, as the eager path
+draws it, and handed to the backward as that tensor.
 """
 
 from __future__ import annotations
@@ -39,12 +39,12 @@ def fused_forward(q: Tensor, k: Tensor, v: Tensor, table: Tensor | None, segment
                   k_segments: Tensor | None, mask: Tensor | None, den: Tensor | None, kinks: Tensor | None,
                   slope: Tensor | None, intercept: Tensor | None, q2: Tensor | None, k2: Tensor | None,
                   scale: float, causal: bool, dropout: float) -> tuple[Tensor, Tensor, Tensor]:
-    """(out, log-sum-exp, the dropout seed as a CPU int64 scalar)."""
-    seed = dropout_seed(dropout, q)  # as the eager path draws it
+    """(out, log-sum-exp, the dropout seed: one int64 on q's device, drawn as the eager path draws it)."""
+    seed = dropout_seed(dropout, q) if dropout > 0 else torch.zeros(1, dtype=torch.int64, device=q.device)
     ex = _extras(q_keep, k_keep, q_segments, k_segments, mask, den, kinks, slope, intercept, q2, k2, causal,
                  dropout, seed)
     out, lse = attention_forward(q, k, v, scale, table, segments, ex)
-    return out, lse, torch.tensor(seed, dtype=torch.int64)
+    return out, lse, seed
 
 
 @fused_forward.register_fake
@@ -52,7 +52,7 @@ def _(q, k, v, table, segments, q_keep, k_keep, q_segments, k_segments, mask, de
       k2, scale, causal, dropout):
     b, h, lq, _ = q.shape
     out = q.new_empty(b, h, lq, v.shape[-1], dtype=v.dtype)
-    return out, q.new_empty(b, h, lq, dtype=torch.float32), torch.empty((), dtype=torch.int64)
+    return out, q.new_empty(b, h, lq, dtype=torch.float32), q.new_empty(1, dtype=torch.int64)
 
 
 @torch.library.custom_op(f"{NAMESPACE}::fused_attention_backward", mutates_args=())
@@ -65,7 +65,7 @@ def fused_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse
     """[dq, dk, dv, d table, d segments, d den, d slope, d intercept, d q2, d k2]; an empty tensor where none is
     asked for or absent."""
     ex = _extras(q_keep, k_keep, q_segments, k_segments, mask, den, kinks, slope, intercept, q2, k2, causal,
-                 dropout, int(seed.item()))
+                 dropout, seed)  # read by the kernels on the device: no copy to the host
     dq, dk, dv, d_table, d_segments, d_pieces, d_second = attention_backward(
         do, q, k, v, out, lse, scale, table, segments, ex, table_grad, segments_grad)
     grads = [d_table, d_segments, *(d_pieces if d_pieces is not None else (None, None, None)),

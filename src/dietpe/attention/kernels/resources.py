@@ -34,6 +34,7 @@ PIECEWISE = dict(EVERY_TERM, HAS_KEEP=False, PIECES=32, LOGKP=5, MASK_KIND=2)
 FLOATS = ("qk_scale", "scale", "p_drop", "inv_keep", "sign")
 ELEMENT_POINTERS = ("Q", "K", "V", "O", "DO", "DK", "DV", "DQ_", "QO", "KO", "Q2", "K2", "DQ2_", "DK2")
 INT_POINTERS = ("QSEG", "KSEG")
+LONG_POINTERS = ("SEED",)  # attention dropout's seed, one int64
 FLOAT_POINTERS = ("LSE", "DELTA", "TAB", "KEEPQ", "KEEPK", "SEGT", "PART", "SPART", "MASK", "OUT", "CQ", "SQ", "CK",
                   "SK", "DEN", "PW", "DPART", "PWPART")
 
@@ -47,10 +48,12 @@ def _signature(fn, dtype: str, constexprs: dict) -> dict:
             sig[name] = f"*{dtype}"
         elif name in INT_POINTERS:
             sig[name] = "*i32"
+        elif name in LONG_POINTERS:
+            sig[name] = "*i64"
         elif name in FLOAT_POINTERS:
             sig[name] = "*fp32"
         else:
-            sig[name] = "fp32" if name in FLOATS else ("i64" if name == "seed" else "i32")
+            sig[name] = "fp32" if name in FLOATS else "i32"
     return sig
 
 
