@@ -33,9 +33,10 @@ open keys only, under a dense mask (packed documents) a wholly blocked tile is s
 open key gets the equation's softmax over its blocked scores all the same.
 
 Attention dropout multiplies P by Z / (1 - p) before P·V, Z drawn by Philox4x32-10 (Salmon et al. 2011) with
-32-bit counters (row b·H·Lq + h·Lq + i, key group j // 4) from a seed per call: one call gives the uniforms of
-four neighbouring keys, and the backward draws the same Z again (FlashAttention's way; its normaliser counts
-dropped weights too, as `F.dropout` after the softmax does).
+32-bit counters (row b·H·Lq + h·Lq + i, key group j // 4) from a seed per call, read from device memory (drawn
+there: a CUDA graph's replay draws anew): one call gives the uniforms of four neighbouring keys, and the
+backward draws the same Z again (FlashAttention's way; its normaliser counts dropped weights too, as
+`F.dropout` after the softmax does).
 
 Low-rank terms (DIET-ABS eq. 1, TUPE's correlation eq. 10) arrive folded into extra query/key channels, so
 the query/key head size may differ from the values'. Heads are loaded in two power-of-two parts, each from
