@@ -249,7 +249,7 @@ def test_attention_dropout_repeats_with_the_seed(device):
     assert not torch.equal(runs[0][0], runs[2][0])
 
 
-def test_the_dropout_seed_is_drawn_on_the_device_and_read_by_the_kernels_at_each_launch(device):
+def test_the_dropout_seed_is_drawn_on_the_device_and_read_by_the_kernels_at_each_launch(device, monkeypatch):
     """A CUDA graph replays launches with the arguments they were captured with: a seed from the host would drop
     the same scores at every replay. So the seed is drawn on q's device by torch's generator (a seeded run
     repeats) and the kernels read it from memory when they run: a new value in the same tensor gives the mask of
@@ -271,6 +271,10 @@ def test_the_dropout_seed_is_drawn_on_the_device_and_read_by_the_kernels_at_each
         return (out, *torch.autograd.grad((out * w).sum(), (q, k, v, table)))
 
     held = torch.tensor([5], device=device)
+    for name in ("item", "tolist", "__int__", "__index__", "cpu"):  # the host never reads it (a replay would not)
+        real = getattr(torch.Tensor, name)
+        monkeypatch.setattr(torch.Tensor, name, lambda self, *a, real=real, name=name: pytest.fail(
+            f"the seed read on the host by .{name}") if self is held else real(self, *a))
     ex = attention.Extras(dropout=0.3, seed=held)
     first = run(ex)
     held.fill_(6)  # what a replay's draw does: the same tensor, a new value
