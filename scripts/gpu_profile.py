@@ -37,7 +37,8 @@ from pathlib import Path
 
 import torch
 
-from dietpe.bench.cost import Variant, build_model, first_output, make_inputs, model_config, training_step
+from dietpe.bench.cost import (Variant, build_model, first_output, make_inputs, max_length_for, model_config,
+                               training_step)
 
 METHODS = ("none,none@fused,diet-rel@fused,diet-rel@fused/score,diet-rel@sdpa,diet-rel+seg@fused,fire@fused,"
            "fire@fused/score")
@@ -136,7 +137,7 @@ def steps_table(labels: list[str], shape: str, length: int, batch: int, repeats:
     steps = {}
     for label in labels:
         method, suffixes = _parse(label)
-        config = model_config(shape, Variant.parse(method), max(512, length))
+        config = model_config(shape, Variant.parse(method), max_length_for(length))
         model = build_model(config).cuda()
         if inputs is None:
             inputs = {k: t.cuda() for k, t in make_inputs(batch, length, config.vocab_size).items()}
@@ -193,7 +194,7 @@ def graphs_table(labels: list[str], shape: str, length: int, batch: int, repeats
     """Inference called as usual against its CUDA graph's replay, both × the first method's, interleaved."""
     inputs, calls = None, {}
     for label in labels:
-        config = model_config(shape, Variant.parse(label), max(512, length))
+        config = model_config(shape, Variant.parse(label), max_length_for(length))
         model = build_model(config).to(device).eval()
         if inputs is None:
             inputs = {k: t.to(device) for k, t in make_inputs(batch, length, config.vocab_size).items()}
@@ -268,7 +269,7 @@ def host_table(labels: list[str], shape: str, length: int, batch: int) -> list[s
         lines.append(f"| {name} | {cells[0]} | {cells[1]} |")
         print(lines[-1], flush=True)
     for label in labels:
-        config = model_config(shape, Variant.parse(label), max(512, length))
+        config = model_config(shape, Variant.parse(label), max_length_for(length))
         model = build_model(config).cuda()
         inputs = {k: t.cuda() for k, t in make_inputs(batch, length, config.vocab_size).items()}
         step = training_step(model, inputs, "bf16")

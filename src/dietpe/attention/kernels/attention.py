@@ -1392,14 +1392,15 @@ def attention_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
         run_q(specs[0])
         _run(_backward_kv_kernel, specs[1], kv_tensors, seed)
     else:
-        specs = _tuned_backward((q, k, v, out, do, second, scale, table, segments, ex), grads, run_q, kv_tensors)
+        specs = _tuned_backward((q, k, v, out, do, second, scale, table, segments, ex), grads, run_q, kv_tensors,
+                                seed)
         _remember(sig, specs)
     d_second = None if ex.q2 is None else (_reduced(second[0], ex.q2), _reduced(second[1], ex.k2))
     return (dq, dk, dv, *_table_gradients(specs[0].sizes, parts, q.shape, k.shape[2], table, segments, ex,
                                           grads), d_second)
 
 
-def _tuned_backward(call: tuple, grads: dict, run_q, kv_tensors: tuple) -> tuple[_Spec, _Spec]:
+def _tuned_backward(call: tuple, grads: dict, run_q, kv_tensors: tuple, seed: Tensor) -> tuple[_Spec, _Spec]:
     """The backward's launches at the tiles remembered for their keys (timed at a key's first call); call: (q, k,
     v, out, do, second, scale, table, segments, ex)."""
     q, k, v, table, segments, ex = *call[:3], *call[-3:]
@@ -1417,7 +1418,7 @@ def _tuned_backward(call: tuple, grads: dict, run_q, kv_tensors: tuple) -> tuple
                      INTERPRETER_CONFIGS["q_square" if grads["TAB_GRAD"] else "q"])
     kv_spec = _launch(_key("dkdv", q, lk, (d1, d2, dvp), flags), _configs(BACKWARD_KV_CONFIGS, q.dtype, width),
                       lambda config: _run(_backward_kv_kernel, _backward_specs((None, config), *args)[1], kv_tensors,
-                                          _seed_arg(ex, q)),
+                                          seed),
                       INTERPRETER_CONFIGS["kv"])
     return q_spec, kv_spec
 
