@@ -120,3 +120,20 @@ def bench_parser(parser):
     import argparse
 
     return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices["bench"]
+
+
+def ci_exit(body: str, tmp_path) -> int:
+    """Runs `body` under .ci/run's own cleanup (its trap on EXIT), as the script runs, and gives its status."""
+    ci = (ROOT / ".ci" / "run").read_text()
+    cleanup = re.search(r"^cleanup\(\) \{.*?^trap cleanup EXIT$", ci, re.S | re.M).group(0)
+    script = f'set -euo pipefail\nroot="{tmp_path / "root"}"\nmkdir -p "$root"\n{cleanup}\n{body}\n'
+    return subprocess.run(["bash", "-c", script], timeout=60).returncode
+
+
+def test_ci_exits_as_its_last_command_did_whatever_its_background_jobs_did(tmp_path):
+    # every background job joined: `kill` then has no job to stop, which must not become CI's status
+    assert ci_exit("(true) & wait $!\necho done", tmp_path) == 0
+    assert not (tmp_path / "root").exists()  # the environments are removed
+    assert ci_exit("(sleep 60) &\necho done", tmp_path) == 0  # one still running is stopped, not waited for
+    assert ci_exit("(true) & wait $!\nfalse\necho never", tmp_path) == 1
+    assert ci_exit("(exit 3) & wait $!", tmp_path) == 3  # a failed job fails CI
