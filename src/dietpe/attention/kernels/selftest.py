@@ -9,11 +9,11 @@ than three times the eager reference's own bfloat16 run (a sanity check: both ro
 passes that must give the same bits; the causal LM; packed documents by per-example position_ids and their
 mask (the tables read along the runs); attention dropout against the equation with the kernel's own mask; in
 bfloat16 at 512 tokens (whole tiles: the unmasked paths), every tile configuration the autotuner may pick; the
-rotary kernel against `apply_rotary`; on CUDA, CUDA graphs' replays (with attention dropout: a new mask at each
-replay). Prints one line per check and ends with `selftest: OK` (exit 0) or `selftest: FAILED n of m: ...`
-(exit 1). Most of its time (over 3.5 minutes on an H100) is Triton compiling each kernel variant. `--device cpu
---length 24` runs the same checks under Triton's interpreter (TRITON_INTERPRET=1),
-slowly: a check of this script itself.
+rotary kernel against `apply_rotary`; on CUDA, CUDA graphs' replays of a forward and of a training step's
+forward and backward (with attention dropout: a new mask at each replay). Prints one line per check and ends with
+`selftest: OK` (exit 0) or `selftest: FAILED n of m: ...` (exit 1). Most of its time (over 3.5 minutes on an
+H100) is Triton compiling each kernel variant. `--device cpu --length 24` runs the same checks under Triton's
+interpreter (TRITON_INTERPRET=1), slowly: a check of this script itself.
 """
 
 from __future__ import annotations
@@ -187,40 +187,83 @@ def check_whole_tiles(n: int) -> list[tuple[str, bool]]:
     return results
 
 
+def _captured(fn):
+    """fn's CUDA graph, captured after two calls on a side stream (torch's docs: tiles chosen, kernels kept)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph
+
+
+def _graph_result(label: str, check) -> tuple[str, bool]:
+    try:
+        ok, said = check()
+    except Exception as e:  # a failed capture is this check's failure, not the selftest's end
+        ok, said = False, f"capture failed: {e!r}"[:300]
+    print(f"{label:>22}: {said}: {ok}", flush=True)
+    return label, ok
+
+
 def check_graph(n: int) -> list[tuple[str, bool]]:
-    """CUDA graphs captured around a fused model's forward: without dropout the replay gives the call's output;
-    with attention dropout two replays differ (each draws its seed on the device; a seed from the host would be
-    replayed as captured)."""
+    """CUDA graphs captured around a fused model: a forward, and a training forward and backward (torch's whole-
+    network capture, the gradients written by the graph). Without dropout a replay gives the call's output and
+    gradients, and two replays the same bits; with attention dropout two replays differ (each draws its seed on
+    the device; a seed from the host would be replayed as captured)."""
     inputs, results = _inputs(n, False), []
+    w = torch.randn(2, n, 256, generator=torch.Generator().manual_seed(1)).to(DEVICE)
     for dropout in (0.0, 0.1):
         model = _model("diet-rel", "per-head", "fused", dropout=dropout)
-        if not dropout:
-            model.eval()
-        try:
+
+        def forward():
+            model.train(bool(dropout))
+            out = {}
+
+            def call():
+                out["last"] = model(**inputs).last_hidden_state
             with torch.no_grad():
                 want = model(**inputs).last_hidden_state
-                side = torch.cuda.Stream()  # warmed up on a side stream before capture, as torch's docs ask
-                side.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(side):
-                    model(**inputs)
-                torch.cuda.current_stream().wait_stream(side)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph):
-                    out = model(**inputs).last_hidden_state
-                replays = []
+                graph, replays = _captured(call), []
                 for _ in range(2):
                     graph.replay()
-                    replays.append(out.clone())
-                torch.cuda.synchronize()
-            ok = (torch.equal(replays[0], want) if not dropout else
-                  bool(torch.isfinite(replays[0]).all()) and not torch.equal(replays[0], replays[1]))
-            said = "replay equals the call" if not dropout else "two replays differ, finite"
-        except Exception as e:  # a failed capture is this check's failure, not the selftest's end
-            ok, said = False, f"capture failed: {e!r}"[:300]
-        label = f"CUDA graph, dropout {dropout}"
-        print(f"{label:>22}: {said}: {ok}", flush=True)
-        results.append((label, ok))
+                    replays.append(out["last"].clone())  # the captured call's output, rewritten by each replay
+            return _compare(replays, [want], dropout)
+
+        def training():
+            model.train()
+
+            def step():
+                model.zero_grad(set_to_none=True)  # the captured backward allocates the gradients it writes
+                (model(**inputs).last_hidden_state * w).sum().backward()
+            step()
+            params = [p for p in model.parameters() if p.grad is not None]  # the pooler's have none
+            want = [p.grad.clone() for p in params]
+            graph = _captured(step)
+            replays = []
+            for _ in range(2):
+                graph.replay()
+                replays.append(torch.cat([p.grad.flatten() for p in params]))
+            return _compare(replays, [torch.cat([g.flatten() for g in want])], dropout)
+
+        results.append(_graph_result(f"CUDA graph, dropout {dropout}", forward))
+        results.append(_graph_result(f"graphed step, dropout {dropout}", training))
     return results
+
+
+def _compare(replays: list, want: list, dropout: float) -> tuple[bool, str]:
+    """Two replays against the call: within float32's rounding of it and the same bits as each other without
+    dropout (cuBLAS may pick another algorithm under capture); finite and different with it."""
+    torch.cuda.synchronize()
+    if dropout:
+        return bool(torch.isfinite(replays[0]).all()) and not torch.equal(*replays), "two replays differ, finite"
+    err = ((replays[0] - want[0]).abs().max() / want[0].abs().max()).item()
+    same = torch.equal(*replays)
+    return err <= 1e-5 and same, f"replay within {err:.1e} of the call, two replays same bits: {same}"
 
 
 def check_rotary(n: int) -> list[tuple[str, bool]]:
@@ -283,11 +326,11 @@ def main(argv=None) -> int:
         if name in chosen:
             results += check_method(name, segment, False, n, packed=True)
     results += check_dropout(n)
+    if DEVICE == "cuda":  # before the tile configurations, which take most of the compiling
+        results += check_graph(n)
     if not args.methods:
         results += check_whole_tiles(512 if DEVICE == "cuda" else 32)
     results += check_rotary(n)
-    if DEVICE == "cuda":
-        results += check_graph(n)
     failed = [label for label, ok in results if not ok]
     print(f"selftest: {'OK' if not failed else f'FAILED {len(failed)} of {len(results)}: ' + ', '.join(failed)} "
           f"({time.perf_counter() - start:.0f} s)")
