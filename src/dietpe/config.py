@@ -68,6 +68,10 @@ class DietConfig(PretrainedConfig):
         `linformer_k`; with `diet-abs` this is DIET-ABS-LIN, eq. 4).
     attn_backend: `auto` (SDPA unless the method needs the probabilities), or a backend registered in
         `dietpe.attention.registry`: `eager` (the reference), `sdpa`, `flex` (FlexAttention), `banded` (Shaw).
+    sparse_prediction: the masked LM given `labels` runs its head on the labelled tokens only (label != -100)
+        and returns their logits, (N, vocab_size) in row-major order, as transformers' ModernBERT does: the
+        same loss without the (B, L, vocab_size) logits (`dietpe pretrain` sets it). Without labels, or False
+        (the default, BERT's), the logits of every token.
     """
 
     model_type = "diet"
@@ -100,6 +104,7 @@ class DietConfig(PretrainedConfig):
         attn_backend: str = "auto",
         classifier_dropout: float | None = None,
         tie_word_embeddings: bool = True,
+        sparse_prediction: bool = False,
         **kwargs,
     ):
         self.vocab_size = vocab_size
@@ -129,6 +134,7 @@ class DietConfig(PretrainedConfig):
         self.attn_backend = attn_backend
         self.classifier_dropout = classifier_dropout
         self.tie_word_embeddings = tie_word_embeddings  # BERT ties the MLM decoder to the word embeddings
+        self.sparse_prediction = sparse_prediction
         super().__init__(pad_token_id=pad_token_id, **kwargs)
         self.validate()
 
@@ -173,6 +179,7 @@ class DietConfig(PretrainedConfig):
                 f"hidden_size={self.hidden_size} is not divisible by num_attention_heads={self.num_attention_heads}")
         self.validate_method()
         boolean("input_positions", self.input_positions)
+        boolean("sparse_prediction", self.sparse_prediction)
         if self.input_positions and not REGISTRY[self.position].per_head:
             raise ConfigError(f"input_positions=True adds BERT's learned input position table to a per-head method; "
                               f"position={self.position!r} has no per-head term (use position='absolute' for BERT)")

@@ -141,7 +141,7 @@ def test_mlm_loss_feeds_the_model_on_its_device():
     probe = Probe()
     with pytest.raises(Seen):
         mlm_loss(probe, [{"input_ids": [1, 2, 3]}], collate)
-    assert probe.devices == {"input_ids": "meta", "attention_mask": "meta"}
+    assert probe.devices == {"input_ids": "meta", "attention_mask": "meta", "labels": "meta"}
 
 
 def test_one_block_mask_per_forward_whatever_the_layers(monkeypatch):

@@ -18,6 +18,7 @@ from dietpe import (
     InputError,
 )
 from dietpe.config import POSITIONS
+from dietpe.errors import ConfigError
 from tests.conftest import batch, tiny
 
 
@@ -41,6 +42,45 @@ def test_mlm_decoder_is_tied_to_word_embeddings(tmp_path):
     model.save_pretrained(tmp_path)
     again = DietForMaskedLM.from_pretrained(tmp_path)
     assert again.lm_head.decoder.weight.data_ptr() == again.diet.embeddings.word_embeddings.weight.data_ptr()
+
+
+def test_sparse_prediction_is_the_dense_loss_and_gradients_on_the_labelled_tokens(tmp_path):
+    torch.manual_seed(0)
+    ids, mask, seg = batch(length=12)
+    labels = torch.full_like(ids, -100)
+    labels[0, [1, 4, 7]], labels[1, [0, 5]] = ids[0, [1, 4, 7]], ids[1, [0, 5]]
+    dense = DietForMaskedLM(tiny(position="diet-rel", segment="per-head"))
+    sparse = DietForMaskedLM(tiny(position="diet-rel", segment="per-head", sparse_prediction=True))
+    sparse.load_state_dict(dense.state_dict())
+    outs = [m(ids, attention_mask=mask, token_type_ids=seg, labels=labels) for m in (dense, sparse)]
+    # the labelled tokens' logits alone, in row-major order, and the same loss
+    assert outs[1].logits.shape == (5, 50)
+    torch.testing.assert_close(outs[1].logits, outs[0].logits[labels != -100], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(outs[1].loss, outs[0].loss, rtol=1e-6, atol=1e-6)
+    grads = [torch.autograd.grad(o.loss, list(m.parameters()), allow_unused=True)
+             for o, m in zip(outs, (dense, sparse))]
+    assert all(torch.allclose(a, b, rtol=1e-5, atol=1e-7) for a, b in zip(*grads) if a is not None)
+    assert any(a is not None and a.abs().max() > 0 for a in grads[1])
+    # without labels: every token's logits, as BERT's head gives them
+    with torch.no_grad():
+        assert sparse(ids, attention_mask=mask, token_type_ids=seg).logits.shape == (2, 12, 50)
+    sparse.save_pretrained(tmp_path)
+    assert DietForMaskedLM.from_pretrained(tmp_path).config.sparse_prediction is True
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+def test_mlm_labels_are_one_per_token(sparse):
+    ids, mask, seg = batch(length=12)
+    model = DietForMaskedLM(tiny(sparse_prediction=sparse))
+    flat = model(ids, labels=ids.reshape(-1))  # flat, as BERT's head takes them
+    assert torch.equal(flat.loss, model(ids, labels=ids).loss)
+    with pytest.raises(InputError, match=r"labels of shape \(23,\) for inputs of shape \(2, 12\)"):
+        model(ids, labels=ids.reshape(-1)[1:])
+
+
+def test_sparse_prediction_is_a_boolean():
+    with pytest.raises(ConfigError, match="sparse_prediction"):
+        tiny(sparse_prediction="yes")
 
 
 def test_auto_classes_resolve_every_head(tmp_path):

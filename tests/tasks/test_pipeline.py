@@ -48,6 +48,29 @@ def test_pretrain_reports_validation_loss_and_saves_a_safetensors_model(pretrain
     assert again == json.loads((out / pt.RESULTS).read_text())  # finished: reused, not retrained
 
 
+def test_pretraining_scores_the_masked_tokens_alone_with_the_loss_of_every_tokens_logits(pretrained):
+    from dietpe import DietForMaskedLM
+    from dietpe.data.mlm import MlmCollator
+    from dietpe.data.tokenizer import load_tokenizer
+
+    out, _ = pretrained
+    sparse = DietForMaskedLM.from_pretrained(out / "model").eval()
+    assert sparse.config.sparse_prediction  # how it was trained, saved with it
+    dense = DietForMaskedLM.from_pretrained(out / "model", sparse_prediction=False).eval()
+    tok = load_tokenizer(out / "model")
+    collator = MlmCollator(tok)
+    g = torch.Generator().manual_seed(0)
+    blocks = [[tok.cls_token_id, *torch.randint(5, len(tok), (20,), generator=g).tolist(), tok.sep_token_id]
+              for _ in range(6)]
+    val_set = pt.ListDataset(collator.premask(blocks, pt.VALIDATION_SEED))
+    batch = collator([val_set[i] for i in range(6)])
+    with torch.no_grad():
+        outs = [m(**batch) for m in (sparse, dense)]
+    assert outs[0].logits.shape == (int((batch["labels"] != -100).sum()), len(tok)) and outs[1].logits.dim() == 3
+    assert outs[0].loss.item() == pytest.approx(outs[1].loss.item(), rel=1e-6)
+    assert pt.mlm_loss(sparse, val_set, collator) == pytest.approx(pt.mlm_loss(dense, val_set, collator), rel=1e-6)
+
+
 class _Killed(Exception):
     pass
 

@@ -342,7 +342,16 @@ class DietForMaskedLM(DietPreTrainedModel):
         check_kwargs(kwargs, f"{type(self).__name__}.forward")
         out = self.diet(input_ids, attention_mask, token_type_ids, position_ids, output_attentions,
                         output_hidden_states, inputs_embeds=inputs_embeds)
-        logits = self.lm_head(out.last_hidden_state)
+        hidden = out.last_hidden_state
+        if labels is not None and labels.numel() != hidden.shape[:-1].numel():  # BERT's head takes them flat too
+            raise InputError(f"labels of shape {tuple(labels.shape)} for inputs of shape {tuple(hidden.shape[:-1])}: "
+                             f"one label per token (-100 where none)")
+        if labels is not None and self.config.sparse_prediction:
+            # the head and the loss on the labelled tokens alone (about 15% of them): no (B, L, V) logits
+            labels = labels.reshape(hidden.shape[:-1])
+            keep = labels != -100
+            hidden, labels = hidden[keep], labels[keep]
+        logits = self.lm_head(hidden)
         loss = None
         if labels is not None:
             loss = nn.functional.cross_entropy(logits.view(-1, logits.shape[-1]).float(), labels.view(-1),

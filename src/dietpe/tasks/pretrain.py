@@ -136,10 +136,12 @@ def mlm_loss(model, dataset: ListDataset, collator: MlmCollator, batch_size: int
     for i in range(0, len(dataset), batch_size):
         batch = collator([dataset[j] for j in range(i, min(i + batch_size, len(dataset)))])
         batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
-        labels = batch.pop("labels")
+        labels = batch["labels"]
         logits = model(**batch).logits
         keep = labels != -100
-        total += torch.nn.functional.cross_entropy(logits[keep].float(), labels[keep], reduction="sum").item()
+        if logits.dim() == 3:  # every token's (sparse_prediction gives the labelled tokens' alone)
+            logits = logits[keep]
+        total += torch.nn.functional.cross_entropy(logits.float(), labels[keep], reduction="sum").item()
         count += int(keep.sum())
     model.train(was_training)
     if count == 0:
@@ -204,11 +206,13 @@ def build_model(job: PretrainJob, tok, log):
         else:  # validated before the work began: only the tokenizer's sizes are new
             config = copy.deepcopy(job.config)
             config.vocab_size, config.pad_token_id = len(tok), tok.pad_token_id
+        config.sparse_prediction = True  # the head on the masked tokens alone: the same loss, no (B, L, V) logits
         return config, DietForMaskedLM(config)
     # BERT's sizes and content weights; the method's position parameters fresh (dietpe.models.bert)
     from dietpe.models.bert import from_bert, init_config
 
     config = init_config(job.init, job.settings.max_length, **method.config_fields())
+    config.sparse_prediction = True
     if len(tok) > config.vocab_size:
         raise ConfigError(f"the tokenizer has {len(tok):,} tokens, the BERT checkpoint {job.init} "
                           f"{config.vocab_size:,}; use the checkpoint's tokenizer (--tokenizer)")
