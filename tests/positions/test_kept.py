@@ -80,3 +80,20 @@ def test_nothing_is_kept_in_training_or_for_custom_positions(builds):
         model(ids, attention_mask=mask, token_type_ids=seg, position_ids=torch.arange(9)[None].expand(2, -1))
     assert builds == []
     assert "_kept" not in model.diet.positions.method.state_dict()
+
+
+def test_nothing_is_kept_off_the_cpu_where_comparing_would_sync_the_host():
+    """Comparing the kept copy reads device memory from the host: on a GPU a stall per term and forward, and
+    not allowed while a CUDA graph is captured. The meta device stands in for the GPU here."""
+    from types import SimpleNamespace
+
+    method = REGISTRY["diet-rel"].build(tiny(position="diet-rel"))
+
+    def ctx(device):
+        pos = torch.arange(4, device=device)[None]
+        return SimpleNamespace(q_start=0, k_start=0, q_pos=pos, k_pos=pos)
+    with torch.no_grad():
+        on_cpu = method.kept(ctx("cpu"), "t", (torch.zeros(3),), 16, lambda: 1)
+        off_cpu = method.kept(ctx("meta"), "t", (torch.zeros(3, device="meta"),), 16, lambda: 1)
+    assert on_cpu is not None and on_cpu() == 1
+    assert off_cpu is None

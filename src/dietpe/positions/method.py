@@ -162,9 +162,11 @@ class PositionMethod(nn.Module):
         and holds a copy of the tensors it was built from; a forward uses it only if every tensor still equals
         its copy exactly (version counters would not do: fused optimizers update parameters without bumping
         them). One entry per name, at most KEEP_ELEMENTS elements; never with per-example or custom
-        positions, a gradient to track, or while compiling."""
+        positions, a gradient to track, or while compiling. Only on the CPU: on a GPU the comparison is a host
+        sync per term and forward, which stalls the queue for longer than the term takes to build there (and
+        cannot be captured in a CUDA graph), so a GPU builds the term every forward, as training does."""
         if (ctx.q_start is None or ctx.k_start is None or elements > KEEP_ELEMENTS
-                or torch.compiler.is_compiling()
+                or ctx.q_pos.device.type != "cpu" or torch.compiler.is_compiling()
                 or (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))):
             return None
         store = self.__dict__.setdefault("_kept", {})  # not state: never saved, nor moved by .to()
