@@ -194,3 +194,13 @@ def test_one_compiled_kernel_per_kind_serves_every_layer_and_configuration(devic
     # a kind compiles its first shapes static, then once more with dynamic shapes (and per input rank:
     # positions per example): a few graphs per kind, never one per layer or model
     assert len(graphs) == 8 and max(graphs.values()) <= 3 and sum(graphs.values()) < calls, (graphs, calls)
+
+
+def test_wide_heads_get_flex_tiles_that_fit_a_gpu_and_ordinary_ones_flex_own_choice():
+    """Rows wider than FLEX_ROW_BYTES in the kernel's tiles (a power of two of channels) get small tiles."""
+    assert backends.flex_kernel_options(64, torch.float32) is None
+    assert backends.flex_kernel_options(128, torch.float32) is None  # 512 bytes: flex's defaults compiled
+    assert backends.flex_kernel_options(130, torch.bfloat16) is None  # 256 channels in the tiles, 512 bytes
+    small = backends.flex_kernel_options(130, torch.float32)  # TUPE's fold: 256 channels, 1 KiB a row
+    assert small == backends.FLEX_SMALL_TILES and small is not backends.FLEX_SMALL_TILES
+    assert backends.flex_kernel_options(257, torch.bfloat16) == backends.FLEX_SMALL_TILES

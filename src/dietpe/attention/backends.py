@@ -308,7 +308,7 @@ def flex_plan(terms: LayerTerms, q_raw: Tensor) -> tuple[list, list[LogitTerm]]:
     return mods, fold
 
 
-def _call_flex(q, k, v, block_mask, scale, mods):
+def _call_flex(q, k, v, block_mask, scale, mods, kernel_options):
     """flex_attention with Σ mods as its score_mod (mods: ((fn, args), ...), see `ScoreMod`). The score_mod is
     made here, from functions and tensors passed in, so a compiled kernel of this function serves every call
     whose mods have the same functions: their tensors are its inputs."""
@@ -319,7 +319,24 @@ def _call_flex(q, k, v, block_mask, scale, mods):
             score = score + fn(b, h, q_idx, kv_idx, *args)
         return score
 
-    return flex_attention(q, k, v, score_mod=score_mod if mods else None, block_mask=block_mask, scale=scale)
+    return flex_attention(q, k, v, score_mod=score_mod if mods else None, block_mask=block_mask, scale=scale,
+                          kernel_options=kernel_options)
+
+
+# Bytes of one row of q, k or v (its head size rounded up to a power of two, as the kernel's tiles are) above
+# which flex's default tile configurations ask for more shared memory than a GPU has: on an H200, float32
+# rows of 128 channels (DIET-ABS folded) compiled, TUPE's folded 130 (256 in the tiles) asked for 378,624
+# bytes of its 232,448 (pytorch #133254). Past it the tiles shrink.
+FLEX_ROW_BYTES = 512
+FLEX_SMALL_TILES = {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_M1": 32, "BLOCK_N1": 32, "BLOCK_M2": 32, "BLOCK_N2": 32,
+                    "num_stages": 1}
+
+
+def flex_kernel_options(width: int, dtype: torch.dtype) -> dict | None:
+    """flex_attention's kernel_options for heads of `width` channels: small tiles for wide rows, else None (its
+    own choice)."""
+    padded = 1 << max(width - 1, 0).bit_length()
+    return dict(FLEX_SMALL_TILES) if padded * dtype.itemsize > FLEX_ROW_BYTES else None
 
 
 # Compiled `_call_flex`, one per kind of score_mod (its functions and the functions among their arguments).
@@ -394,4 +411,5 @@ def flex(q: Tensor, k: Tensor, v: Tensor, terms: LayerTerms, mask: Tensor | Caus
 
 def run_flex(fn, q, k, v, mods, block_mask, scale):
     """The kernel call itself (a seam for tests that watch what the backend builds around it)."""
-    return fn(q, k, v, block_mask, scale, mods)
+    options = flex_kernel_options(q.shape[-1], q.dtype) if q.is_cuda else None  # the CPU's kernel has no tiles
+    return fn(q, k, v, block_mask, scale, mods, options)
