@@ -95,20 +95,25 @@ def steps() -> list[Step]:
               _dietpe(f"pretrain {{work}}/data/corpus --method t5 --device cuda --deterministic {PRE} -o {{work}}/det_b"),
               f"{PY} {ROOT}/scripts/gpu_checklist.py --compare-runs {{work}}"),
              "bash -n scripts/gpu_commands.sh"),
+        # stopped 10 s before its limit so that the phases it finished (train, infer) still come back
         Step("bench", "time", 150, "bench.md",
-             (_dietpe("bench --device cuda --precision bf16 --shapes bert-base --lengths 512 --batch 8 "
-                      # none@fused first: the kernel's own cost against flash, before any term's
-                      "--methods none@fused,diet-rel,diet-rel+seg,diet-abs,t5,alibi,fire "
-                      "--backends fused,sdpa --repeats 6 --warmup 3 --no-memory"),),
+             ("timeout -s INT 140 " + _dietpe(
+                 "bench --device cuda --precision bf16 --shapes bert-base --lengths 512 --batch 8 "
+                 # none@fused first: the kernel's own cost against flash, before any term's
+                 "--methods none@fused,diet-rel,diet-rel+seg,diet-abs,t5,alibi,kerple,fire "
+                 "--backends fused,sdpa --repeats 6 --warmup 3 --no-memory --markdown {work}/bench.md")
+              + "; rc=$?; [ $rc = 0 ] || cat {work}/bench.md; exit $rc",),
              _dietpe("bench --help")),
         # measured once (docs/measured/h200_study_time.json): run by name, for another GPU
         Step("study_time", "time", 50, "study_time.txt",
              (f"{PY} -m dietpe.bench.study_time --plan gpu-hour --device cuda --precision bf16",),
              f"{PY} -m dietpe.bench.study_time --help", default=False),
         # where a step's time goes (host, kernels by kind, each kernel alone): run by name
-        Step("profile", "time", 240, "profile.md",
-             (f"{PY} scripts/gpu_profile.py - --ops --host none@fused,diet-rel@fused --graphs none,none@fused,"
-              "diet-rel@fused,diet-rel+seg@fused,diet-abs@fused,t5@fused,alibi@fused,diet-rel@sdpa",),
+        # inference on the GPU alone (a CUDA graph's replay), then the operator alone; the training step's
+        # profile (`gpu_profile.py` without --no-steps) is the bench step's ratio taken apart
+        Step("profile", "time", 120, "profile.md",
+             (f"{PY} scripts/gpu_profile.py - --no-steps --graphs none,none@fused,diet-rel@fused,"
+              "diet-rel+seg@fused,diet-abs@fused,t5@fused,alibi@fused,diet-rel@sdpa --ops",),
              f"{PY} scripts/gpu_profile.py --help", default=False),
         Step("attach", "time", 120, "attach.md",
              # the methods not yet measured attached first (the budget may end before the last)

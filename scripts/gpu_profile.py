@@ -31,6 +31,7 @@ import contextlib
 import statistics
 import sys
 import time
+import traceback
 import warnings
 from collections import Counter
 from pathlib import Path
@@ -349,24 +350,33 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("gpu_profile: needs CUDA", file=sys.stderr)
         return 2
-    lines = []
-    try:
-        if not args.no_steps:
-            lines += steps_table(args.methods.split(","), args.shape, args.length, args.batch, args.repeats)
-        if args.host:
-            lines += host_table(args.host.split(","), args.shape, args.length, args.batch)
-        if args.graphs:
-            lines += graphs_table(args.graphs.split(","), args.shape, args.length, args.batch, args.repeats)
-        if args.ops:
-            lines += ops_table([(8, 12, 512, 64), (4, 12, 2048, 64), (1, 12, 8192, 64), (8, 12, 512, 128)])
-    finally:
+    parts = []
+    if not args.no_steps:
+        parts.append(("steps", lambda: steps_table(args.methods.split(","), args.shape, args.length, args.batch,
+                                                   args.repeats)))
+    if args.host:
+        parts.append(("host", lambda: host_table(args.host.split(","), args.shape, args.length, args.batch)))
+    if args.graphs:
+        parts.append(("graphs", lambda: graphs_table(args.graphs.split(","), args.shape, args.length, args.batch,
+                                                     args.repeats)))
+    if args.ops:
+        parts.append(("ops", lambda: ops_table([(8, 12, 512, 64), (4, 12, 2048, 64), (1, 12, 8192, 64),
+                                                (8, 12, 512, 128)])))
+    lines, failed, report = [], [], "\n"
+    for name, part in parts:  # one part's failure leaves the others' tables
+        try:
+            lines += part()
+        except Exception as e:  # noqa: BLE001 - reported, and the exit status says so
+            failed.append(name)
+            lines += ["", f"## {name}: failed: {type(e).__name__}: {e}"]
+            traceback.print_exc()
         report = "\n".join(lines) + "\n"
-        if str(args.out) == "-":
-            print(report, flush=True)
-        else:
+        if str(args.out) != "-":
             args.out.write_text(report)
-    print("SUMMARY: profiled", flush=True)
-    return 0
+    if str(args.out) == "-":
+        print(report, flush=True)
+    print(f"SUMMARY: profiled{'; failed: ' + ', '.join(failed) if failed else ''}", flush=True)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
