@@ -83,3 +83,35 @@ def test_t5_and_tupe_r_read_one_bucket_index():
     (_, relative) = model.positions.layer_terms(ctx, 0).logits
     relative.dense()
     assert relative.index is t5_index(ctx, method.num_buckets, method.max_distance, method.causal)
+
+
+def test_the_segment_one_hot_is_f_one_hot_built_once_per_forward_without_reading_the_ids():
+    """DIET eq. 2's factor onehot(S(j)) is the same for every layer's Ŝ: built once per forward, by a comparison
+    that never copies the ids to the host (`F.one_hot` checks their range there: two syncs a layer on a GPU)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from dietpe.positions import segments as segments_module
+    from dietpe.positions.terms.low_rank import one_hot_keys
+
+    ids = torch.tensor([[0, 1, 1, 2], [2, 0, 0, 1]])
+    torch.testing.assert_close(one_hot_keys(ids, 3, torch.float32),
+                               torch.nn.functional.one_hot(ids, 3).float().unsqueeze(1), rtol=0, atol=0)
+
+    class HostReads(TorchDispatchMode):
+        count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            HostReads.count += func.overloadpacket.__name__ in ("_local_scalar_dense", "nonzero", "equal")
+            return func(*args, **(kwargs or {}))
+    with HostReads():
+        one_hot_keys(ids, 3, torch.bfloat16)
+    assert HostReads.count == 0
+
+    built = []
+    real = segments_module.one_hot_keys
+    model = DietModel(tiny(position="diet-rel", segment="per-head", attn_backend="sdpa", num_hidden_layers=3))
+    seg = torch.tensor([[0] * 5 + [1] * 5] * 2)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(segments_module, "one_hot_keys", lambda *a: built.append(1) or real(*a))
+        model(torch.randint(1, 50, (2, 10)), token_type_ids=seg)
+    assert len(built) == 1  # three layers, three tables, one one-hot

@@ -9,11 +9,21 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from torch import Tensor, nn
 
-from dietpe.positions.context import Built, Context
+from dietpe.positions.context import Built, CacheKey, Context
 from dietpe.positions.method import PositionMethod, normal_parameter, shared_layer, sharing_shape
 from dietpe.positions.terms import LayerTerms, SegmentBias
+from dietpe.positions.terms.low_rank import one_hot_keys
+
+
+@dataclass(frozen=True)
+class KeyOneHot(CacheKey):
+    """onehot(S(j)) of the keys' segments, (B, 1, Lk, k): the same for every layer's Ŝ."""
+
+    owner: object
 
 
 class InputSegments(nn.Module):
@@ -45,6 +55,7 @@ class PerHeadSegments(PositionMethod):
         if ctx.q_segments is None:
             return LayerTerms()
         table = shared_layer(self.sharing, layer)
-
+        one_hot = lambda: ctx.cached(KeyOneHot(self), lambda: one_hot_keys(  # noqa: E731
+            ctx.k_segments, self.num_segments, self.table.dtype))
         return LayerTerms(logits=[ctx.cached(Built(self, table), lambda: SegmentBias(
-            self.layer_table(ctx, "table", table), ctx.q_segments, ctx.k_segments))])
+            self.layer_table(ctx, "table", table), ctx.q_segments, ctx.k_segments, one_hot))])

@@ -108,9 +108,11 @@ def test_diet_rel_reads_consecutive_columns_as_a_view(max_distance, view, device
 def test_the_kernel_reads_the_segment_table_not_its_factors(device, monkeypatch):
     """Per-head segments reach the kernel as their table: the low-rank factors sdpa folds (a gather and a
     one-hot per layer) are never built on the fused path; eager builds them."""
+    from dietpe.positions.terms import SegmentBias
+
     calls = []
-    one_hot = torch.nn.functional.one_hot
-    monkeypatch.setattr(torch.nn.functional, "one_hot", lambda *a, **kw: calls.append(1) or one_hot(*a, **kw))
+    factors = SegmentBias.factors
+    monkeypatch.setattr(SegmentBias, "factors", lambda self: calls.append(1) or factors(self))
     ref, fused = _pair(lambda **kw: DietModel(tiny(16, **kw)), device, position="diet-rel", segment="per-head",
                        num_hidden_layers=2)
     ids, mask, seg = batch(L, device=device)

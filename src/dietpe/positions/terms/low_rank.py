@@ -35,6 +35,12 @@ class LowRankBias(LogitTerm):
         return self.fq, self.fk
 
 
+def one_hot_keys(segments: Tensor, k: int, dtype: torch.dtype) -> Tensor:
+    """(B, 1, Lk, k) one-hot rows of the keys' segments, by comparison: `F.one_hot` reads the ids' range back to
+    the host (two syncs on a GPU; the ids are checked once per forward where they may be read)."""
+    return (segments[:, None, :, None] == torch.arange(k, device=segments.device)).to(dtype)
+
+
 class SegmentBias(LowRankBias):
     """DIET eq. 2: Ŝ[h, S(i), S(j)], a k×k table per head read at the two tokens' segments. As a product
     Ŝ[S(i), :] · onehot(S(j))ᵀ it is low rank (folded by sdpa); FlexAttention reads the table directly.
@@ -42,11 +48,14 @@ class SegmentBias(LowRankBias):
 
     kind = "segment"
 
-    def __init__(self, table: Tensor, q_segments: Tensor, k_segments: Tensor):
+    def __init__(self, table: Tensor, q_segments: Tensor, k_segments: Tensor,
+                 key_one_hot: Callable[[], Tensor] | None = None):
         LogitTerm.__init__(self, (q_segments.shape[-1], k_segments.shape[-1]),
                            max(q_segments.shape[0], k_segments.shape[0]), table.shape[0])
         self.kept = None
         self.table, self.q_segments, self.k_segments = table, q_segments, k_segments
+        # onehot(S(j)) (B, 1, Lk, k), which every layer's term shares: the caller's, built once per forward
+        self.key_one_hot = key_one_hot or (lambda: one_hot_keys(k_segments, table.shape[-1], table.dtype))
         self._factors = None
 
     def factors(self) -> tuple[Tensor, Tensor]:
@@ -56,7 +65,7 @@ class SegmentBias(LowRankBias):
         if self._factors is not None:
             return self._factors
         fq = self.table[:, self.q_segments].transpose(0, 1)
-        fk = torch.nn.functional.one_hot(self.k_segments, self.table.shape[-1]).to(self.table.dtype).unsqueeze(1)
+        fk = self.key_one_hot()
         if self.reuse:
             self._factors = fq, fk
         return fq, fk
