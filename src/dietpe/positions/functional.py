@@ -189,6 +189,12 @@ def relative_scatter(probs: Tensor, index: Tensor, num_offsets: int, onehot: One
     return out.scatter_add_(-1, _per_head(index).expand(b, h, lq, lk), probs)
 
 
+def _toeplitz_forward(diagonals: Tensor, lk: int) -> Tensor:
+    # window s of the flipped diagonals is row lq-1-s of the result: e[s + j] = d[lq-1-s - j + lk-1]
+    windows = diagonals.flip(-1).unfold(-1, lk, 1)  # (..., Lq, Lk) view, rows in reverse order
+    return windows.flip(-2)
+
+
 class _Toeplitz(torch.autograd.Function):
     """out[..., i, j] = diagonals[..., i - j + Lk - 1]: a strided view and one copy instead of a gather, and
     diagonal sums (a skewed copy and one reduction) instead of a scatter-add for the gradient."""
@@ -196,9 +202,7 @@ class _Toeplitz(torch.autograd.Function):
     @staticmethod
     def forward(ctx, diagonals: Tensor, lq: int, lk: int) -> Tensor:
         ctx.shape = (diagonals.shape, lq, lk)
-        # window s of the flipped diagonals is row lq-1-s of the result: e[s + j] = d[lq-1-s - j + lk-1]
-        windows = diagonals.flip(-1).unfold(-1, lk, 1)  # (..., Lq, Lk) view, rows in reverse order
-        return windows.flip(-2)
+        return _toeplitz_forward(diagonals, lk)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
@@ -223,6 +227,8 @@ def toeplitz(diagonals: Tensor, lq: int, lk: int) -> Tensor:
     out[..., i, j] = diagonals[..., i - j + Lk - 1]. The relative terms' dense form for consecutive positions."""
     if diagonals.shape[-1] != lq + lk - 1:
         raise ValueError(f"need Lq + Lk - 1 = {lq + lk - 1} diagonals, got {diagonals.shape[-1]}")
+    if not (torch.is_grad_enabled() and diagonals.requires_grad):  # no graph to record: the Function's forward
+        return _toeplitz_forward(diagonals, lk)
     return _Toeplitz.apply(diagonals, lq, lk)
 
 

@@ -115,8 +115,11 @@ class TableBias(LazyIndex, PositionBias):
             bias = self.values[:, self.index[:, start:stop]].transpose(0, 1)  # (B, H, rows, Lk)
         elif self.diagonals is None:
             bias = self.values[:, self.index[start:stop]].unsqueeze(0)  # (1, H, rows, Lk)
-        else:  # rows i in [start, stop) read diagonals start .. stop-1 + Lk-1
-            bias = toeplitz(self.values[:, self.diagonals[start:stop + lk - 1]], stop - start, lk).unsqueeze(0)
+        else:  # rows i in [start, stop) read diagonals start .. stop-1 + Lk-1: consecutive columns, or gathered
+            at = self.columns[0] if self.columns is not None else None
+            diagonals = self.values[:, at + start:at + stop + lk - 1] if at is not None \
+                else self.values[:, self.diagonals[start:stop + lk - 1]]
+            bias = toeplitz(diagonals, stop - start, lk).unsqueeze(0)
         keep = self._keep(start, stop)
         return bias if keep is None else bias * keep.to(bias.dtype)
 
