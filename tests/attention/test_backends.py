@@ -99,3 +99,30 @@ def test_padding_does_not_change_real_tokens():
         a = model(ids, token_type_ids=seg).logits
         b = model(padded, attention_mask=mask, token_type_ids=seg_p).logits[:, :8]
     torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("position,sums_at_inference", [("t5", 1), ("alibi", 1), ("diet-rel", 3)])
+def test_layers_sharing_a_position_term_sum_it_with_the_mask_once_at_inference(position, sums_at_inference,
+                                                                               monkeypatch):
+    """T5's and ALiBi's one term serves every layer: at inference its cast and its sum with the mask are made
+    once a forward on sdpa; DIET-REL's per-layer tables are summed per layer; with gradients, per layer."""
+    from dietpe.attention import backends
+
+    sums = []
+    real = backends._sum
+    monkeypatch.setattr(backends, "_sum", lambda *a: sums.append(1) or real(*a))
+    model = DietForMaskedLM(tiny(position=position, attn_backend="sdpa", num_hidden_layers=3))
+    ids, mask, seg = batch(10)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        shared = model.eval()(ids, attention_mask=mask, token_type_ids=seg).logits
+    assert len(sums) == sums_at_inference
+    sums.clear()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        model(ids, attention_mask=mask, token_type_ids=seg, labels=ids).loss.backward()
+    assert len(sums) == 3
+    from dietpe.positions.terms.logit import LogitTerm
+
+    monkeypatch.setattr(LogitTerm, "per_forward", lambda self, name, build: build())
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):  # each layer its own sum: the same bits
+        torch.testing.assert_close(model(ids, attention_mask=mask, token_type_ids=seg).logits, shared, rtol=0,
+                                   atol=0)

@@ -212,20 +212,33 @@ def _add_low_rank(bias: Tensor | None, terms: list[LogitTerm], dtype: torch.dtyp
 
 def _summed_bias(dense: list[LogitTerm], mask: Tensor | None, q_raw: Tensor, dtype: torch.dtype,
                  cache: dict) -> Tensor | None:
-    """Σ dense terms + mask. Position-only terms give the same sum in every layer that shares them."""
-    reusable = len(dense) > 1 and all(not t.query_dependent and t.reuse for t in dense)
+    """Σ dense terms + mask. Position-only terms give the same sum in every layer that shares them: kept in
+    `cache` where every layer gets the same LayerTerms (TUPE), and at inference on the first term, so layers
+    that share the terms (T5, ALiBi, KERPLE, FIRE: one term for all layers) cast and add once a forward. In
+    training a sum shared by the layers would add their bfloat16 gradients in bfloat16 before the cast back."""
+    position_only = bool(dense) and all(not t.query_dependent and t.reuse for t in dense)
+    reusable = len(dense) > 1 and position_only
     if reusable:
         hit = cache.get("sdpa_bias")
         if hit is not None and hit[0] is mask and hit[1] == dtype:  # same forward: same mask object
             return hit[2]
+    if position_only and not torch.is_grad_enabled() and not torch.compiler.is_compiling():  # compiled: one graph
+        # the entry holds the other terms and the mask: their ids cannot be reused while it lives
+        key = f"sdpa sum {dtype} {id(mask)} {' '.join(str(id(t)) for t in dense[1:])}"
+        return dense[0].per_forward(key, lambda: (_sum(dense, mask, q_raw, dtype), mask, dense[1:]))[0]
+    bias = _sum(dense, mask, q_raw, dtype)
+    if reusable:
+        cache["sdpa_bias"] = (mask, dtype, bias)
+    return bias
+
+
+def _sum(dense: list[LogitTerm], mask: Tensor | None, q_raw: Tensor, dtype: torch.dtype) -> Tensor | None:
     bias = None
     for term in dense:
         d = term.dense(q_raw).to(dtype)
         bias = d if bias is None else bias + d
     if mask is not None:
         bias = mask if bias is None else bias + mask
-    if reusable:
-        cache["sdpa_bias"] = (mask, dtype, bias)
     return bias
 
 

@@ -96,6 +96,15 @@ class CausalMask:
         return self._dense
 
 
+def attention_dtype(x: Tensor) -> torch.dtype:
+    """The dtype of the scores the backends add a mask to, for hidden states `x`: autocast's where it is on for
+    x's device (q and k come out of a Linear in it), else x's. A mask built in it once per forward is not cast
+    again by every layer."""
+    kind = x.device.type
+    on = torch.amp.is_autocast_available(kind) and torch.is_autocast_enabled(kind)  # none on `meta`
+    return torch.get_autocast_dtype(kind) if on else x.dtype
+
+
 def dense_mask(mask: "Tensor | CausalMask | None") -> Tensor | None:
     """The additive mask as a tensor (a `CausalMask` built out), or None."""
     return mask.dense() if isinstance(mask, CausalMask) else mask

@@ -36,6 +36,7 @@ from transformers.modeling_outputs import (
     CausalLMOutputWithPast,
 )
 
+from dietpe.attention.masks import attention_dtype
 from dietpe.config import DietConfig
 from dietpe.errors import ConfigError, InputError
 from dietpe.models.modeling import (
@@ -156,7 +157,7 @@ class DietCausalModel(DietPreTrainedModel):
         past = cache.get_seq_length() if cache is not None else 0
         ctx, q_ids = step_positions(self.positions, position_ids, b, past, length, device)
         hidden = self.embeddings(input_ids, self.positions.embed(q_ids, None), inputs_embeds)
-        mask = step_mask(b, past, length, attention_mask, hidden.dtype, device,
+        mask = step_mask(b, past, length, attention_mask, attention_dtype(hidden), device,
                          heads=self.config.num_attention_heads)
         need_probs = bool(output_attentions)
         all_hidden, all_probs = [hidden] if output_hidden_states else None, [] if need_probs else None

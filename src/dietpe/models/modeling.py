@@ -26,7 +26,7 @@ from transformers.modeling_outputs import (
 )
 
 from dietpe.attention.layer import MultiHeadAttention
-from dietpe.attention.masks import additive, check_4d, is_4d, keep_of, refuse_empty_rows
+from dietpe.attention.masks import additive, attention_dtype, check_4d, is_4d, keep_of, refuse_empty_rows
 from dietpe.config import DietConfig
 from dietpe.errors import ConfigError, InputError, may_read
 from dietpe.positions.encoding import PositionEncoding
@@ -285,7 +285,7 @@ class DietModel(DietPreTrainedModel):
         hidden = self.embeddings(input_ids, self.positions.embed(position_ids, token_type_ids), inputs_embeds)
         # position-only terms are built here, once per forward, and handed to every layer
         ctx = self.positions.context(pos, pos, token_type_ids, starts=starts)
-        mask = attention_bias(attention_mask, hidden.dtype)
+        mask = attention_bias(attention_mask, attention_dtype(hidden))
         key_padding = None if is_4d(attention_mask) else attention_mask  # Linformer's (B, L) only
         need_probs = bool(output_attentions)
         all_hidden, all_probs = [hidden] if output_hidden_states else None, [] if need_probs else None

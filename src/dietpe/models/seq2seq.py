@@ -40,7 +40,7 @@ from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, EncoderD
 from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput
 
 from dietpe.attention.layer import MultiHeadAttention
-from dietpe.attention.masks import CausalMask, additive, check_4d, is_4d, refuse_empty_rows
+from dietpe.attention.masks import CausalMask, additive, attention_dtype, check_4d, is_4d, refuse_empty_rows
 from dietpe.config import PRESETS, DietConfig, _check
 from dietpe.errors import ConfigError, InputError, may_read
 from dietpe.models.beam import GnmtBeamSearch
@@ -257,7 +257,7 @@ class DietDecoder(nn.Module):
         if extra is not None:
             x = x + extra.to(x.dtype)
         hidden = self.dropout(self.LayerNorm(x))
-        self_mask = step_mask(batch, past, length, attention_mask, hidden.dtype, input_ids.device,
+        self_mask = step_mask(batch, past, length, attention_mask, attention_dtype(hidden), input_ids.device,
                               "decoder_attention_mask", self.layers[0].self_attention.num_heads)
         all_hidden = [hidden] if output_hidden_states else None
         self_probs, cross_probs = [], []
@@ -387,7 +387,7 @@ class DietForConditionalGeneration(GnmtBeamSearch, DietPreTrainedModel, Generati
                 raise InputError(f"past_key_values must be an EncoderDecoderCache, got {type(cache).__name__}")
             for part in (cache.self_attention_cache, cache.cross_attention_cache):
                 ensure_layers(part, self.config.num_decoder_layers)
-        memory_mask = padding_mask(attention_mask, memory.dtype)
+        memory_mask = padding_mask(attention_mask, attention_dtype(memory))
         hidden, all_hidden, self_probs, cross_probs = self.decoder(
             decoder_input_ids, self.get_input_embeddings(), memory, memory_mask,
             cache, decoder_attention_mask, bool(output_attentions), bool(output_hidden_states), decoder_position_ids)
