@@ -126,3 +126,26 @@ def test_layers_sharing_a_position_term_sum_it_with_the_mask_once_at_inference(p
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):  # each layer its own sum: the same bits
         torch.testing.assert_close(model(ids, attention_mask=mask, token_type_ids=seg).logits, shared, rtol=0,
                                    atol=0)
+
+
+def test_a_terms_kept_sum_is_one_entry_that_a_new_mask_replaces():
+    """A context reused across forwards (each with its own mask) keeps one sum per term, not one per mask."""
+    import gc
+    import weakref
+
+    from dietpe.attention import backends
+    from dietpe.positions.terms.logit import LogitTerm
+
+    class Fixed(LogitTerm):
+        def build(self, q, rows):
+            return torch.ones(1, 2, 3, 3)
+
+    term, q = Fixed((3, 3), 1, 2), torch.zeros(1, 2, 3, 4)
+    with torch.no_grad():
+        masks = [torch.zeros(1, 1, 1, 3), torch.full((1, 1, 1, 3), -1.0)]
+        first = backends._summed_bias([term], masks[0], q, torch.float32, {})
+        assert backends._summed_bias([term], masks[0], q, torch.float32, {}) is first  # the next layer's
+        gone = weakref.ref(masks.pop(0))
+        second = backends._summed_bias([term], masks[0], q, torch.float32, {})
+    gc.collect()
+    assert second is not first and torch.equal(second, torch.zeros(1, 2, 3, 3)) and gone() is None

@@ -223,9 +223,14 @@ def _summed_bias(dense: list[LogitTerm], mask: Tensor | None, q_raw: Tensor, dty
         if hit is not None and hit[0] is mask and hit[1] == dtype:  # same forward: same mask object
             return hit[2]
     if position_only and not torch.is_grad_enabled() and not torch.compiler.is_compiling():  # compiled: one graph
-        # the entry holds the other terms and the mask: their ids cannot be reused while it lives
-        key = f"sdpa sum {dtype} {id(mask)} {' '.join(str(id(t)) for t in dense[1:])}"
-        return dense[0].per_forward(key, lambda: (_sum(dense, mask, q_raw, dtype), mask, dense[1:]))[0]
+        slot = dense[0].per_forward("sdpa sum", lambda: [None])  # one sum a term: a miss replaces it
+        hit = slot[0]
+        if hit is not None and hit[0] == dtype and hit[1] is mask and len(hit[2]) == len(dense) - 1 and all(
+                a is b for a, b in zip(hit[2], dense[1:])):
+            return hit[3]
+        bias = _sum(dense, mask, q_raw, dtype)
+        slot[0] = (dtype, mask, tuple(dense[1:]), bias)
+        return bias
     bias = _sum(dense, mask, q_raw, dtype)
     if reusable:
         cache["sdpa_bias"] = (mask, dtype, bias)
