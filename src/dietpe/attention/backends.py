@@ -216,7 +216,7 @@ def _summed_bias(dense: list[LogitTerm], mask: Tensor | None, q_raw: Tensor, dty
     `cache` where every layer gets the same LayerTerms (TUPE), and at inference on the first term, so layers
     that share the terms (T5, ALiBi, KERPLE, FIRE: one term for all layers) cast and add once a forward. In
     training a sum shared by the layers would add their bfloat16 gradients in bfloat16 before the cast back."""
-    position_only = bool(dense) and all(not t.query_dependent and t.reuse for t in dense)
+    position_only = len(dense) > 0 and all(not t.query_dependent and t.reuse for t in dense)
     reusable = len(dense) > 1 and position_only
     if reusable:
         hit = cache.get("sdpa_bias")

@@ -101,8 +101,10 @@ def attention_dtype(x: Tensor) -> torch.dtype:
     x's device (q and k come out of a Linear in it), else x's. A mask built in it once per forward is not cast
     again by every layer."""
     kind = x.device.type
-    on = torch.amp.is_autocast_available(kind) and torch.is_autocast_enabled(kind)  # none on `meta`
-    return torch.get_autocast_dtype(kind) if on else x.dtype
+    # `meta` has no autocast (nor may a custom device); dynamo before torch 2.13 cannot trace the question
+    if kind == "meta" or not (torch.compiler.is_compiling() or torch.amp.is_autocast_available(kind)):
+        return x.dtype
+    return torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else x.dtype
 
 
 def dense_mask(mask: "Tensor | CausalMask | None") -> Tensor | None:

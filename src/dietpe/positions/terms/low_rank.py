@@ -55,7 +55,8 @@ class SegmentBias(LowRankBias):
         self.kept = None
         self.table, self.q_segments, self.k_segments = table, q_segments, k_segments
         # onehot(S(j)) (B, 1, Lk, k), which every layer's term shares: the caller's, built once per forward
-        self.key_one_hot = key_one_hot or (lambda: one_hot_keys(k_segments, table.shape[-1], table.dtype))
+        self.key_one_hot = key_one_hot if key_one_hot is not None else (
+            lambda: one_hot_keys(k_segments, table.shape[-1], table.dtype))
         self._factors = None
 
     def factors(self) -> tuple[Tensor, Tensor]:
