@@ -167,8 +167,9 @@ register_backend("fused", fused_backend.fused, method_refusal=fused_backend.meth
 #: the global table
 ALL_BACKENDS = AttentionBackends()
 #: what "auto" tries, in order: the first that can serve the configuration (the next runs the calls it declines).
-#: Not the fused kernel: on an H200 it trained bert-base (512 x 8, bf16) slower than sdpa for DIET-REL, DIET-ABS,
-#: T5 and ALiBi, faster only with per-head segments (docs/gpu.md); asked for by name it saves the (L, L) bias.
+#: Not the fused kernel: on an H200 it trained bert-base (512 x 8, bf16) slower than sdpa for DIET-ABS, T5, ALiBi
+#: and KERPLE, as fast for DIET-REL, faster with per-head segments and for FIRE (docs/gpu.md); asked for by name
+#: it saves the (L, L) bias.
 AUTO = ("sdpa", "banded")
 
 
