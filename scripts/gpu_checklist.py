@@ -114,7 +114,8 @@ def steps() -> list[Step]:
         # profile (`gpu_profile.py` without --no-steps) is the bench step's ratio taken apart
         Step("profile", "time", 120, "profile.md",
              (f"{PY} scripts/gpu_profile.py - --no-steps --graphs none,none@fused,diet-rel@fused,"
-              "diet-rel+seg@fused,diet-abs@fused,t5@fused,alibi@fused,diet-rel@sdpa --ops",),
+              "diet-rel+seg@fused,diet-abs@fused,t5@fused,alibi@fused,diet-rel@sdpa,diet-rel+seg@sdpa,t5@sdpa "
+              "--ops",),
              f"{PY} scripts/gpu_profile.py --help", default=False),
         Step("attach", "time", 120, "attach.md",
              # the methods not yet measured attached first (the budget may end before the last)
