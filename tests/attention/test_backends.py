@@ -101,11 +101,13 @@ def test_padding_does_not_change_real_tokens():
     torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
 
 
-@pytest.mark.parametrize("position,sums_at_inference", [("t5", 1), ("alibi", 1), ("diet-rel", 3)])
+@pytest.mark.parametrize("position,sums_at_inference,sums_in_training",
+                         [("t5", 1, 3), ("alibi", 1, 3), ("diet-rel", 3, 3), ("tupe-r", 1, 1)])
 def test_layers_sharing_a_position_term_sum_it_with_the_mask_once_at_inference(position, sums_at_inference,
-                                                                               monkeypatch):
+                                                                               sums_in_training, monkeypatch):
     """T5's and ALiBi's one term serves every layer: at inference its cast and its sum with the mask are made
-    once a forward on sdpa; DIET-REL's per-layer tables are summed per layer; with gradients, per layer."""
+    once a forward on sdpa; DIET-REL's per-layer tables are summed per layer; with gradients, per layer, except
+    TUPE-R's two shared terms (its correlation and buckets), summed once in training too."""
     from dietpe.attention import backends
 
     sums = []
@@ -119,7 +121,7 @@ def test_layers_sharing_a_position_term_sum_it_with_the_mask_once_at_inference(p
     sums.clear()
     with torch.autocast("cpu", dtype=torch.bfloat16):
         model(ids, attention_mask=mask, token_type_ids=seg, labels=ids).loss.backward()
-    assert len(sums) == 3
+    assert len(sums) == sums_in_training
     from dietpe.positions.terms.logit import LogitTerm
 
     monkeypatch.setattr(LogitTerm, "per_forward", lambda self, name, build: build())
@@ -143,9 +145,9 @@ def test_a_terms_kept_sum_is_one_entry_that_a_new_mask_replaces():
     term, q = Fixed((3, 3), 1, 2), torch.zeros(1, 2, 3, 4)
     with torch.no_grad():
         masks = [torch.zeros(1, 1, 1, 3), torch.full((1, 1, 1, 3), -1.0)]
-        first = backends._summed_bias([term], masks[0], q, torch.float32, {})
-        assert backends._summed_bias([term], masks[0], q, torch.float32, {}) is first  # the next layer's
+        first = backends._summed_bias([term], masks[0], q, torch.float32)
+        assert backends._summed_bias([term], masks[0], q, torch.float32) is first  # the next layer's
         gone = weakref.ref(masks.pop(0))
-        second = backends._summed_bias([term], masks[0], q, torch.float32, {})
+        second = backends._summed_bias([term], masks[0], q, torch.float32)
     gc.collect()
     assert second is not first and torch.equal(second, torch.zeros(1, 2, 3, 3)) and gone() is None

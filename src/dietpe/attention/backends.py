@@ -171,7 +171,7 @@ def sdpa(q: Tensor, k: Tensor, v: Tensor, terms: LayerTerms, mask: Tensor | Caus
     # causality alone, and no dense term to add it to: SDPA's is_causal (which takes no mask beside it)
     causal = isinstance(mask, CausalMask) and not dense
     mask = None if causal else dense_mask(mask)
-    bias = _summed_bias(dense, fit_mask(mask, q.dtype), q_raw, q.dtype, terms.cache)
+    bias = _summed_bias(dense, fit_mask(mask, q.dtype), q_raw, q.dtype)
     if fold and not causal and lk <= ADD_LOW_RANK_KEYS and _fused_cpu_kernel_possible(q, dropout_p, bias) and not (
             torch.is_grad_enabled() and any(f.requires_grad for t in fold for f in t.factors())):
         bias, fold = _add_low_rank(bias, fold, q.dtype), []
@@ -210,30 +210,22 @@ def _add_low_rank(bias: Tensor | None, terms: list[LogitTerm], dtype: torch.dtyp
     return out + bias
 
 
-def _summed_bias(dense: list[LogitTerm], mask: Tensor | None, q_raw: Tensor, dtype: torch.dtype,
-                 cache: dict) -> Tensor | None:
-    """Σ dense terms + mask. Position-only terms give the same sum in every layer that shares them: kept in
-    `cache` where every layer gets the same LayerTerms (TUPE), and at inference on the first term, so layers
-    that share the terms (T5, ALiBi, KERPLE, FIRE: one term for all layers) cast and add once a forward. In
-    training a sum shared by the layers would add their bfloat16 gradients in bfloat16 before the cast back."""
-    position_only = len(dense) > 0 and all(not t.query_dependent and t.reuse for t in dense)
-    reusable = len(dense) > 1 and position_only
-    if reusable:
-        hit = cache.get("sdpa_bias")
-        if hit is not None and hit[0] is mask and hit[1] == dtype:  # same forward: same mask object
-            return hit[2]
-    if position_only and not torch.is_grad_enabled() and not torch.compiler.is_compiling():  # compiled: one graph
-        slot = dense[0].per_forward("sdpa sum", lambda: [None])  # one sum a term: a miss replaces it
-        hit = slot[0]
-        if hit is not None and hit[0] == dtype and hit[1] is mask and len(hit[2]) == len(dense) - 1 and all(
-                a is b for a, b in zip(hit[2], dense[1:])):
-            return hit[3]
-        bias = _sum(dense, mask, q_raw, dtype)
-        slot[0] = (dtype, mask, tuple(dense[1:]), bias)
-        return bias
+def _summed_bias(dense: list[LogitTerm], mask: Tensor | None, q_raw: Tensor, dtype: torch.dtype) -> Tensor | None:
+    """Σ dense terms + mask. Position-only terms give the same sum in every layer that shares them, kept on the
+    first term for the forward (one entry a term: a new mask or dtype replaces it): at inference for any such
+    terms (T5, ALiBi, KERPLE, FIRE: one term for all layers), in training only for several (TUPE's correlation
+    and buckets): a single term's sum shared by the layers would add their bfloat16 gradients in bfloat16."""
+    shared = len(dense) > 0 and all(not t.query_dependent and t.reuse for t in dense) and (
+        len(dense) > 1 or not torch.is_grad_enabled()) and not torch.compiler.is_compiling()  # compiled: one graph
+    if not shared:
+        return _sum(dense, mask, q_raw, dtype)
+    slot = dense[0].per_forward("sdpa sum", lambda: [None])
+    hit = slot[0]
+    if hit is not None and hit[0] == dtype and hit[1] is mask and len(hit[2]) == len(dense) - 1 and all(
+            a is b for a, b in zip(hit[2], dense[1:])):
+        return hit[3]
     bias = _sum(dense, mask, q_raw, dtype)
-    if reusable:
-        cache["sdpa_bias"] = (mask, dtype, bias)
+    slot[0] = (dtype, mask, tuple(dense[1:]), bias)
     return bias
 
 

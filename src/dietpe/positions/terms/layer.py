@@ -25,9 +25,6 @@ class LayerTerms:
     logits: list[LogitTerm] = field(default_factory=list)
     values: list[ValueTerm] = field(default_factory=list)
     score_scale: float = 1.0  # TUPE's 1/√(2d) is the usual 1/√d times this
-    # what a backend derives from these terms, kept for the forward: when every layer gets the same
-    # LayerTerms (TUPE), their summed dense bias is built once, not once per layer
-    cache: dict = field(default_factory=dict, repr=False, compare=False)
 
     def merge(self, other: "LayerTerms") -> "LayerTerms":
         return LayerTerms(self.qk + other.qk, self.logits + other.logits, self.values + other.values,
