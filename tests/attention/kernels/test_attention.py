@@ -148,6 +148,11 @@ def test_inference_runs_the_forward_alone(device):
     with torch.inference_mode():
         out = fused_attention(*inputs[:3], 0.3, *inputs[3:], ex)
     torch.testing.assert_close(out, reference(*inputs[:3], 0.3, *inputs[3:], ex), atol=2e-5, rtol=1e-4)
+    with torch.no_grad():  # the forward without the autograd Function: no graph, the training forward's bits
+        quiet = fused_attention(*inputs[:3], 0.3, *inputs[3:], ex)
+    trained = fused_attention(*inputs[:3], 0.3, *inputs[3:], ex)
+    assert quiet.grad_fn is None and trained.grad_fn is not None
+    assert torch.equal(quiet, trained) and torch.equal(out, trained)
 
 
 def test_dropout_on_whole_tiles_and_a_causal_diagonal(device):

@@ -1538,4 +1538,9 @@ def fused_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, table: Tensor
         extras.den = den.detach()
         extras.pieces, extras.slots = pack_pieces(kinks, slope, intercept)
         extras.n_pieces = slope.shape[0]
-    return FusedAttention.apply(q, k, v, table, segments, den, slope, intercept, q2, k2, scale, extras)
+    inputs = (q, k, v, table, segments, den, slope, intercept, q2, k2)
+    if not torch.is_grad_enabled() or not any(x is not None and x.requires_grad for x in inputs):
+        # inference: the forward alone, without the autograd Function's bookkeeping (host time a layer)
+        extras.q2, extras.k2 = q2, k2
+        return attention_forward(q, k, v, scale, table, segments, extras)[0]
+    return FusedAttention.apply(*inputs, scale, extras)
