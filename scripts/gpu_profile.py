@@ -17,11 +17,12 @@ Two parts, each a table in OUT.md:
   GPU's alone, and the ratios between replays are what the methods cost on the GPU with the host's share gone;
 * **ops** (`--ops`): the attention operator alone, forward and forward + backward (`triton.testing.do_bench`,
   median), SDPA's flash kernel against the fused kernel without a term and with a per-head offset table (read
-  by window, and per score).
+  by window, per score, and with its gradient summed in the dQ kernel).
 
-After a method, `/jit` launches its kernels through Triton's `kernel[grid]` every time, and `/score` reads its
-offset table with a load per score (`DIETPE_FUSED_TABLE=score`) instead of one window per tile: each the same
-method timed in the same cycles against the kernels as they ship (`diet-rel@fused,diet-rel@fused/score`).
+After a method, `/jit` launches its kernels through Triton's `kernel[grid]` every time, `/score` reads its
+offset table with a load per score (`DIETPE_FUSED_TABLE=score`) instead of one window per tile, and `/rows` sums
+the table's gradient in the dQ kernel (`DIETPE_FUSED_TABLE_GRAD=rows`) instead of by block diagonals: each the
+same method timed in the same cycles against the kernels as they ship (`diet-rel@fused,diet-rel@fused/rows`).
 """
 
 from __future__ import annotations
@@ -41,11 +42,11 @@ import torch
 from dietpe.bench.cost import (Variant, build_model, first_output, make_inputs, max_length_for, model_config,
                                training_step)
 
-METHODS = ("none,none@fused,diet-rel@fused,diet-rel@fused/score,diet-rel@sdpa,diet-rel+seg@fused,fire@fused,"
-           "fire@fused/score")
-SUFFIXES = ("jit", "score")
+METHODS = ("none,none@fused,diet-rel@fused,diet-rel@fused/rows,diet-rel@sdpa,diet-rel+seg@fused,t5@fused,"
+           "t5@fused/rows,fire@fused")
+SUFFIXES = ("jit", "score", "rows")
 ATTENTION = ("flash", "fmha", "attention", "_forward_kernel", "_backward_q_kernel", "_backward_kv_kernel",
-             "_offset_sum_kernel", "efficient", "cutlass_f")
+             "_offset_sum_kernel", "_band_kernel", "_band_sum_kernel", "efficient", "cutlass_f")
 GEMM = ("gemm", "nvjet", "sm90_xmma", "cublas", "cutlass")
 
 
@@ -102,7 +103,7 @@ def syncs(step) -> int:
 
 
 def _parse(label: str) -> tuple[str, set[str]]:
-    """(method, suffixes) of `method/jit/score`."""
+    """(method, suffixes) of `method/jit/score/rows`."""
     method, *suffixes = label.split("/")
     unknown = set(suffixes) - set(SUFFIXES)
     if unknown:
@@ -112,8 +113,8 @@ def _parse(label: str) -> tuple[str, set[str]]:
 
 def _variant(step, suffixes: set[str]):
     """The step with every kernel launched through Triton's `kernel[grid]` (`jit`: no kept kernels) and the offset
-    tables read per score (`score`), as asked."""
-    from dietpe.attention.kernels.attention import table_read
+    tables read per score (`score`), their gradients summed in the dQ kernel (`rows`), as asked."""
+    from dietpe.attention.kernels.attention import table_gradient, table_read
     from dietpe.attention.kernels.launch import through_triton
 
     def run():
@@ -122,6 +123,8 @@ def _variant(step, suffixes: set[str]):
                 stack.enter_context(through_triton())
             if "score" in suffixes:
                 stack.enter_context(table_read("score"))
+            if "rows" in suffixes:
+                stack.enter_context(table_gradient("rows"))
             step()
     return run if suffixes else step
 
@@ -295,7 +298,7 @@ def ops_table(shapes: list[tuple[int, int, int, int]]) -> list[str]:
     import torch.nn.functional as F
     from triton.testing import do_bench
 
-    from dietpe.attention.kernels.attention import chosen_configs, fused_attention, table_read
+    from dietpe.attention.kernels.attention import chosen_configs, fused_attention, table_gradient, table_read
 
     lines = ["", "## ops: the attention operator alone, bf16, median ms (do_bench)", "",
              "| B x H x L x d | op | fwd ms | fwd+bwd ms | x flash fwd | x flash fwd+bwd |",
@@ -307,19 +310,22 @@ def ops_table(shapes: list[tuple[int, int, int, int]]) -> list[str]:
             x.requires_grad_(True)
         table = (0.1 * torch.randn(h, 2 * n - 1, device="cuda", generator=g)).requires_grad_(True)
         scale = d ** -0.5
-        def per_score():
-            with table_read("score"):
-                return fused_attention(q, k, v, scale, table)
-        ops = {"sdpa flash": lambda: F.scaled_dot_product_attention(q, k, v),
-               "fused, no term": lambda: fused_attention(q, k, v, scale),
-               "fused, offset table": lambda: fused_attention(q, k, v, scale, table),
-               "fused, offset table, per score": per_score}
+        with_table = lambda: fused_attention(q, k, v, scale, table)  # noqa: E731
+        ops = {"sdpa flash": (lambda: F.scaled_dot_product_attention(q, k, v), contextlib.nullcontext),
+               "fused, no term": (lambda: fused_attention(q, k, v, scale), contextlib.nullcontext),
+               "fused, offset table": (with_table, contextlib.nullcontext),
+               "fused, offset table, per score": (with_table, lambda: table_read("score")),
+               "fused, offset table, gradient in dQ": (with_table, lambda: table_gradient("rows"))}
         base = None
-        for name, op in ops.items():
+        for name, (call, setting) in ops.items():
+            def op(call=call, setting=setting):
+                with setting():
+                    return call()
             fwd = do_bench(lambda: op(), warmup=50, rep=200, return_mode="median")
 
-            def both():
-                op().backward(do)
+            def both(op=op, setting=setting):
+                with setting():
+                    op().backward(do)
             full = do_bench(both, warmup=50, rep=300, return_mode="median", grad_to_none=[q, k, v, table])
             base = base or (fwd, full)
             lines.append(f"| {b}x{h}x{n}x{d} | {name} | {fwd:.3f} | {full:.3f} | {fwd / base[0]:.2f} | "

@@ -68,7 +68,8 @@ def _setup():
     F.device_problem = lambda t: None
     A.interpreting = L.interpreting = lambda: False
     L._driver, L._hooked = _Driver, lambda: False
-    for name in ("_forward_kernel", "_backward_q_kernel", "_backward_kv_kernel", "_offset_sum_kernel"):
+    for name in ("_forward_kernel", "_backward_q_kernel", "_backward_kv_kernel", "_offset_sum_kernel", "_band_kernel",
+                 "_band_sum_kernel"):
         setattr(A, name, _StubKernel(getattr(A, name)))
     return torch, F, A
 

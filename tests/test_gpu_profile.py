@@ -1,5 +1,6 @@
-"""The GPU profile script's variants, checked without a GPU: `/jit` and `/score` after a method run its step
-with the kernels launched through Triton and the offset tables read per score, and nothing else is accepted."""
+"""The GPU profile script's variants, checked without a GPU: `/jit`, `/score` and `/rows` after a method run its
+step with the kernels launched through Triton, the offset tables read per score, their gradients summed in the dQ
+kernel, and nothing else is accepted."""
 
 
 import pytest
@@ -15,7 +16,7 @@ def profile_script():
 def test_suffixes_are_parsed_and_checked(profile_script):
     assert profile_script._parse("diet-rel@fused") == ("diet-rel@fused", set())
     assert profile_script._parse("diet-rel+seg@fused/score/jit") == ("diet-rel+seg@fused", {"score", "jit"})
-    with pytest.raises(SystemExit, match="unknown suffix \\['fast'\\]; allowed: jit, score"):
+    with pytest.raises(SystemExit, match="unknown suffix \\['fast'\\]; allowed: jit, score, rows"):
         profile_script._parse("fire@fused/fast")
     for label in profile_script.METHODS.split(","):
         profile_script._parse(label)
@@ -28,16 +29,19 @@ def test_a_variant_runs_its_step_under_its_settings(profile_script):
     seen = []
 
     def step():
-        seen.append((attention.current_table_read(), launch.cached()))
+        seen.append((attention.current_table_read(), launch.cached(), attention.TABLE_GRAD.current()))
     plain = profile_script._variant(step, set())
     assert plain is step
     profile_script._variant(step, {"score"})()
     profile_script._variant(step, {"jit", "score"})()
+    profile_script._variant(step, {"rows"})()
     step()
-    default_launch = seen[-1][1]
-    assert seen[0] == ("score", default_launch)
-    assert seen[1] == ("score", False)
-    assert seen[2][0] == attention._table_read_setting()[0]  # restored after the step
+    default_launch, default_grad = seen[-1][1], seen[-1][2]
+    assert seen[0] == ("score", default_launch, default_grad)
+    assert seen[1] == ("score", False, default_grad)
+    assert seen[2] == (attention.TABLE_READ.read(), default_launch, "rows")
+    assert seen[3][0] == attention.TABLE_READ.read()  # restored after the step
+    assert default_grad == attention.TABLE_GRAD.read()
 
 
 def test_the_graphs_table_times_each_call_and_its_replay(profile_script, monkeypatch):

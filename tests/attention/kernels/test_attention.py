@@ -132,6 +132,49 @@ def test_kernel_matches_the_equation_with_gradients(name, device):
             torch.testing.assert_close(got, ref, atol=1e-5 * max(scale, 1), rtol=1e-4, msg=n)
 
 
+TABLE_CASES = [n for n, c in CASES.items() if c.get("table_heads")]
+
+
+@pytest.mark.parametrize("name", TABLE_CASES)
+def test_both_table_gradient_paths_are_the_equation(name, device):
+    """The offset table's gradient by block diagonals (the band kernel, the default) and inside the dQ kernel
+    (rows): each the equation's, and q's, k's and v's gradients the same bits on both paths (the dQ kernel's
+    tile only groups the rows)."""
+    from dietpe.attention.kernels import attention as A
+
+    case = CASES[name]
+    inputs, ex = _case(device, **case)
+    with A.table_gradient("bands"):
+        bands = _run(inputs, ex)
+    with A.table_gradient("rows"):
+        rows = _run(inputs, ex)
+    want, want_grads = _reference_run(inputs, ex)
+    bf16 = case["dtype"] == torch.bfloat16
+    for got in (bands[1][3], rows[1][3]):
+        scale = max(want_grads[3].abs().max().item(), 1)
+        tol = dict(atol=3e-2 * scale, rtol=3e-2) if bf16 else dict(atol=1e-5 * scale, rtol=1e-4)
+        torch.testing.assert_close(got.float(), want_grads[3].float(), **tol)
+    assert torch.equal(bands[0], rows[0])
+    for i in (0, 1, 2):  # q, k, v (the segment table's partial sums follow the dQ kernel's tile)
+        assert torch.equal(bands[1][i], rows[1][i])
+
+
+@pytest.mark.parametrize("path", ["bands", "rows"])
+def test_the_table_gradient_under_dropout(path, device):
+    """The band kernel draws dropout's mask at each pair as the forward did: the equation with the kernel's own
+    mask, tiles of the causal diagonal and below it, and the same bits twice."""
+    from dietpe.attention.kernels import attention as A
+
+    inputs, ex = _case(device, torch.float32, b=2, h=2, lq=2 * E + 5, lk=2 * E + 5, dq=16, dv=16, table_heads=2,
+                       keep=True, causal=True)
+    ex.dropout, ex.seed = 0.25, 2**33 + 5
+    keep = A.dropout_keep(ex.seed, ex.dropout, 2, 2, 2 * E + 5, 2 * E + 5, device)
+    with A.table_gradient(path):
+        first, again = _run(inputs, ex), _run(inputs, ex)
+    _assert_matches(*first, *_reference_run(inputs, ex, keep=keep))
+    assert all(torch.equal(a, b) for a, b in zip(first[1], again[1]))
+
+
 def test_two_runs_give_the_same_bits(device):
     inputs, ex = _case(device, torch.float32, b=2, h=2, lq=L + 6, lk=L, dq=24, dv=16, table_heads=2, nseg=2,
                        keep=True, mask="padding")
@@ -289,16 +332,20 @@ def test_the_table_read_setting_names_its_values(monkeypatch):
     from dietpe.errors import ConfigError
 
     monkeypatch.setenv("DIETPE_FUSED_TABLE", "score")
-    assert A._table_read_setting() == ["score"]
+    assert A.TABLE_READ.read() == "score"
     monkeypatch.setenv("DIETPE_FUSED_TABLE", "tiles")
     with pytest.raises(ConfigError, match="DIETPE_FUSED_TABLE='tiles': allowed values are window, score"):
-        A._table_read_setting()
-    monkeypatch.setattr(A, "_table_read", [])  # read at the first use, not at import: the CLI's one line
+        A.TABLE_READ.read()
+    monkeypatch.setattr(A.TABLE_READ, "stack", [])  # read at the first use, not at import: the CLI's one line
     with pytest.raises(ConfigError, match="DIETPE_FUSED_TABLE='tiles'"):
         A.current_table_read()
     with pytest.raises(ConfigError, match="allowed values are window, score"):
         with A.table_read("rows"):
             pass
+    monkeypatch.setenv("DIETPE_FUSED_TABLE_GRAD", "atomics")
+    monkeypatch.setattr(A.TABLE_GRAD, "stack", [])
+    with pytest.raises(ConfigError, match="DIETPE_FUSED_TABLE_GRAD='atomics': allowed values are bands, rows"):
+        A.TABLE_GRAD.current()
 
 
 #: the first tile of each of the GPU's lists at head size 64 in bf16 (the interpreter's own tiles are 16-32)

@@ -22,11 +22,11 @@ def test_later_calls_reuse_the_launches_with_the_same_bits(monkeypatch):
     inputs, ex = _case(TEST_DEVICE, torch.float32, 2, 2, 20, 20, 16, 16, table_heads=2, nseg=2, mask="padding")
     first = _run(inputs, ex)
     again = [_run(inputs, ex) for _ in range(2)]
-    assert chosen == ["fwd", "dq", "dkdv"]  # the first call only
+    assert chosen == ["fwd", "dq", "dkdv", "band"]  # the first call only
     for out, grads in again:
         assert torch.equal(out, first[0]) and all(torch.equal(a, b) for a, b in zip(grads, first[1]))
     _run(*_case(TEST_DEVICE, torch.float32, 2, 2, 21, 20, 16, 16, table_heads=2, nseg=2, mask="padding"))
-    assert chosen[3:] == ["fwd", "dq", "dkdv"]  # another length: its own launches
+    assert chosen[4:] == ["fwd", "dq", "dkdv", "band"]  # another length: its own launches
 
 
 def test_forcing_a_tile_keeps_nothing(monkeypatch):
@@ -57,7 +57,7 @@ def _variants():
         yield (shapes[0], base, extra)
 
 
-def _built(shape, terms, extra, table_read):
+def _built(shape, terms, extra, table_read, table_grad):
     """(signature, every launch argument but the tensors and the seed) of a call, built from scratch."""
     from dietpe.attention.kernels import attention as A
 
@@ -71,14 +71,17 @@ def _built(shape, terms, extra, table_read):
     scale = extra.get("scale", 0.3)
     q, k, v, table, segments, _ = A.kernel_inputs(q, k, v, table, segments, None)
     out = torch.empty(q.shape[:3] + v.shape[3:], dtype=v.dtype)
-    with A.table_read(table_read):
+    with A.table_read(table_read), A.table_gradient(table_grad):
         sig = A.signature(q, k, v, scale, table, segments, ex)
         flags = A._flags(table, segments, ex, q)
-    grads = dict(TAB_GRAD=table is not None, SEG_GRAD=segments is not None)
+    bands = table is not None and table_grad == "bands"
+    grads = dict(TAB_GRAD=table is not None and not bands, SEG_GRAD=segments is not None)
     fwd = A._forward_spec((16, 32, 4, 1), q, k, v, scale, table, segments, ex, flags)
     second = A._second_gradients(A._parts(q, k, v, ex), q, k, ex)
     specs = (fwd, *A._backward_specs(((16, 16, 4, 1), (16, 32, 4, 1)), q, k, v, out, out, second, scale, table,
                                       segments, ex, flags, grads))
+    if bands:
+        specs += (A._band_spec((16, 16, 4, 1), q, k, v, out, scale, table, segments, ex, flags),)
     return sig, tuple((s.grid, s.before, s.after, s.constants, s.sizes) for s in specs)
 
 
@@ -86,8 +89,9 @@ def test_one_signature_means_one_set_of_launch_arguments():
     seen, calls = {}, 0
     for shape, terms, extra in _variants():
         for table_read in ("window", "score"):
-            sig, built = _built(shape, terms, extra, table_read)
-            assert seen.setdefault(sig, built) == built, f"one signature, two launches: {shape} {terms} {extra}"
-            calls += 1
+            for table_grad in ("bands", "rows"):
+                sig, built = _built(shape, terms, extra, table_read, table_grad)
+                assert seen.setdefault(sig, built) == built, f"one signature, two launches: {shape} {terms} {extra}"
+                calls += 1
     # every variant but the one differing in values alone has its own signature
-    assert calls == 2 * 18 and len(seen) == calls - 2
+    assert calls == 4 * 18 and len(seen) == calls - 4

@@ -46,14 +46,17 @@ the factors' gradients come back summed over what they are shared by. Values are
 loads are masked where a part is narrower than its power of two.
 
 Gradients without atomics. The dQ kernel runs first: one program per query block (per batch row and head)
-computes its rows' rowsum(dO ∘ O), loops over the key blocks for dQ, and sums each (BLK, BLK) tile of dS
-along its diagonals (a shear by `tl.gather`, then a column sum), keeping the lower half as a carry for the
-next key block, whose offsets overlap it, and writing each finished stretch once to its own row of a partial
-buffer; segment-pair and piece sums likewise per program. The dK/dV kernel (one program per key block, the
+computes its rows' rowsum(dO ∘ O) and loops over the key blocks for dQ (with segment-pair and piece sums per
+program, each written to its own row of a partial buffer). The dK/dV kernel (one program per key block, the
 tile held key-major as the FlashAttention tutorial does, so no operand is transposed in registers) has no
-reduction. A
-last kernel adds the partial rows of every program in a fixed order. So two runs give the same bits. The
-partial buffer holds B·H·⌈Lq/BLK⌉·(⌈Lk/BLK⌉ + 1)·BLK float32, about Lq·Lk·B·H/BLK.
+reduction. An offset table's gradient is summed along the diagonals i - j by a kernel of its own over block
+diagonals (`_band_kernel`): every tile (m, n) with m - n = δ holds the offsets δ·BLK + (r - c), so a program
+adds a run of such tiles' dS as they are (recomputing S and dP) and sums the total along its diagonals once,
+by a shear (`tl.gather`) and a column sum, into its own 2·BLK slots; `_band_sum_kernel` adds the slots in a
+fixed order. The alternative (DIETPE_FUSED_TABLE_GRAD=rows, and FIRE's piecewise term always) shears every dQ
+tile instead, carrying the lower half to the next key block (square tiles), and `_offset_sum_kernel` adds its
+rows. Either way two runs give the same bits. The band buffer holds B·H·(⌈Lq/BLK⌉ + ⌈Lk/BLK⌉ - 1)·
+⌈min(⌈Lq/BLK⌉, ⌈Lk/BLK⌉) / BAND_TILES⌉·2·BLK float32, about 4·B·H·L²/(BLK·BAND_TILES) at Lq = Lk = L.
 """
 
 from __future__ import annotations
@@ -849,6 +852,114 @@ def _offset_sum_kernel(PART, OUT, B, H, NM, NN, W, NOFF, LK, BLK: tl.constexpr, 
 
 
 @triton.jit
+def _band_tile(acc, m, start, q_base, q2_base, k_base, k2_base, v_base, DO, LSE, DELTA, sqm, sq2m, skn, sk2n, svn, sdm,
+               b, h, bh, LQ, LK, DQ, DQ2, DV_, qk_scale, seed, p_drop, inv_keep, TAB, stab, KEEPQ, KEEPK, SEGT, sseg,
+               QSEG, sqs, KSEG, sks, MASK, smb, smh, smm, smn, BLK: tl.constexpr, D1: tl.constexpr,
+               D2: tl.constexpr, DVP: tl.constexpr, HAS_TAB: tl.constexpr, HAS_KEEP: tl.constexpr,
+               NSEG: tl.constexpr, MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr,
+               PREC: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, EVEN_D: tl.constexpr):
+    """acc + dS (times TUPE's keep) of the tile of query block m and the keys from `start`, recomputed as the
+    dQ kernel computes it."""
+    offs_m = m * BLK + tl.arange(0, BLK)
+    offs_n = start + tl.arange(0, BLK)
+    q1, q2 = _load_halves(q_base, q2_base, offs_m, sqm, sq2m, LQ, DQ, DQ2, D1, D2, not EVEN_M, not EVEN_D)
+    k1, k2 = _load_halves(k_base, k2_base, offs_n, skn, sk2n, LK, DQ, DQ2, D1, D2, not EVEN_N, not EVEN_D)
+    do = _load_2d(DO, offs_m, sdm, LQ, tl.arange(0, DVP), DV_, not EVEN_M, not EVEN_D)
+    v = _load_2d(v_base, offs_n, svn, LK, tl.arange(0, DVP), DV_, not EVEN_N, not EVEN_D)
+    lse = _load_1d(LSE + bh * LQ, offs_m, LQ, not EVEN_M, float("inf"))
+    delta = _load_1d(DELTA + bh * LQ, offs_m, LQ, not EVEN_M, 0.0)
+    s = _scores(q1, q2, k1, k2, D2, PREC) * qk_scale
+    s = _add_terms(s, offs_m[:, None], offs_n[None, :], m * BLK, start, b, h, LQ, LK, TAB, stab, KEEPQ, KEEPK, SEGT,
+                   sseg, QSEG, sqs, KSEG, sks, MASK, smb, smh, smm, smn, TAB, TAB, HAS_TAB, HAS_KEEP, NSEG, MASK_KIND,
+                   0, 0, not EVEN_M, not EVEN_N, BLK, BLK)
+    p = tl.math.exp2(s - lse[:, None])  # rows past Lq: lse = inf, p = 0
+    if not EVEN_N:
+        p = tl.where(offs_n[None, :] < LK, p, 0.0)
+    if CAUSAL:
+        p = tl.where(offs_m[:, None] >= offs_n[None, :], p, 0.0)
+    dp = _dot(do, tl.trans(v), PREC)
+    if DROPOUT:
+        dp = tl.where(_kept(seed, bh, offs_m, start, LQ, p_drop, BLK, BLK), dp * inv_keep, 0.0)
+    ds = p * (dp - delta[:, None])
+    if HAS_KEEP:
+        ds = ds * _load_1d(KEEPQ, offs_m, LQ, not EVEN_M, 0.0)[:, None] \
+            * _load_1d(KEEPK, offs_n, LK, not EVEN_N, 0.0)[None, :]
+    return acc + ds
+
+
+@triton.jit
+def _band_kernel(Q, K, V, DO, LSE, DELTA, PART, TAB, KEEPQ, KEEPK, SEGT, QSEG, KSEG, MASK, Q2, K2, sqb, sqh, sqm, skb,
+                 skh, skn, svb, svh, svn, sdb, sdh, sdm, sq2b, sq2h, sq2m, sk2b, sk2h, sk2n, stab, sseg, sqs, sks, smb,
+                 smh, smm, smn, skq, skk, H, LQ, LK, DQ, DQ2, DV_, qk_scale, SEED, p_drop, inv_keep, NM, NN, NCH, CH,
+                 BLK: tl.constexpr, D1: tl.constexpr, D2: tl.constexpr, DVP: tl.constexpr, HAS_TAB: tl.constexpr,
+                 HAS_KEEP: tl.constexpr, NSEG: tl.constexpr, MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr,
+                 DROPOUT: tl.constexpr, PREC: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr,
+                 EVEN_D: tl.constexpr):
+    """The offset table's partial gradients by block diagonals: program (band·NCH + chunk, batch row·head)
+    recomputes dS on up to CH tiles (m, n) of one block diagonal m - n = δ, whose pairs all lie on the
+    offsets δ·BLK + (r - c), so it adds the tiles as they are and shears once, at the end (`_diagonal_sums`),
+    where the dQ kernel's rows path shears every tile. Skips a tile the mask wholly blocks (padding, another
+    packed document) where every query of its block sees some open key: its dS is 0, and its keys are never
+    read. Writes (lower, upper) to its own slots."""
+    pid = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = (bh // H).to(tl.int64)
+    h = (bh % H).to(tl.int64)
+    KEEPQ, KEEPK = KEEPQ + b * skq, KEEPK + b * skk
+    seed = _seed(SEED, DROPOUT)
+    diag = pid // NCH - (NN - 1)  # m - n
+    first = tl.maximum(0, diag) + (pid % NCH) * CH
+    last = tl.minimum(tl.minimum(NM, NN + diag), first + CH)
+    if CAUSAL:  # blocks above the diagonal hold no open pair
+        last = tl.where(diag < 0, first, last)
+    q_base, k_base, v_base = Q + b * sqb + h * sqh, K + b * skb + h * skh, V + b * svb + h * svh
+    q2_base, k2_base = Q2 + b * sq2b + h * sq2h, K2 + b * sk2b + h * sk2h
+    acc = tl.zeros([BLK, BLK], tl.float32)
+    for m in range(first, last):
+        start = (m - diag) * BLK
+        live = 1
+        if MASK_KIND > 0:  # as the dQ kernel: a tile the mask wholly blocks, where every query sees an open key
+            rows = m * BLK + tl.arange(0, BLK)
+            lse = _load_1d(LSE + bh * LQ, rows, LQ, not EVEN_M, float("inf"))
+            open_rows = (tl.min(tl.where(rows < LQ, lse, float("inf"))) > LSE_OPEN).to(tl.int32)
+            live = _tile_live(MASK, b, h, rows[:, None], (start + tl.arange(0, BLK))[None, :], LQ, LK, smb, smh,
+                              smm, smn, MASK_KIND, not EVEN_M, not EVEN_N).to(tl.int32) | (1 - open_rows)
+        if live > 0:
+            acc = _band_tile(acc, m, start, q_base, q2_base, k_base, k2_base, v_base, DO + b * sdb + h * sdh, LSE,
+                             DELTA, sqm, sq2m, skn, sk2n, svn, sdm, b, h, bh, LQ, LK, DQ, DQ2, DV_, qk_scale, seed,
+                             p_drop, inv_keep, TAB, stab, KEEPQ, KEEPK, SEGT, sseg, QSEG, sqs, KSEG, sks, MASK, smb,
+                             smh, smm, smn, BLK, D1, D2, DVP, HAS_TAB, HAS_KEEP, NSEG, MASK_KIND, CAUSAL, DROPOUT,
+                             PREC, EVEN_M, EVEN_N, EVEN_D)
+    row = PART + (bh.to(tl.int64) * tl.num_programs(0) + pid) * (2 * BLK)
+    lower = tl.zeros([BLK], tl.float32)
+    upper = lower
+    if last > first:  # a chunk past its diagonal's end (most of a short diagonal's) has nothing to shear
+        lower, upper = _diagonal_sums(acc, BLK)
+    tl.store(row + tl.arange(0, BLK), lower)
+    tl.store(row + BLK + tl.arange(0, BLK), upper)
+
+
+@triton.jit
+def _band_sum_kernel(PART, OUT, B, H, NB, NCH, NN, NOFF, LK, BLK: tl.constexpr, RB: tl.constexpr):
+    """dT[h, o] = Σ_b Σ_chunk (band δ's lower sums + band δ - 1's upper sums) at t, in a fixed order: the offset
+    d = o - Lk + 1 lies in band δ = ⌈d / BLK⌉'s lower half at t = d - δ·BLK + BLK - 1, and at the same t in
+    band δ - 1's upper half (band index δ + NN - 1; `_band_kernel`'s layout)."""
+    h = tl.program_id(0)
+    o = tl.program_id(1) * RB + tl.arange(0, RB)
+    d = o - (LK - 1)
+    band = (d + NN * BLK - 1) // BLK  # >= 0: d >= 1 - Lk >= 1 - NN·BLK
+    t = d + (NN - band) * BLK - 1
+    inside = o < NOFF
+    acc = tl.zeros([RB], tl.float32)
+    for b in range(B):
+        for chunk in range(NCH):
+            base = PART + (((b * H + h).to(tl.int64) * NB) * NCH + chunk) * (2 * BLK)
+            acc += tl.load(base + band * NCH * (2 * BLK) + t, mask=inside & (band < NB), other=0.0)
+            acc += tl.load(base + (band - 1) * NCH * (2 * BLK) + BLK + t, mask=inside & (band >= 1), other=0.0)
+    tl.store(OUT + h * NOFF + o, acc, mask=inside)
+
+
+@triton.jit
 def _seed(SEED, DROPOUT: tl.constexpr):
     """Attention dropout's Philox seed, read from memory at each launch (a CUDA graph's replay reads the one its
     own draw wrote); 0 without dropout, where SEED is any pointer and is not read."""
@@ -956,8 +1067,18 @@ BACKWARD_Q_CONFIGS = {2: {64: [(64, 64, 8, 3), (128, 64, 8, 3), (128, 32, 8, 3),
                           256: [(32, 32, 8, 1), (16, 16, 4, 1)]},
                       4: {64: [(32, 32, 4, 2), (16, 16, 4, 1)], 128: [(32, 32, 4, 2), (16, 16, 4, 1)],
                           256: [(16, 16, 4, 1)]}}
+#: the table-gradient kernel over block diagonals (`_band_kernel`): square tiles (BLK, BLK, warps, stages); it
+#: holds dS's running sum beside S and dP. Compiled for sm_90 with the GPU image's Triton (3.6) at head size 64
+#: in bf16 with dropout: 64 × 64 with 8 warps 254 registers, none spilled (with 4 warps, or 128 × 128, it spills)
+BAND_CONFIGS = {2: {64: [(64, 64, 8, 3), (32, 32, 4, 2), (64, 64, 4, 2)], 128: [(64, 64, 8, 2), (32, 32, 4, 1)],
+                    256: [(32, 32, 4, 1), (16, 16, 4, 1)]},
+                4: {64: [(32, 32, 4, 1), (16, 16, 4, 1)], 128: [(32, 32, 4, 1), (16, 16, 4, 1)],
+                    256: [(16, 16, 4, 1)]}}
+#: tiles of one block diagonal a band program adds before it shears (longer diagonals: several programs)
+BAND_TILES = 8
 #: tiles under Triton's interpreter (the CPU tests): small, and rectangular where the kernel allows it
-INTERPRETER_CONFIGS = {"fwd": (16, 32, 4, 1), "kv": (16, 32, 4, 1), "q": (32, 16, 4, 1), "q_square": (16, 16, 4, 1)}
+INTERPRETER_CONFIGS = {"fwd": (16, 32, 4, 1), "kv": (16, 32, 4, 1), "q": (32, 16, 4, 1), "q_square": (16, 16, 4, 1),
+                       "band": (16, 16, 4, 1)}
 #: launches timed per configuration while tuning (after one untimed launch, which compiles)
 TUNE_REPEATS = 3
 _chosen: dict[tuple, tuple] = {}
@@ -965,41 +1086,64 @@ _timings: dict[tuple, dict] = {}
 _forced: list[int] = []
 
 
+class _Setting:
+    """A choice between kernel variants: the environment's value (read at the first use, so a bad one is the
+    CLI's one error line, not an import error), then that of the innermost `using` block."""
+
+    def __init__(self, env: str, allowed: tuple[str, ...], default: str, name: str):
+        self.env, self.allowed, self.default, self.name, self.stack = env, allowed, default, name, []
+
+    def read(self) -> str:
+        value = os.environ.get(self.env, self.default)
+        if value not in self.allowed:
+            raise ConfigError(f"{self.env}={value!r}: allowed values are {', '.join(self.allowed)}")
+        return value
+
+    def current(self) -> str:
+        if not self.stack:
+            self.stack.append(self.read())
+        return self.stack[-1]
+
+    @contextlib.contextmanager
+    def using(self, value: str):
+        if value not in self.allowed:
+            raise ConfigError(f"{self.name}({value!r}): allowed values are {', '.join(self.allowed)}")
+        self.current()
+        self.stack.append(value)
+        try:
+            yield
+        finally:
+            self.stack.pop()
+
+
 #: how the kernels read an offset table (their HAS_TAB): "window", the tile's QB + KB - 1 offsets as one vector
 #: expanded by a gather; "score", one load per score, which Triton's pipeliner copies into shared memory tile by
 #: tile (a (BM, BN) float32 buffer per stage: 90 against 27 KiB for the forward's first tile at head size 64 in
 #: bf16, `resources`). DIETPE_FUSED_TABLE chooses; `table_read` within a block
 TABLE_READS = {"window": 2, "score": 1}
-
-
-def _table_read_setting() -> list[str]:
-    name = os.environ.get("DIETPE_FUSED_TABLE", "window")
-    if name not in TABLE_READS:
-        raise ConfigError(f"DIETPE_FUSED_TABLE={name!r}: allowed values are {', '.join(TABLE_READS)}")
-    return [name]
-
-
-_table_read: list[str] = []  # the environment's setting (read at the first call), then `table_read`'s
+TABLE_READ = _Setting("DIETPE_FUSED_TABLE", tuple(TABLE_READS), "window", "table_read")
+#: how the backward sums an offset table's gradient: "bands", by a kernel of its own over block diagonals,
+#: whose tiles share their offsets, so it adds dS tile by tile and shears once per program (`_band_kernel`: it
+#: recomputes S and dP, two of the backward's five products, and leaves the dQ kernel its plain loop and any
+#: tile); "rows", in the dQ kernel, shearing every tile (square tiles, a carry between key blocks). FIRE's
+#: piecewise term always takes the rows path (its piece sums are the dQ kernel's). DIETPE_FUSED_TABLE_GRAD
+#: chooses; `table_gradient` within a block
+TABLE_GRAD = _Setting("DIETPE_FUSED_TABLE_GRAD", ("bands", "rows"), "bands", "table_gradient")
 
 
 def current_table_read() -> str:
     """How the kernels read an offset table now (a key of TABLE_READS)."""
-    if not _table_read:
-        _table_read.extend(_table_read_setting())
-    return _table_read[-1]
+    return TABLE_READ.current()
 
 
-@contextlib.contextmanager
 def table_read(name: str):
     """Within it the kernels read offset tables the way `name` says (a key of TABLE_READS): for timing both."""
-    if name not in TABLE_READS:
-        raise ConfigError(f"table_read({name!r}): allowed values are {', '.join(TABLE_READS)}")
-    current_table_read()
-    _table_read.append(name)
-    try:
-        yield
-    finally:
-        _table_read.pop()
+    return TABLE_READ.using(name)
+
+
+def table_gradient(name: str):
+    """Within it the backward sums offset tables' gradients the way `name` says ("bands" or "rows")."""
+    return TABLE_GRAD.using(name)
 
 
 @contextlib.contextmanager
@@ -1207,7 +1351,7 @@ def signature(q: Tensor, k: Tensor, v: Tensor, scale: float, table: Tensor | Non
     return (q.shape, q.stride(), q.dtype, _meta(k), _meta(v), q.device, scale, _meta(table), _meta(segments),
             _meta(ex.q_keep), _meta(ex.k_keep), _meta(ex.q_segments), _meta(ex.k_segments), _meta(ex.mask),
             _meta(ex.den), ex.pieces is not None, ex.slots, ex.n_pieces, _meta(ex.q2), _meta(ex.k2), ex.causal,
-            ex.dropout, current_table_read(), _tuning(), _precision(q))
+            ex.dropout, current_table_read(), TABLE_GRAD.current(), _tuning(), _precision(q))
 
 
 def _remember(sig: tuple, specs) -> None:
@@ -1371,15 +1515,17 @@ def attention_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
     gradients without atomics (None where not asked for, or absent). sig: the forward's `signature`, when the
     caller has it."""
     do = do if do.stride(-1) == 1 else do.contiguous()
-    delta = torch.empty_like(lse)  # rowsum(dO ∘ O), written by the dQ kernel, read by the dK/dV kernel
+    delta = torch.empty_like(lse)  # rowsum(dO ∘ O), written by the dQ kernel, read by the dK/dV and band kernels
     # gradients dense whatever q, k, v's strides (a split or an expanded view would make empty_like's differ)
     dq, dk, dv = (torch.empty(x.shape, dtype=x.dtype, device=x.device) for x in (q, k, v))
     pt = _parts(q, k, v, ex)
     second = _second_gradients(pt, dq, dk, ex)
     pointers = (*_pointers(table, segments, ex, lse), pt.q2, pt.k2)
     grads = dict(TAB_GRAD=table is not None and table_grad, SEG_GRAD=segments is not None and segments_grad)
-    sig = ("bwd", out.stride(), do.stride(), *grads.values(), *(sig or signature(q, k, v, scale, table, segments,
-                                                                                ex)))
+    bands = grads["TAB_GRAD"] and ex.pieces is None and TABLE_GRAD.current() == "bands"
+    q_grads = dict(grads, TAB_GRAD=grads["TAB_GRAD"] and not bands)  # what the dQ kernel sums
+    sig = ("bwd", out.stride(), do.stride(), *grads.values(), bands, *(sig or signature(q, k, v, scale, table,
+                                                                                       segments, ex)))
     specs, parts, seed = _specs.get(sig), {}, _seed_arg(ex, q)
 
     def run_q(spec):
@@ -1387,17 +1533,30 @@ def attention_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
         return _run(_backward_q_kernel, spec, (q, k, v, out, do, lse, delta, dq, *parts.values(), *pointers,
                                                second[0]), seed)
 
+    def run_band(spec):
+        parts["band"] = torch.empty(spec.sizes["part"], dtype=torch.float32, device=q.device)
+        return _run(_band_kernel, spec, (q, k, v, do, lse, delta, parts["band"], *pointers[:7], *pointers[-2:]),
+                    seed)
+
     kv_tensors = (q, k, v, do, lse, delta, dk, dv, *pointers, second[1])
     if specs is not None and not _forced:
         run_q(specs[0])
         _run(_backward_kv_kernel, specs[1], kv_tensors, seed)
+        if bands:
+            run_band(specs[2])
     else:
-        specs = _tuned_backward((q, k, v, out, do, second, scale, table, segments, ex), grads, run_q, kv_tensors,
-                                seed)
+        call = (q, k, v, out, do, second, scale, table, segments, ex)
+        specs = _tuned_backward(call, q_grads, run_q, kv_tensors, seed)
+        specs = (*specs, _tuned_band(call, run_band) if bands else None)
         _remember(sig, specs)
     d_second = None if ex.q2 is None else (_reduced(second[0], ex.q2), _reduced(second[1], ex.k2))
-    return (dq, dk, dv, *_table_gradients(specs[0].sizes, parts, q.shape, k.shape[2], table, segments, ex,
-                                          grads), d_second)
+    d_table, d_segments, d_pieces = _table_gradients(specs[0].sizes, parts, q.shape, k.shape[2], table, segments,
+                                                     ex, q_grads)
+    if bands:
+        d_table = _band_sums(parts["band"], specs[2], q.shape[0], q.shape[1], q.shape[2] + k.shape[2] - 1,
+                             k.shape[2])
+        d_table = d_table.sum(0, keepdim=True) if table.shape[0] == 1 else d_table
+    return dq, dk, dv, d_table, d_segments, d_pieces, d_second
 
 
 def _tuned_backward(call: tuple, grads: dict, run_q, kv_tensors: tuple, seed: Tensor) -> tuple[_Spec, _Spec]:
@@ -1421,6 +1580,49 @@ def _tuned_backward(call: tuple, grads: dict, run_q, kv_tensors: tuple, seed: Te
                                           seed),
                       INTERPRETER_CONFIGS["kv"])
     return q_spec, kv_spec
+
+
+_BAND_FLAGS = ("HAS_TAB", "HAS_KEEP", "NSEG", "MASK_KIND", "CAUSAL", "DROPOUT", "PREC")
+
+
+def _band_spec(config: tuple, q: Tensor, k: Tensor, v: Tensor, do: Tensor, scale: float, table: Tensor,
+               segments: Tensor | None, ex: Extras, flags: dict) -> _Spec:
+    b, h, lq = q.shape[:3]
+    lk, dv = k.shape[2], v.shape[3]
+    blk, _, warps, stages = config
+    nm, nn = _cdiv(lq, blk), _cdiv(lk, blk)
+    nb, nch = nm + nn - 1, _cdiv(min(nm, nn), BAND_TILES)  # block diagonals, programs per diagonal
+    pt = _parts(q, k, v, ex)
+    before = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3], *_row_strides(pt.q2),
+              *_row_strides(pt.k2), *_aux_strides(table, segments, ex)[:10], h, lq, lk, pt.dq1, pt.dq2, dv,
+              scale * LOG2E)
+    constants = dict(BLK=blk, D1=pt.d1, D2=pt.d2, DVP=pt.dvp, EVEN_M=lq % blk == 0, EVEN_N=lk % blk == 0,
+                     EVEN_D=pt.even_d, num_warps=warps, num_stages=stages, **{f: flags[f] for f in _BAND_FLAGS})
+    return _Spec((nb * nch, b * h), before, (*_dropout_args(ex), nm, nn, nch, BAND_TILES), constants, next(_tokens),
+                 dict(part=(b * h * nb * nch, 2 * blk), blk=blk, nb=nb, nch=nch, nn=nn))
+
+
+def _tuned_band(call: tuple, run_band) -> _Spec:
+    """The band kernel's launch at the tile remembered for its key; call as `_tuned_backward`'s."""
+    q, k, v, _, do, _, scale, table, segments, ex = call
+    flags = _flags(table, segments, ex, q)
+    pt = _parts(q, k, v, ex)
+    return _launch(_key("band", q, k.shape[2], (pt.d1, pt.d2, pt.dvp), flags),
+                   _configs(BAND_CONFIGS, q.dtype, max(pt.d1, pt.d2, pt.dvp)),
+                   lambda config: run_band(_band_spec(config, q, k, v, do, scale, table, segments, ex, flags)),
+                   INTERPRETER_CONFIGS["band"])
+
+
+def _band_sums(part: Tensor, spec: _Spec, b: int, h: int, n_offsets: int, lk: int) -> Tensor:
+    """dT (H, Lq + Lk - 1) from the band kernel's partial sums; b, h, n_offsets, lk are fixed by the call's
+    signature, as `spec` is: its token names this launch's arguments after the two tensors."""
+    sizes = spec.sizes
+    out = torch.empty(h, n_offsets, dtype=torch.float32, device=part.device)
+    rb = 64 if interpreting() else 256
+    launch_kernel(_band_sum_kernel, (h, _cdiv(n_offsets, rb)),
+                  (part, out, b, h, sizes["nb"], sizes["nch"], sizes["nn"], n_offsets, lk),
+                  dict(BLK=sizes["blk"], RB=rb), token=(("sum", spec.token), 2))
+    return out
 
 
 def _table_gradients(sizes: dict, parts: dict, shape: tuple, lk: int, table: Tensor | None,

@@ -118,13 +118,19 @@ def cases(first_only: bool):
         lists = [(A._forward_kernel, A.FORWARD_CONFIGS, {}),
                  (A._backward_kv_kernel, A.BACKWARD_KV_CONFIGS, {}),
                  (A._backward_q_kernel, A.BACKWARD_Q_CONFIGS, dict(NSEG2P=4, TAB_GRAD=True, SEG_GRAD=True))]
+        if terms == "every term":  # the offset table's gradient by block diagonals (not FIRE's: the dQ kernel's)
+            lists.append((A._band_kernel, A.BAND_CONFIGS, dict(BAND=True)))
         for kernel, configs, extra in lists:
             chosen = A._configs(configs, _torch_dtype(size), max(d1, dvp))
             if extra.get("TAB_GRAD"):
                 chosen = [c for c in chosen if c[0] == c[1]]
             for config in chosen[:1 if first_only else None]:
                 label = f"{kernel.__name__} {dtype} {d1}+{d2}/{dvp}{' even' if even else ''} {config} {terms}"
-                yield label, kernel, dtype, {**flags, **extra, **tiles(config)}, *config[2:]
+                constexprs = {**flags, **extra, **tiles(config)}
+                if constexprs.pop("BAND", False):  # one square tile, none of the piecewise term's flags
+                    constexprs = {k: v for k, v in constexprs.items() if k not in ("BM", "BN", "PIECES", "LOGKP")}
+                    constexprs["BLK"] = config[0]
+                yield label, kernel, dtype, constexprs, *config[2:]
 
 
 #: the table terms as the models use them (bf16, head size 64, lengths a multiple of the tiles, the presets'
