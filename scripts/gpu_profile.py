@@ -342,7 +342,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out", type=Path, help="the report (markdown); - prints it")
     parser.add_argument("--methods", default=METHODS, help="comma-separated methods; `/jit` after one: its kernels "
-                        "launched through Triton's `kernel[grid]` each time; `/score`: its offset table read per score")
+                        "launched through Triton's `kernel[grid]` each time; `/score`: its offset table read per "
+                        "score; `/rows`: its table's gradient summed in the dQ kernel")
     parser.add_argument("--shape", default="bert-base")
     parser.add_argument("--length", type=int, default=512)
     parser.add_argument("--batch", type=int, default=8)
