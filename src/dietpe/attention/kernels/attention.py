@@ -1046,9 +1046,10 @@ def head_parts(d: int) -> tuple[int, int]:
 # tutorial's on Hopper (forward 128 queries × 64-128 keys; dK/dV 128 keys × 32 queries; dQ 128 queries × 32-64
 # keys), 8 warps where 4 spilled: checked for shared memory, registers and spills by compiling for sm_90
 # (`resources`; at head size 64 in bf16 the first of each list spills nothing with the table, with or without
-# dropout, but dK/dV's 80 bytes with dropout). The dQ kernel sums the
-# tables' gradients along diagonals with a carry between key blocks, which needs BM = BN: with a table gradient
-# only its square configurations are tried; at 64 × 64 that kernel needs 255 registers and spills, and 32 × 32
+# dropout, but dK/dV's 80 bytes with dropout). dQ's first is 128 × 64: 0.49 ms at 1 × 12 × 8,192 × 64 on the
+# H200 against 1.1 at 64 × 64 (with a table read, no dropout). Summing a table's gradient in the dQ kernel
+# (DIETPE_FUSED_TABLE_GRAD=rows, FIRE) carries diagonals between key blocks, which needs BM = BN: then only
+# the square configurations are tried; at 64 × 64 that kernel needs 255 registers and spills, and 32 × 32
 # with 4 warps (238, none spilled) was the tuner's choice in every table case measured on an H100 (bert-base,
 # 512 × 8: 208-435 µs against 255-640; docs/gpu.md). fp32's exact dots take small tiles: fp32 is the accuracy
 # path.
@@ -1062,7 +1063,7 @@ BACKWARD_KV_CONFIGS = {2: {64: [(32, 128, 8, 3), (64, 64, 8, 3), (32, 64, 4, 3)]
                            256: [(16, 32, 4, 1), (16, 16, 4, 1)]},
                        4: {64: [(16, 32, 4, 2), (16, 16, 4, 1)], 128: [(16, 32, 4, 1), (16, 16, 4, 1)],
                            256: [(16, 16, 4, 1)]}}
-BACKWARD_Q_CONFIGS = {2: {64: [(64, 64, 8, 3), (128, 64, 8, 3), (128, 32, 8, 3), (32, 32, 4, 2)],
+BACKWARD_Q_CONFIGS = {2: {64: [(128, 64, 8, 3), (64, 64, 8, 3), (128, 32, 8, 3), (32, 32, 4, 2)],
                           128: [(64, 64, 8, 2), (128, 32, 8, 2), (32, 32, 4, 1)],
                           256: [(32, 32, 8, 1), (16, 16, 4, 1)]},
                       4: {64: [(32, 32, 4, 2), (16, 16, 4, 1)], 128: [(32, 32, 4, 2), (16, 16, 4, 1)],

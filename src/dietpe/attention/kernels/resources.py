@@ -119,7 +119,8 @@ def cases(first_only: bool):
                  (A._backward_kv_kernel, A.BACKWARD_KV_CONFIGS, {}),
                  (A._backward_q_kernel, A.BACKWARD_Q_CONFIGS, dict(NSEG2P=4, TAB_GRAD=True, SEG_GRAD=True))]
         if terms == "every term":  # the offset table's gradient by block diagonals (not FIRE's: the dQ kernel's)
-            lists.append((A._band_kernel, A.BAND_CONFIGS, dict(BAND=True)))
+            lists += [(A._backward_q_kernel, A.BACKWARD_Q_CONFIGS, dict(NSEG2P=4, TAB_GRAD=False, SEG_GRAD=True)),
+                      (A._band_kernel, A.BAND_CONFIGS, dict(BAND=True))]
         for kernel, configs, extra in lists:
             chosen = A._configs(configs, _torch_dtype(size), max(d1, dvp))
             if extra.get("TAB_GRAD"):
