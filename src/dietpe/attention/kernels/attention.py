@@ -504,19 +504,30 @@ def _diagonal_sums(x, BLK: tl.constexpr):
 
 
 @triton.jit
-def _segment_sums(ds, sq, sk, NSEG: tl.constexpr, NSEG2P: tl.constexpr):
-    """Σ dS over each segment pair (a, c) of a tile, flattened a·NSEG + c into NSEG2P slots."""
+def _segment_rows(seg, ds, sk, NSEG: tl.constexpr, NSEG2P: tl.constexpr):
+    """seg[i, c] + Σ_j dS_ij over the tile's keys in segment c: sums along a row, within a warp; the sums over
+    the queries' segments, across warps, wait for the end of the key loop (`_segment_pairs`)."""
+    col = tl.arange(0, NSEG2P)[None, :]
+    for c in tl.static_range(NSEG):
+        seg += tl.where(col == c, tl.sum(tl.where(sk[None, :] == c, ds, 0.0), 1)[:, None], 0.0)
+    return seg
+
+
+@triton.jit
+def _segment_pairs(seg, sq, NSEG: tl.constexpr, NSEG2P: tl.constexpr):
+    """Σ dS over each segment pair (a, c) of the program's rows, flattened a·NSEG + c into NSEG2P slots, from
+    `_segment_rows`' per-query sums."""
     slot = tl.arange(0, NSEG2P)
     out = tl.zeros([NSEG2P], tl.float32)
-    for c in tl.static_range(NSEG):
-        per_query = tl.sum(tl.where(sk[None, :] == c, ds, 0.0), 1)
-        for a in tl.static_range(NSEG):
-            out += tl.where(slot == a * NSEG + c, tl.sum(tl.where(sq == a, per_query, 0.0), 0), 0.0)
+    for a in tl.static_range(NSEG):
+        by_key = tl.sum(tl.where(sq[:, None] == a, seg, 0.0), 0)  # (NSEG2P,): column c holds pair (a, c)
+        for c in tl.static_range(NSEG):
+            out += tl.where(slot == a * NSEG + c, tl.sum(tl.where(slot == c, by_key, 0.0)), 0.0)
     return out
 
 
 @triton.jit
-def _dq_tile_body(dq1, dq2, seg, pw_acc, den_acc, q1, q2, do, lse, delta, sq, start, offs_m, k_base, k2_base, v_base,
+def _dq_tile_body(dq1, dq2, seg, pw_acc, den_acc, q1, q2, do, lse, delta, start, offs_m, k_base, k2_base, v_base,
                   skn, sk2n, svn, b, h, bh, LQ, LK, DQ, DQ2, DV_, qk_scale, seed, p_drop, inv_keep, TAB, stab, KEEPQ,
                   KEEPK, SEGT, sseg, QSEG, sqs, KSEG, sks, MASK, smb, smh, smm, smn, DEN, PW, BM: tl.constexpr,
                   BN: tl.constexpr, D1: tl.constexpr, D2: tl.constexpr, DVP: tl.constexpr, HAS_TAB: tl.constexpr,
@@ -568,12 +579,12 @@ def _dq_tile_body(dq1, dq2, seg, pw_acc, den_acc, q1, q2, do, lse, delta, sq, st
         lower, upper = _diagonal_sums(dt, BN)
     if SEG_GRAD:
         sk = _load_1d(KSEG + b * sks, offs_n, LK, MASK_N, 0)
-        seg += _segment_sums(ds, sq, sk, NSEG, NSEG2P)
+        seg = _segment_rows(seg, ds, sk, NSEG, NSEG2P)
     return dq1, dq2, lower, upper, seg, pw_acc, den_acc
 
 
 @triton.jit
-def _dq_tile(dq1, dq2, carry, seg, pw_acc, den_acc, open_rows, q1, q2, do, lse, delta, sq, start, offs_m, k_base,
+def _dq_tile(dq1, dq2, carry, seg, pw_acc, den_acc, open_rows, q1, q2, do, lse, delta, start, offs_m, k_base,
              k2_base, v_base, skn, sk2n, svn, part_row, NN, b, h, bh, LQ, LK, DQ, DQ2, DV_, qk_scale, seed, p_drop,
              inv_keep, TAB, stab, KEEPQ, KEEPK, SEGT, sseg, QSEG, sqs, KSEG, sks, MASK, smb, smh, smm, smn, DEN, PW,
              BM: tl.constexpr, BN: tl.constexpr, D1: tl.constexpr, D2: tl.constexpr, DVP: tl.constexpr,
@@ -591,14 +602,14 @@ def _dq_tile(dq1, dq2, carry, seg, pw_acc, den_acc, open_rows, q1, q2, do, lse, 
                           smn, MASK_KIND, MASK_M, MASK_N).to(tl.int32)
         if live + 1 - open_rows > 0:
             dq1, dq2, lower, upper, seg, pw_acc, den_acc = _dq_tile_body(
-                dq1, dq2, seg, pw_acc, den_acc, q1, q2, do, lse, delta, sq, start, offs_m, k_base, k2_base, v_base, skn,
+                dq1, dq2, seg, pw_acc, den_acc, q1, q2, do, lse, delta, start, offs_m, k_base, k2_base, v_base, skn,
                 sk2n, svn, b, h, bh, LQ, LK, DQ, DQ2, DV_, qk_scale, seed, p_drop, inv_keep, TAB, stab, KEEPQ, KEEPK,
                 SEGT, sseg, QSEG, sqs, KSEG, sks, MASK, smb, smh, smm, smn, DEN, PW, BM, BN, D1, D2, DVP, HAS_TAB,
                 HAS_KEEP, NSEG, NSEG2P, MASK_KIND, PIECES, LOGKP, DROPOUT, PREC, TAB_GRAD, SEG_GRAD, MASK_M, MASK_N,
                 MASK_D, DIAG)
     else:
         dq1, dq2, lower, upper, seg, pw_acc, den_acc = _dq_tile_body(
-            dq1, dq2, seg, pw_acc, den_acc, q1, q2, do, lse, delta, sq, start, offs_m, k_base, k2_base, v_base, skn,
+            dq1, dq2, seg, pw_acc, den_acc, q1, q2, do, lse, delta, start, offs_m, k_base, k2_base, v_base, skn,
             sk2n, svn, b, h, bh, LQ, LK, DQ, DQ2, DV_, qk_scale, seed, p_drop, inv_keep, TAB, stab, KEEPQ, KEEPK, SEGT,
             sseg, QSEG, sqs, KSEG, sks, MASK, smb, smh, smm, smn, DEN, PW, BM, BN, D1, D2, DVP, HAS_TAB, HAS_KEEP, NSEG,
             NSEG2P, MASK_KIND, PIECES, LOGKP, DROPOUT, PREC, TAB_GRAD, SEG_GRAD, MASK_M, MASK_N, MASK_D, DIAG)
@@ -645,7 +656,7 @@ def _backward_q_kernel(Q, K, V, O, DO, LSE, DELTA, DQ_, PART, SPART, DPART, PWPA
     if D2 > 0:
         dq2 = tl.zeros([BM, D2], tl.float32)
     carry = tl.zeros([BN], tl.float32)
-    seg = tl.zeros([NSEG2P], tl.float32)
+    seg = tl.zeros([BM, NSEG2P], tl.float32)  # per query and key segment (`_segment_rows`)
     pw_acc = tl.zeros([16], tl.float32)
     if PIECES > 0:
         pw_acc = tl.zeros([4 * PIECES], tl.float32)  # Σ dS and Σ dS·x per piece of F (FIRE's f_θ)
@@ -660,7 +671,7 @@ def _backward_q_kernel(Q, K, V, O, DO, LSE, DELTA, DQ_, PART, SPART, DPART, PWPA
     lo, full, hi = _key_loop(MASK, b, h, LK, smb, smh, smn, pid_m, BM, BN, MASK_KIND, CAUSAL, EVEN_N)
     for start in range(lo, full, BN):
         dq1, dq2, carry, seg, pw_acc, den_acc = _dq_tile(dq1, dq2, carry, seg, pw_acc, den_acc, open_rows, q1, q2, do,
-                                                         lse, delta, sq, start, offs_m, k_base, k2_base, v_base, skn,
+                                                         lse, delta, start, offs_m, k_base, k2_base, v_base, skn,
                                                          sk2n, svn, part_row, NN, b, h, bh, LQ, LK, DQ, DQ2, DV_,
                                                          qk_scale, seed, p_drop, inv_keep, TAB, stab, KEEPQ, KEEPK,
                                                          SEGT, sseg, QSEG, sqs, KSEG, sks, MASK, smb, smh, smm, smn,
@@ -669,7 +680,7 @@ def _backward_q_kernel(Q, K, V, O, DO, LSE, DELTA, DQ_, PART, SPART, DPART, PWPA
                                                          not EVEN_M, False, not EVEN_D, False)
     for start in range(tl.maximum(full, lo), hi, BN):
         dq1, dq2, carry, seg, pw_acc, den_acc = _dq_tile(dq1, dq2, carry, seg, pw_acc, den_acc, open_rows, q1, q2, do,
-                                                         lse, delta, sq, start, offs_m, k_base, k2_base, v_base, skn,
+                                                         lse, delta, start, offs_m, k_base, k2_base, v_base, skn,
                                                          sk2n, svn, part_row, NN, b, h, bh, LQ, LK, DQ, DQ2, DV_,
                                                          qk_scale, seed, p_drop, inv_keep, TAB, stab, KEEPQ, KEEPK,
                                                          SEGT, sseg, QSEG, sqs, KSEG, sks, MASK, smb, smh, smm, smn,
@@ -684,7 +695,8 @@ def _backward_q_kernel(Q, K, V, O, DO, LSE, DELTA, DQ_, PART, SPART, DPART, PWPA
         _store_2d(DQ2_ + b * sg2b + h * sg2h, offs_m, sg2m, LQ, tl.arange(0, D2), DQ2,
                   (dq2 * scale).to(DQ2_.dtype.element_ty), not EVEN_M, not EVEN_D)
     if SEG_GRAD:
-        tl.store(SPART + (bh.to(tl.int64) * tl.num_programs(0) + pid_m) * NSEG2P + tl.arange(0, NSEG2P), seg)
+        tl.store(SPART + (bh.to(tl.int64) * tl.num_programs(0) + pid_m) * NSEG2P + tl.arange(0, NSEG2P),
+                 _segment_pairs(seg, sq, NSEG, NSEG2P))
     if TAB_GRAD and PIECES > 0:
         _store_piece_partials(PWPART, DPART, DEN, pw_acc, den_acc, bh, pid_m, offs_m, LQ, PIECES, EVEN_M)
 
