@@ -159,6 +159,22 @@ def test_both_table_gradient_paths_are_the_equation(name, device):
         assert torch.equal(bands[1][i], rows[1][i])
 
 
+@pytest.mark.parametrize("tiles", [1, 2])
+def test_a_block_diagonal_split_among_programs(tiles, device, monkeypatch):
+    """Long block diagonals are split into runs of BAND_TILES tiles, one program each, whose sums the last kernel
+    adds: one tile a program (every tile sheared alone) or two give the equation's table gradient, padding and
+    causality included."""
+    from dietpe.attention.kernels import attention as A
+
+    monkeypatch.setattr(A, "BAND_TILES", tiles)
+    monkeypatch.setattr(A, "_specs", {})  # launches kept from other calls were built with the default
+    for case in (dict(lq=3 * E + 7, lk=2 * E + 3, mask="padding", keep=True), dict(lq=3 * E, lk=3 * E, causal=True)):
+        inputs, ex = _case(device, torch.float32, b=2, h=2, dq=16, dv=16, table_heads=2, **case)
+        with A.table_gradient("bands"):
+            out, grads = _run(inputs, ex)
+        _assert_matches(out, grads, *_reference_run(inputs, ex))
+
+
 @pytest.mark.parametrize("path", ["bands", "rows"])
 def test_the_table_gradient_under_dropout(path, device):
     """The band kernel draws dropout's mask at each pair as the forward did: the equation with the kernel's own
@@ -349,7 +365,8 @@ def test_the_table_read_setting_names_its_values(monkeypatch):
 
 
 #: the first tile of each of the GPU's lists at head size 64 in bf16 (the interpreter's own tiles are 16-32)
-GPU_TILES = dict(fwd=(128, 64, 8, 3), kv=(32, 128, 8, 3), q=(128, 32, 8, 3), q_square=(64, 64, 8, 3))
+GPU_TILES = dict(fwd=(128, 64, 8, 3), kv=(32, 128, 8, 3), q=(128, 32, 8, 3), q_square=(64, 64, 8, 3),
+                 band=(64, 64, 8, 3))
 
 
 def test_the_gpus_tiles_read_the_table_by_window_too(device, monkeypatch):
