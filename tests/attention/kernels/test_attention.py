@@ -358,6 +358,11 @@ def test_the_table_read_setting_names_its_values(monkeypatch):
     with pytest.raises(ConfigError, match="allowed values are window, score"):
         with A.table_read("rows"):
             pass
+    monkeypatch.delenv("DIETPE_FUSED_TABLE_GRAD", raising=False)
+    assert A.TABLE_GRAD.read() == "bands"  # the default
+    monkeypatch.setenv("DIETPE_FUSED_TABLE_GRAD", "rows")
+    monkeypatch.setattr(A.TABLE_GRAD, "stack", [])
+    assert A.TABLE_GRAD.current() == "rows"
     monkeypatch.setenv("DIETPE_FUSED_TABLE_GRAD", "atomics")
     monkeypatch.setattr(A.TABLE_GRAD, "stack", [])
     with pytest.raises(ConfigError, match="DIETPE_FUSED_TABLE_GRAD='atomics': allowed values are bands, rows"):
