@@ -15,6 +15,7 @@ Two parts, each a table in OUT.md:
 * **graphs** (`--graphs`): inference (bf16 autocast), each method's forward called as usual against the
   replay of a CUDA graph captured around it: the replay queues no Python and no launches, so its time is the
   GPU's alone, and the ratios between replays are what the methods cost on the GPU with the host's share gone;
+  the host column is the call's time to return (its Python and launches, the GPU still running);
 * **ops** (`--ops`): the attention operator alone, forward and forward + backward (`triton.testing.do_bench`,
   median), SDPA's flash kernel against the fused kernel without a term and with a per-head offset table (read
   by window, per score, and with its gradient summed in the dQ kernel).
@@ -208,22 +209,26 @@ def graphs_table(labels: list[str], shape: str, length: int, batch: int, repeats
             with torch.no_grad(), torch.autocast(device, dtype=torch.bfloat16, cache_enabled=False):
                 first_output(model(**inputs))
         calls[label] = {"call": forward, "replay": _graphed(forward)}
-    times = {(label, kind): [] for label in calls for kind in ("call", "replay")}
-    names = list(times)
+    times = {(label, kind): [] for label in calls for kind in ("call", "replay", "host")}
+    names = [key for key in times if key[1] != "host"]
     for order in _cycles(names, repeats):
         for key in order:
             torch.cuda.synchronize()
             t0 = time.perf_counter()
             calls[key[0]][key[1]]()
+            queued = time.perf_counter()  # the call's host side: its Python and launches, before the GPU ends
             torch.cuda.synchronize()
             times[key].append(time.perf_counter() - t0)
+            if key[1] == "call":
+                times[key[0], "host"].append(queued - t0)
     first = labels[0]
     lines = [f"## graphs: {shape}, {length} x {batch}, bf16 inference, called against a CUDA graph's replay, "
-             f"{repeats} interleaved cycles", "", "| method | call ms | x first | replay ms | x first |",
-             "|---|--:|--:|--:|--:|"]
+             f"{repeats} interleaved cycles (host ms: the call's return, before the GPU's end)", "",
+             "| method | call ms | x first | replay ms | x first | host ms | x first |",
+             "|---|--:|--:|--:|--:|--:|--:|"]
     for label in calls:
         row = [f"| {label} "]
-        for kind in ("call", "replay"):
+        for kind in ("call", "replay", "host"):
             ratio = statistics.median(t / b for t, b in zip(times[label, kind], times[first, kind]))
             row.append(f"| {statistics.median(times[label, kind]) * 1e3:.2f} | {ratio:.3f} ")
         lines.append("".join(row) + "|")
