@@ -527,6 +527,22 @@ def _segment_pairs(seg, sq, NSEG: tl.constexpr, NSEG2P: tl.constexpr):
 
 
 @triton.jit
+def _dscores(s, lse, delta, do, v, offs_m, offs_n, start, bh, LQ, LK, seed, p_drop, inv_keep, BM: tl.constexpr,
+             BN: tl.constexpr, MASK_N: tl.constexpr, DIAG: tl.constexpr, DROPOUT: tl.constexpr, PREC: tl.constexpr):
+    """dL/dS of a (BM, BN) tile from its scores (log2 units, terms added): P recomputed from the log-sum-exp, keys
+    past Lk (MASK_N) and above the causal diagonal (DIAG) zeroed, dP = dO·Vᵀ under dropout's mask."""
+    p = tl.math.exp2(s - lse[:, None])  # rows past Lq: lse = inf, p = 0
+    if MASK_N:
+        p = tl.where(offs_n[None, :] < LK, p, 0.0)
+    if DIAG:
+        p = tl.where(offs_m[:, None] >= offs_n[None, :], p, 0.0)
+    dp = _dot(do, tl.trans(v), PREC)
+    if DROPOUT:
+        dp = tl.where(_kept(seed, bh, offs_m, start, LQ, p_drop, BM, BN), dp * inv_keep, 0.0)
+    return p * (dp - delta[:, None])
+
+
+@triton.jit
 def _dq_tile_body(dq1, dq2, seg, pw_acc, den_acc, q1, q2, do, lse, delta, start, offs_m, k_base, k2_base, v_base,
                   skn, sk2n, svn, b, h, bh, LQ, LK, DQ, DQ2, DV_, qk_scale, seed, p_drop, inv_keep, TAB, stab, KEEPQ,
                   KEEPK, SEGT, sseg, QSEG, sqs, KSEG, sks, MASK, smb, smh, smm, smn, DEN, PW, BM: tl.constexpr,
@@ -552,15 +568,8 @@ def _dq_tile_body(dq1, dq2, seg, pw_acc, den_acc, q1, q2, do, lse, delta, start,
     s = _add_terms(s, offs_m[:, None], offs_n[None, :], tl.min(offs_m), start, b, h, LQ, LK, TAB, stab, KEEPQ,
                    KEEPK, SEGT, sseg, QSEG, sqs, KSEG, sks, MASK, smb, smh, smm, smn, DEN, PW,
                    HAS_TAB if PIECES == 0 else 0, HAS_KEEP, NSEG, MASK_KIND, PIECES, LOGKP, MASK_M, MASK_N, BM, BN)
-    p = tl.math.exp2(s - lse[:, None])  # rows past Lq: lse = inf, p = 0
-    if MASK_N:
-        p = tl.where(offs_n[None, :] < LK, p, 0.0)
-    if DIAG:
-        p = tl.where(offs_m[:, None] >= offs_n[None, :], p, 0.0)
-    dp = _dot(do, tl.trans(v), PREC)
-    if DROPOUT:
-        dp = tl.where(_kept(seed, bh, offs_m, start, LQ, p_drop, BM, BN), dp * inv_keep, 0.0)
-    ds = p * (dp - delta[:, None])  # dL/dS_ij
+    ds = _dscores(s, lse, delta, do, v, offs_m, offs_n, start, bh, LQ, LK, seed, p_drop, inv_keep, BM, BN, MASK_N,
+                  DIAG, DROPOUT, PREC)
     dq1 += _dot(ds.to(k1.dtype), k1, PREC)
     if D2 > 0:
         dq2 += _dot(ds.to(k2.dtype), k2, PREC)
@@ -884,15 +893,8 @@ def _band_tile(acc, m, start, q_base, q2_base, k_base, k2_base, v_base, DO, LSE,
     s = _add_terms(s, offs_m[:, None], offs_n[None, :], m * BLK, start, b, h, LQ, LK, TAB, stab, KEEPQ, KEEPK, SEGT,
                    sseg, QSEG, sqs, KSEG, sks, MASK, smb, smh, smm, smn, TAB, TAB, HAS_TAB, HAS_KEEP, NSEG, MASK_KIND,
                    0, 0, not EVEN_M, not EVEN_N, BLK, BLK)
-    p = tl.math.exp2(s - lse[:, None])  # rows past Lq: lse = inf, p = 0
-    if not EVEN_N:
-        p = tl.where(offs_n[None, :] < LK, p, 0.0)
-    if CAUSAL:
-        p = tl.where(offs_m[:, None] >= offs_n[None, :], p, 0.0)
-    dp = _dot(do, tl.trans(v), PREC)
-    if DROPOUT:
-        dp = tl.where(_kept(seed, bh, offs_m, start, LQ, p_drop, BLK, BLK), dp * inv_keep, 0.0)
-    ds = p * (dp - delta[:, None])
+    ds = _dscores(s, lse, delta, do, v, offs_m, offs_n, start, bh, LQ, LK, seed, p_drop, inv_keep, BLK, BLK,
+                  not EVEN_N, CAUSAL, DROPOUT, PREC)
     if HAS_KEEP:
         ds = ds * _load_1d(KEEPQ, offs_m, LQ, not EVEN_M, 0.0)[:, None] \
             * _load_1d(KEEPK, offs_n, LK, not EVEN_N, 0.0)[None, :]
