@@ -106,6 +106,15 @@ def steps() -> list[Step]:
                  "--backends fused,sdpa --repeats 6 --warmup 3 --no-memory --markdown {work}/bench.md")
               + "; rc=$?; [ $rc = 0 ] || cat {work}/bench.md; exit $rc",),
              _dietpe("bench --help")),
+        # the same step compiled whole, CUDA graphs (inductor's reduce-overhead): what is left without the host's
+        # Python, as DIET's Table 1 was timed (XLA on TPUs); inference first (quicker to compile): run by name
+        Step("compiled", "time", 240, "compiled.md",
+             ("timeout -s INT 230 " + _dietpe(
+                 "bench --device cuda --precision bf16 --shapes bert-base --lengths 512 --batch 8 "
+                 "--methods none@fused,diet-rel,t5 --backends fused,sdpa --compile reduce-overhead "
+                 "--modes infer,train --repeats 6 --warmup 3 --no-memory --markdown {work}/compiled.md")
+              + "; rc=$?; [ $rc = 0 ] || cat {work}/compiled.md; exit $rc",),
+             _dietpe("bench --help"), default=False),
         # measured once (docs/measured/h200_study_time.json): run by name, for another GPU
         Step("study_time", "time", 50, "study_time.txt",
              (f"{PY} -m dietpe.bench.study_time --plan gpu-hour --device cuda --precision bf16",),

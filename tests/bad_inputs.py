@@ -577,6 +577,7 @@ case("bench --batch count", f"{BENCH} --batch 1,2", "--batch", "2 sizes", "1 len
 case("bench --methods nope", f"{BENCH} --methods rope", "rope", "absolute")
 case("bench --methods empty", f"{BENCH} --methods ,", "--methods", "','")
 case("bench --modes nope", f"{BENCH} --modes fly", "--modes", "fly", "infer")
+case("bench --compile nope", f"{BENCH} --compile fast", "--compile", "fast", "reduce-overhead")
 case("bench --shapes nope", f"{BENCH} --shapes bert-huge", "bert-huge", "bert-base")
 case("bench --long-methods absolute", f"{BENCH} --long --long-methods absolute", "--long-methods", "absolute",
      "diet-rel")

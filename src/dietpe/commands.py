@@ -545,6 +545,11 @@ def register_bench(subparsers) -> None:
                    help="attention_probs_dropout_prob of every model (default: the preset's 0.1; flex has "
                         "no dropout: give 0 to time it)")
     p.add_argument("--modes", type=V.names, default=["train", "infer"], help="train, infer or both")
+    p.add_argument("--compile", default=None, metavar="MODE",
+                   help="time every candidate (none and the peers too) as torch.compile(model, mode=MODE): default, "
+                        "reduce-overhead (CUDA graphs), max-autotune, max-autotune-no-cudagraphs; or the backends "
+                        "aot_eager and eager, which make no code (default: eager PyTorch; peak memory is always "
+                        "the eager step's)")
     p.add_argument("--repeats", type=V.positive_int, default=15, help="timed cycles (default: 15)")
     p.add_argument("--warmup", type=V.non_negative_int, default=2, help="untimed cycles first (default: 2)")
     p.add_argument("--threads", type=V.positive_int, default=2, help="torch intra-op threads (default: 2)")

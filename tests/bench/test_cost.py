@@ -114,6 +114,43 @@ def test_cli_refuses_bad_options(capsys):
     assert "bert-huge" in capsys.readouterr().err
     assert main(["bench", "--long", "--long-methods", "diet-abs", "--no-memory"]) == 2
     assert main(["bench", "--lengths", "8,16", "--batch", "1,2,3"]) == 2
+    assert main(["bench", "--compile", "fast", "--no-memory"]) == 2
+    assert "--compile 'fast'" in capsys.readouterr().err
+
+
+def test_compiled_candidates_are_timed_compiled_with_eager_outputs(monkeypatch):
+    compiled = []
+    real = cost.compile_model
+
+    def spy(model, how):
+        out = real(model, how)
+        compiled.append((type(model).__name__, type(out).__name__))
+        return out
+
+    monkeypatch.setattr(cost, "compile_model", spy)
+    logs = []
+    rows = cost.measure("bert-tiny", 8, 1, [cost.Variant.parse("diet-rel+seg")], repeats=1, warmup=0,
+                        log=logs.append, compile="aot_eager")
+    assert [r.method for r in rows] == ["none", "diet-rel+seg"]
+    assert all(r.train_ratio > 0 and r.infer_ratio > 0 for r in rows)
+    # every candidate, none included, in both modes, went through torch.compile
+    assert compiled == [("DietModel", "OptimizedModule")] * 4 and all("compiled (aot_eager)" in m for m in logs)
+    model = cost.build_model(cost.model_config("bert-tiny", cost.Variant.parse("diet-rel+seg"))).eval()
+    inputs = cost.make_inputs(2, 8, 100)
+    with torch.no_grad():
+        assert torch.equal(cost.compile_model(model, "aot_eager")(**inputs).last_hidden_state,
+                           model(**inputs).last_hidden_state)
+
+
+def test_hitting_the_recompile_limit_fails_instead_of_running_eager():
+    torch._dynamo.reset()
+    f = torch.compile(lambda x: x + 1, backend="eager", dynamic=False)
+    with cost.compile_limits("eager", 0):  # room for 8 compiled entries
+        for rank in range(1, 9):
+            f(torch.zeros((1,) * rank))  # each rank a new entry
+        with pytest.raises(Exception, match="recompile|cache"):
+            f(torch.zeros((1,) * 9))
+    torch._dynamo.reset()
 
 
 def test_peak_memory_in_a_fresh_process():

@@ -6,6 +6,7 @@
     dietpe bench --device cuda --precision bf16 --backends fused,sdpa --attention-dropout 0
                                                     every method on each backend, beside `none` on flash
     dietpe bench --shapes lm-bert-base --lengths 2048,8192 --batch 8,2 ...   the causal LM at bert-base's sizes
+    dietpe bench --device cuda --precision bf16 --compile reduce-overhead      whole steps compiled, CUDA graphs
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ def _parse(args) -> tuple[list[cost.Variant], list[cost.Variant], list[str]]:
     for path, option in ((args.json, "--json"), (args.markdown, "--markdown")):
         if path:
             V.check_output_file(path, option)  # before the timings, not after
+    cost.check_compile(args.compile)
     for mode in args.modes:
         if mode not in ("train", "infer"):
             raise ConfigError(f"--modes: {mode!r} is not one of 'train', 'infer'")
@@ -83,10 +85,12 @@ class _Tables:
         self.rows: dict[tuple[str, int, str], cost.Row] = {}
         self.long_rows: list[cost.LongRow] = []
         self.settings = {
-            "threads": args.threads, "repeats": args.repeats, "warmup": args.warmup, "torch": torch.__version__,
+            "threads": args.threads, "repeats": args.repeats,
+            "warmup": max(args.warmup, 3) if args.compile else args.warmup,  # as `cost.measure` runs them
+            "torch": torch.__version__,
             "machine": platform.machine(), "cpus": os.cpu_count(),
             "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-            "precision": args.precision,
+            "precision": args.precision, "compile": args.compile or "no (eager)",
             "command": "dietpe bench " + " ".join(sys.argv[2:]) if sys.argv[1:2] == ["bench"] else None}
 
     def add(self, rows: list[cost.Row], mode: str) -> None:
@@ -153,7 +157,7 @@ def run(args) -> int:
     tables = _Tables(args, device, total)
     for i, (shape, length, batch, mode) in enumerate(phases):
         tables.add(cost.measure(shape, length, batch, variants, args.repeats, args.warmup, (mode,), peers,
-                                max_length=cost.max_length_for(length), log=_log, **on), mode)
+                                max_length=cost.max_length_for(length), log=_log, compile=args.compile, **on), mode)
         tables.done += 1
         tables.write(final=False)
         last_of_length = i + 1 == len(phases) or phases[i + 1][:2] != (shape, length)
@@ -164,7 +168,7 @@ def run(args) -> int:
             tables.write(final=False)
     if long_variants:
         tables.long_rows = cost.measure_long(args.shapes[0], args.long_length, long_variants,
-                                             max(3, args.repeats // 3), 1, log=_log, **on)
+                                             max(3, args.repeats // 3), 1, log=_log, compile=args.compile, **on)
         memory.add_long_memory(tables.long_rows, args.threads, log=_log, **on)  # the long table's point
         tables.done += 1
     print(tables.write(final=True))

@@ -18,10 +18,18 @@ task head dilutes the encoder's cost. Inference is a forward pass under `torch.i
 sentence pairs: token type 0 for the first half of each sequence, 1 for the second, no padding.
 Peak memory is measured in a fresh process per configuration (`dietpe.bench.memory`, which builds its
 models and steps with this module's functions).
+
+`compile`: every candidate, `none` and the peers included, runs as `torch.compile(model, mode=...)`. DIET's
+Table 1 was timed on TPUs, where XLA runs the whole step as one compiled program; an eager PyTorch step at
+bert-base and 512 tokens is bound by the host's Python (docs/kernels.md, "Where the time goes"), and a
+compiled one ("reduce-overhead": CUDA graphs) leaves the GPU's own cost. Dynamo keeps its compiled entries per
+code object, and every diet candidate shares `DietModel.forward`: its recompile limit (8) is raised for the
+run to what the candidates need, and hitting it fails the run instead of falling back to eager unnoticed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import statistics
 import time
@@ -108,6 +116,50 @@ def build_model(config: DietConfig, seed: int = 0) -> nn.Module:
 
     torch.manual_seed(seed)
     return DietCausalModel(config) if isinstance(config, DietCausalConfig) else DietModel(config)
+
+
+#: torch.compile's modes (inductor), and backends that generate no code (a check without a C++ compiler)
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+COMPILE_BACKENDS = ("aot_eager", "eager")
+
+
+def check_compile(how: str | None) -> None:
+    if how is not None and how not in COMPILE_MODES + COMPILE_BACKENDS:
+        raise ConfigError(f"--compile {how!r}: give one of {', '.join(COMPILE_MODES + COMPILE_BACKENDS)}")
+
+
+def compile_model(model: nn.Module, how: str | None) -> nn.Module:
+    """model itself (how None), or compiled: `how` an inductor mode, or 'aot_eager'/'eager' (no code made)."""
+    check_compile(how)
+    if how is None:
+        return model
+    if how in COMPILE_BACKENDS:
+        return torch.compile(model, backend=how)
+    return torch.compile(model, mode=how)
+
+
+@contextlib.contextmanager
+def compile_limits(how: str | None, candidates: int):
+    """Dynamo's recompile limits raised to what `candidates` models need (each a train and an inference entry,
+    and one more for a guard that fails once), and a failure where they are hit: never eager unnoticed."""
+    if how is None:
+        yield
+        return
+    limit = 8 + 4 * candidates
+    with torch._dynamo.config.patch(recompile_limit=limit, accumulated_recompile_limit=max(256, 4 * limit),
+                                    fail_on_recompile_limit_hit=True):
+        yield
+
+
+def _marked(step: Callable[[], None]) -> Callable[[], None]:
+    """A compiled step that begins a new CUDA-graph generation each call (the candidates interleave: one
+    candidate's replay must not wait for another's outputs to be freed); a no-op without CUDA graphs."""
+
+    def run() -> None:
+        torch.compiler.cudagraph_mark_step_begin()
+        step()
+
+    return run
 
 
 def make_inputs(batch: int, length: int, vocab_size: int, seed: int = 0) -> dict[str, Tensor]:
@@ -264,15 +316,18 @@ def measure(shape: str, length: int, batch: int, methods: list[Variant], repeats
             modes: tuple[str, ...] = ("train", "infer"), peers: list[str] | None = None,
             max_length: int = 512, log: Callable[[str], None] | None = None,
             memory_budget: int | None = None, device: str = "cpu", precision: str = "fp32",
-            overrides: dict | None = None) -> list[Row]:
+            overrides: dict | None = None, compile: str | None = None) -> list[Row]:
     """Time every method (and peer) at one shape and length, interleaved; ratios to `none`. overrides: config
-    fields for every candidate (e.g. attention_probs_dropout_prob).
+    fields for every candidate (e.g. attention_probs_dropout_prob); compile: see `compile_model`.
 
     Every candidate of a group is alive at once (weights, and AdamW's two moments when training): 17
     bert-base candidates need about 22 GiB, so candidates are timed in groups that fit half the available
     memory (`memory_budget` bytes), each group beside its own `none`."""
     from dietpe.bench.peers import build_peer
 
+    check_compile(compile)
+    if compile is not None:  # compiling; with CUDA graphs, a warm-up call and a recording one before replays
+        warmup = max(warmup, 3)
     overrides = overrides or {}
     if BASELINE not in methods:
         methods = [BASELINE, *methods]
@@ -297,30 +352,36 @@ def measure(shape: str, length: int, batch: int, methods: list[Variant], repeats
     sync = torch.cuda.synchronize if dev.type == "cuda" else None
     base_count = parameter_count(baseline)
     rows = {"none": Row(shape, "none", length, batch, base_count, 0.0)}
-    for k, group in enumerate(groups or [[]]):
-        models = {"none": baseline, **{label: builders[label]() for label in group}}
-        for label in group:
-            count = parameter_count(models[label])
-            rows[label] = Row(shape, label, length, batch, count, count / base_count - 1)
-        for mode in modes:
-            make = training_step if mode == "train" else inference_step
-            steps = {label: make(model, peer_inputs(label, inputs), precision) for label, model in models.items()}
-            if log:
-                part = f" (group {k + 1} of {len(groups)})" if len(groups) > 1 else ""
-                log(f"{shape} L={length} B={batch} {mode}: {len(steps)} candidates x {repeats} cycles{part}")
-            times = interleaved_times(steps, repeats, warmup, sync)
-            base = times["none"]
-            for label, t in times.items():
-                if label == "none" and k > 0:
-                    continue  # the baseline's own row is the first group's
-                row = rows[label]
-                setattr(row, f"{mode}_ms", statistics.median(t) * 1e3)
-                setattr(row, f"{mode}_ratio", median_ratio(t, base))
-                setattr(row, f"{mode}_iqr", ratio_spread(t, base))
-            del steps  # drop optimizer states before the next mode
-        del models
-    order = ["none", *(label for group in groups for label in group)]
-    return [rows[label] for label in order]
+    with compile_limits(compile, len(builders) + 1):
+        for k, group in enumerate(groups or [[]]):
+            models = {"none": baseline, **{label: builders[label]() for label in group}}
+            for label in group:
+                count = parameter_count(models[label])
+                rows[label] = Row(shape, label, length, batch, count, count / base_count - 1)
+            for mode in modes:
+                make = training_step if mode == "train" else inference_step
+                steps = {label: make(compile_model(model, compile), peer_inputs(label, inputs), precision)
+                         for label, model in models.items()}
+                if compile is not None:
+                    steps = {label: _marked(step) for label, step in steps.items()}
+                if log:
+                    part = f" (group {k + 1} of {len(groups)})" if len(groups) > 1 else ""
+                    how = f", compiled ({compile})" if compile else ""
+                    log(f"{shape} L={length} B={batch} {mode}: {len(steps)} candidates x {repeats} cycles"
+                        f"{part}{how}")
+                times = interleaved_times(steps, repeats, warmup, sync)
+                base = times["none"]
+                for label, t in times.items():
+                    if label == "none" and k > 0:
+                        continue  # the baseline's own row is the first group's
+                    row = rows[label]
+                    setattr(row, f"{mode}_ms", statistics.median(t) * 1e3)
+                    setattr(row, f"{mode}_ratio", median_ratio(t, base))
+                    setattr(row, f"{mode}_iqr", ratio_spread(t, base))
+                del steps  # drop optimizer states before the next mode
+            del models
+        order = ["none", *(label for group in groups for label in group)]
+        return [rows[label] for label in order]
 
 
 def _half(n: int | None) -> int | None:
@@ -351,9 +412,10 @@ class LongRow:
 
 def measure_long(shape: str, length: int, methods: list[Variant], repeats: int, warmup: int,
                  log: Callable[[str], None] | None = None, device: str = "cpu",
-                 precision: str = "fp32", overrides: dict | None = None) -> list[LongRow]:
+                 precision: str = "fp32", overrides: dict | None = None, compile: str | None = None
+                 ) -> list[LongRow]:
     """Inference at `length` tokens, batch 1, for methods without an absolute-position table (memory:
     `dietpe.bench.memory.add_long_memory`)."""
     rows = measure(shape, length, 1, methods, repeats, warmup, modes=("infer",), log=log, device=device,
-                   precision=precision, overrides=overrides)
+                   precision=precision, overrides=overrides, compile=compile)
     return [LongRow(shape, r.method, length, r.infer_ms, r.infer_ratio) for r in rows]

@@ -55,6 +55,9 @@ def markdown(rows: list[Row], long_rows: list[LongRow], settings: dict) -> str:
     if settings.get("device", "cpu") != "cpu":
         parts[-1] = parts[-1].replace("RSS high-water mark", "GPU allocator peak (max_memory_allocated)") + (
             f" Device: {settings['device']}, {settings.get('precision', 'fp32')}; timings synchronised.")
+    compiled = settings.get("compile")
+    if compiled and not compiled.startswith("no"):
+        parts[-1] += f" Every candidate timed as torch.compile ({compiled}); peak memory is the eager step's."
     if settings.get("command"):
         parts += ["", f"`{settings['command']}`"]
     if settings.get("partial"):
