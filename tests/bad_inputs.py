@@ -577,7 +577,6 @@ case("bench --batch count", f"{BENCH} --batch 1,2", "--batch", "2 sizes", "1 len
 case("bench --methods nope", f"{BENCH} --methods rope", "rope", "absolute")
 case("bench --methods empty", f"{BENCH} --methods ,", "--methods", "','")
 case("bench --modes nope", f"{BENCH} --modes fly", "--modes", "fly", "infer")
-case("bench --compile nope", f"{BENCH} --compile fast", "--compile", "fast", "reduce-overhead")
 case("bench --shapes nope", f"{BENCH} --shapes bert-huge", "bert-huge", "bert-base")
 case("bench --long-methods absolute", f"{BENCH} --long --long-methods absolute", "--long-methods", "absolute",
      "diet-rel")
@@ -590,6 +589,8 @@ for _name, _base in (("pretrain", PRE), ("finetune", FT), ("compare", CMP), ("tr
     case(f"{_name} --device gpu", f"{_base} --device gpu", "--device", "gpu", "cuda")
     if _name not in ("translate eval", "analyze"):
         case(f"{_name} --precision fp8", f"{_base} --precision fp8", "--precision", "fp8", "bf16")
+    if _name in ("pretrain", "finetune", "bench"):
+        case(f"{_name} --compile nope", f"{_base} --compile fast", "--compile", "fast", "reduce-overhead")
     if not _cuda_available():  # what a machine without CUDA says
         case(f"{_name} --device cuda", f"{_base} --device cuda", "--device cuda", "CUDA is not available")
 case("pretrain --precision fp16 on the CPU", f"{PRE} --device cpu --precision fp16", "fp16", "CUDA")

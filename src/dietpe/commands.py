@@ -71,6 +71,18 @@ def add_threads_option(p, default: int | None = None) -> None:
 
 
 PRECISIONS = ("fp32", "bf16", "fp16")
+#: torch.compile's modes (inductor), and backends that make no code (a check without a C++ compiler)
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+COMPILE_BACKENDS = ("aot_eager", "eager")
+
+
+def add_compile_option(p, text: str | None = None) -> None:
+    p.add_argument("--compile", choices=COMPILE_MODES + COMPILE_BACKENDS, default=None, metavar="MODE",
+                   help=text or "train the model compiled: torch.compile's mode (default, reduce-overhead for CUDA "
+                                "graphs, max-autotune, max-autotune-no-cudagraphs), or the backends aot_eager and "
+                                "eager, which make no code (without it: eager PyTorch). Hugging Face's Trainer "
+                                "compiles it (TrainingArguments.torch_compile); a compiled run's bits may differ "
+                                "from an eager one's, so a run resumes only with the same choice")
 
 
 def add_device_options(p, *, training: bool = True, deterministic_default: bool = False) -> None:
@@ -199,6 +211,7 @@ def register_pretrain(subparsers) -> None:
     add_pretrain_options(p, recipe_default=None)  # `cpu`, or `init` with --init (recipe_name)
     add_threads_option(p)
     add_device_options(p)
+    add_compile_option(p)
     p.set_defaults(func=_later("dietpe.tasks.pretrain", "main"))
 
 
@@ -272,6 +285,7 @@ def register_finetune(subparsers) -> None:
     add_finetune_options(p)
     add_threads_option(p)
     add_device_options(p)
+    add_compile_option(p)
     p.set_defaults(func=_later("dietpe.tasks.finetune", "main"))
 
 
@@ -545,11 +559,10 @@ def register_bench(subparsers) -> None:
                    help="attention_probs_dropout_prob of every model (default: the preset's 0.1; flex has "
                         "no dropout: give 0 to time it)")
     p.add_argument("--modes", type=V.names, default=["train", "infer"], help="train, infer or both")
-    p.add_argument("--compile", default=None, metavar="MODE",
-                   help="time every candidate (none and the peers too) as torch.compile(model, mode=MODE): default, "
-                        "reduce-overhead (CUDA graphs), max-autotune, max-autotune-no-cudagraphs; or the backends "
-                        "aot_eager and eager, which make no code (default: eager PyTorch; peak memory is always "
-                        "the eager step's)")
+    add_compile_option(p, "time every candidate (none and the peers too) as torch.compile(model, mode=MODE): "
+                          "default, reduce-overhead (CUDA graphs), max-autotune, max-autotune-no-cudagraphs; or the "
+                          "backends aot_eager and eager, which make no code (without it: eager PyTorch; peak memory "
+                          "is always the eager step's)")
     p.add_argument("--repeats", type=V.positive_int, default=15, help="timed cycles (default: 15)")
     p.add_argument("--warmup", type=V.non_negative_int, default=2, help="untimed cycles first (default: 2)")
     p.add_argument("--threads", type=V.positive_int, default=2, help="torch intra-op threads (default: 2)")

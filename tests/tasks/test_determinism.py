@@ -18,6 +18,7 @@ from dietpe.errors import ConfigError
 from dietpe.tasks import checkpoints as ckpt
 from dietpe.tasks import finetune as ft
 from dietpe.tasks import pretrain as pt
+from dietpe.tasks.runtime import trainer_device_args
 
 TINY = dict(size="toy", vocab_size=300, max_length=24, steps=6, batch_size=8, lr=2e-3, warmup=0.1, save_steps=2,
             weight_decay=0.01, adam_epsilon=1e-6, max_grad_norm=1.0)
@@ -136,6 +137,30 @@ def test_other_settings_are_refused_naming_each_difference(data, finished, tmp_p
     assert pretrain(data, early, dict(TINY, vocab_size=200, steps=1, save_steps=1))["steps"] == 1
 
 
+def test_a_compiled_run_is_compiled_gives_eager_bits_resumes_and_records_the_choice(data, finished, tmp_path,
+                                                                                    monkeypatch):
+    compiled = []
+    real = torch.compile
+
+    def spy(model, **kw):
+        compiled.append((type(model).__name__, kw.get("backend")))
+        return real(model, **kw)
+
+    monkeypatch.setattr(torch, "compile", spy)
+    out, _ = finished
+    full = pretrain(data, tmp_path / "full", compile="aot_eager")
+    assert ("DietForMaskedLM", "aot_eager") in compiled  # the Trainer's accelerator compiled the model
+    # aot_eager makes no code: the same bits as the eager run, so the compiled path changes nothing else
+    assert_same_weights(out / "model", tmp_path / "full" / "model")
+    assert json.loads((tmp_path / "full" / ckpt.RUN_SETTINGS).read_text())["compile"] == "aot_eager"
+    rewind(tmp_path / "full", tmp_path / "killed", TINY["steps"] - TINY["save_steps"], ("model", pt.RESULTS))
+    resumed = pretrain(data, tmp_path / "killed", compile="aot_eager")
+    assert_same_weights(tmp_path / "full" / "model", tmp_path / "killed" / "model")
+    assert resumed["val_loss"] == full["val_loss"]
+    with pytest.raises(ConfigError, match=r"compile: 'aot_eager' -> None"):
+        pretrain(data, tmp_path / "full")
+
+
 def test_the_saved_tokenizer_carries_the_length_limit_of_a_learned_table(data, finished, tmp_path):
     from transformers import AutoTokenizer
     res = pretrain(data, tmp_path, dict(TINY, steps=1, save_steps=1), method="absolute")
@@ -190,6 +215,20 @@ def test_finetune_twice_and_after_a_kill_ends_bit_identical(data, finished, tmp_
         assert all(torch.equal(final[name][k], final["a"][k]) for k in final["a"]), name
     with pytest.raises(ConfigError, match=r"settings\.epochs: 3 -> 2"):
         ft.run_finetune(model_dir, task, tmp_path / "a", ft.FinetuneSettings(**dict(FT, epochs=2)), quiet=True,
+                        report_to="none")
+    # compiled by the Trainer (aot_eager makes no code: eager's bits), and the choice recorded
+    compiled, real = [], torch.compile
+    monkeypatch.setattr(torch, "compile", lambda m, **kw: compiled.append(kw.get("backend")) or real(m, **kw))
+    watch("compiled")
+    args = trainer_device_args(None, compile="aot_eager")
+    ft.run_finetune(model_dir, task, tmp_path / "compiled", ft.FinetuneSettings(**FT), quiet=True, report_to="none",
+                    device_args=args)
+    got = json.loads((tmp_path / "compiled" / "lr0.001-seed0" / ft.RESULT).read_text())
+    got.pop("seconds")
+    assert compiled == ["aot_eager"] and got == results["a"]
+    assert all(torch.equal(final["compiled"][k], final["a"][k]) for k in final["a"])
+    with pytest.raises(ConfigError, match=r"compile: 'aot_eager' -> None"):
+        ft.run_finetune(model_dir, task, tmp_path / "compiled", ft.FinetuneSettings(**FT), quiet=True,
                         report_to="none")
 
 

@@ -47,7 +47,6 @@ def _parse(args) -> tuple[list[cost.Variant], list[cost.Variant], list[str]]:
     for path, option in ((args.json, "--json"), (args.markdown, "--markdown")):
         if path:
             V.check_output_file(path, option)  # before the timings, not after
-    cost.check_compile(args.compile)
     for mode in args.modes:
         if mode not in ("train", "infer"):
             raise ConfigError(f"--modes: {mode!r} is not one of 'train', 'infer'")

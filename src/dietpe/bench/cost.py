@@ -40,6 +40,7 @@ import torch
 from torch import Tensor, nn
 
 from dietpe.attention.registry import backend_names
+from dietpe.commands import COMPILE_BACKENDS, COMPILE_MODES
 from dietpe.config import POSITIONS, PRESETS, DietConfig
 from dietpe.errors import ConfigError
 from dietpe.positions.registry import REGISTRY
@@ -116,11 +117,6 @@ def build_model(config: DietConfig, seed: int = 0) -> nn.Module:
 
     torch.manual_seed(seed)
     return DietCausalModel(config) if isinstance(config, DietCausalConfig) else DietModel(config)
-
-
-#: torch.compile's modes (inductor), and backends that generate no code (a check without a C++ compiler)
-COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-COMPILE_BACKENDS = ("aot_eager", "eager")
 
 
 def check_compile(how: str | None) -> None:

@@ -277,6 +277,9 @@ def run_finetune(model_dir: str | Path, data: TaskData, output_dir: str | Path, 
                task_name=spec.name, train_examples=len(data.train),
                eval_sets={name: len(examples) for name, examples in data.evals.items()},
                train_language=train_language, settings=s.record(), processes=world_size())
+    compiled = (device_args or {}).get("torch_compile_mode") or (device_args or {}).get("torch_compile_backend")
+    if compiled:  # a compiled run's bits may differ from an eager one's: resumed only with the same choice
+        run["compile"] = compiled
     check_run_settings(output_dir, run, "another -o (or delete the folder)", products=(SUMMARY, "lr*-seed*"))
     if spec.kind == "qa":
         train_set = ListDataset(encode_train(data.train, tokenizer, s.max_length, s.doc_stride))
@@ -315,7 +318,7 @@ def run_finetune(model_dir: str | Path, data: TaskData, output_dir: str | Path, 
 def main(args) -> int:
     set_threads(args.threads)
     s = settings(args)
-    device_args = trainer_device_args(args.device, args.precision, args.deterministic)
+    device_args = trainer_device_args(args.device, args.precision, args.deterministic, args.compile)
     out = V.check_output_dir(args.output_dir, "-o")
     data = load_task(args.task, args.task_type, args.train_file, args.eval_files, args.train_split,
                      args.eval_split, args.train_language, args.max_train)

@@ -163,6 +163,8 @@ def run_record(job: PretrainJob, per_device: int, accumulation: int, prepared) -
         run["init"] = local_path(job.init)
     if job.precision != "fp32":  # likewise
         run["precision"] = job.precision
+    if job.compile:  # likewise: a compiled run's bits may differ from an eager one's
+        run["compile"] = job.compile
     if job.packing != "full-sentences":  # likewise
         run["packing"] = job.packing
     if job.tokenizer_sample:
@@ -188,7 +190,7 @@ def training_arguments(job: PretrainJob, per_device: int, accumulation: int):
         logging_steps=max(1, min(50, s.steps // 20)), eval_strategy="steps", eval_steps=s.save_steps,
         save_strategy="steps", save_steps=s.save_steps, save_total_limit=2, seed=job.seed, data_seed=job.seed,
         report_to=[job.report_to] if job.report_to != "none" else [],
-        **trainer_device_args(job.device, job.precision, job.deterministic),
+        **trainer_device_args(job.device, job.precision, job.deterministic, job.compile),
         dataloader_drop_last=False, disable_tqdm=job.quiet, remove_unused_columns=False,
         ddp_find_unused_parameters=False, log_level="warning", save_only_model=False)
 
@@ -394,7 +396,8 @@ def main(args) -> int:
             corpus, method, out, s, validation=args.validation, tokenizer=args.tokenizer or args.init,
             seed=args.seed, device_batch_size=args.device_batch_size, max_documents=args.max_documents,
             max_validation=args.max_validation, overwrite=args.overwrite, init=args.init, device=args.device,
-            precision=args.precision, deterministic=args.deterministic, cache_dir=args.cache_dir,
+            precision=args.precision, deterministic=args.deterministic, compile=args.compile,
+            cache_dir=args.cache_dir,
             packing=args.packing, tokenizer_sample=args.tokenizer_sample, config=None if args.init else config,
             tokenizer_type=tokenizer_type(args), special_tokens=getattr(args, "special_tokens", None)))
     return 0

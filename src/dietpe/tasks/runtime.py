@@ -11,7 +11,7 @@ import sys
 import torch
 from transformers import TrainerCallback
 
-from dietpe.commands import PRECISIONS
+from dietpe.commands import COMPILE_BACKENDS, COMPILE_MODES, PRECISIONS
 from dietpe.errors import ConfigError
 
 
@@ -99,12 +99,16 @@ def resolve_device(device: str | None) -> torch.device:
     return torch.device(device)
 
 
-def trainer_device_args(device: str | None, precision: str = "fp32", deterministic: bool = False) -> dict:
-    """The `TrainingArguments` fields for a device, a precision and determinism: fp16 needs CUDA, TF32 is
-    allowed on CUDA in fp32 unless determinism is asked for (TF32 rounds differently across GPUs)."""
+def trainer_device_args(device: str | None, precision: str = "fp32", deterministic: bool = False,
+                        compile: str | None = None) -> dict:
+    """The `TrainingArguments` fields for a device, a precision, determinism and compiling: fp16 needs CUDA, TF32
+    is allowed on CUDA in fp32 unless determinism is asked for (TF32 rounds differently across GPUs); compile:
+    an inductor mode or a code-free backend (`add_compile_option`), which the Trainer's accelerator applies."""
     dev = resolve_device(device)
     if precision not in PRECISIONS:
         raise ConfigError(f"--precision {precision!r}: allowed values are {', '.join(PRECISIONS)}")
+    if compile is not None and compile not in COMPILE_MODES + COMPILE_BACKENDS:
+        raise ConfigError(f"--compile {compile!r}: allowed values are {', '.join(COMPILE_MODES + COMPILE_BACKENDS)}")
     if precision == "fp16" and dev.type != "cuda":
         raise ConfigError("--precision fp16 needs CUDA (fp16 mixed precision scales the loss on the GPU); "
                           "use bf16 or fp32 on the CPU")
@@ -113,8 +117,13 @@ def trainer_device_args(device: str | None, precision: str = "fp32", determinist
     # HF's full_determinism makes Trainer call enable_full_determinism (deterministic algorithms, cuBLAS
     # workspace, cuDNN) in place of set_seed; TF32 is set here rather than by `tf32=True`, which refuses GPUs
     # older than Ampere instead of leaving them in fp32
+    compiled = {}
+    if compile is not None:
+        backend = compile if compile in COMPILE_BACKENDS else "inductor"
+        compiled = dict(torch_compile=True, torch_compile_backend=backend,
+                        torch_compile_mode=compile if backend == "inductor" else None)
     return dict(use_cpu=not cuda, bf16=precision == "bf16", fp16=precision == "fp16",
-                full_determinism=bool(deterministic and cuda))
+                full_determinism=bool(deterministic and cuda), **compiled)
 
 
 def set_determinism(device: torch.device, deterministic: bool) -> None:

@@ -223,6 +223,7 @@ class PretrainJob:
     device: str | None = None
     precision: str = "fp32"
     deterministic: bool = False
+    compile: str | None = None           # torch.compile's mode or backend (runtime.trainer_device_args)
     cache_dir: str | None = None         # prepared shards (dietpe.data.shards)
     packing: str = "full-sentences"
     tokenizer_sample: int | None = None
