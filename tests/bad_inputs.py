@@ -589,7 +589,7 @@ for _name, _base in (("pretrain", PRE), ("finetune", FT), ("compare", CMP), ("tr
     case(f"{_name} --device gpu", f"{_base} --device gpu", "--device", "gpu", "cuda")
     if _name not in ("translate eval", "analyze"):
         case(f"{_name} --precision fp8", f"{_base} --precision fp8", "--precision", "fp8", "bf16")
-    if _name in ("pretrain", "finetune", "bench"):
+    if _name in ("pretrain", "finetune", "translate train", "bench"):
         case(f"{_name} --compile nope", f"{_base} --compile fast", "--compile", "fast", "reduce-overhead")
     if not _cuda_available():  # what a machine without CUDA says
         case(f"{_name} --device cuda", f"{_base} --device cuda", "--device cuda", "CUDA is not available")

@@ -434,6 +434,7 @@ def _translate_train(sub) -> None:
     t.add_argument("--seed", type=V.seed, default=1, help="seed of initialisation and data order")
     t.add_argument("--threads", type=V.positive_int, default=None, help="torch CPU threads")
     add_device_options(t)
+    add_compile_option(t)
     t.set_defaults(func=_later("dietpe.tasks.translate", "train_main"))
 
 
@@ -507,6 +508,9 @@ def register_lm(subparsers) -> None:
                                                                "(default: 8 windows of the longest)")
     p.add_argument("--threads", type=V.positive_int, default=1, help="CPU threads")
     add_device_options(p)
+    add_compile_option(p, "train each model compiled: torch.compile's mode (default, reduce-overhead for CUDA "
+                          "graphs, max-autotune, max-autotune-no-cudagraphs), or the backends aot_eager and eager, "
+                          "which make no code (without it: eager PyTorch); the perplexities are read uncompiled")
     p.add_argument("--cache-dir", help="where prepared corpora are kept and reused, shared with `dietpe prepare` and "
                                        "`pretrain` (default: $XDG_CACHE_HOME/dietpe or ~/.cache/dietpe)")
     p.set_defaults(func=_later("dietpe.tasks.lm", "main_lm"))

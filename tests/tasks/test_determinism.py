@@ -238,7 +238,7 @@ WORDS = {f"w{i}": f"v{i}" for i in range(24)}
 SEQ2SEQ = "absolute:hidden_size=32:num_hidden_layers=1:num_decoder_layers=1:num_attention_heads=2:intermediate_size=64"
 
 
-def test_translate_train_twice_and_resumed_is_bit_identical(tmp_path, capsys):
+def test_translate_train_twice_and_resumed_is_bit_identical(tmp_path, capsys, monkeypatch):
     rng = random.Random(0)
     for name, n in (("train", 96), ("val", 16)):
         src = [" ".join(rng.choices(list(WORDS), k=rng.randint(3, 7))) for _ in range(n)]
@@ -267,3 +267,9 @@ def test_translate_train_twice_and_resumed_is_bit_identical(tmp_path, capsys):
     assert train(b, "--vocab-size", "70") == 2
     err = capsys.readouterr().err
     assert "vocab_size: 60 -> 70" in err and "--overwrite" in err
+    # compiled by the Trainer without making code (aot_eager): eager's bits, and the choice recorded
+    compiled, backends, real = tmp_path / "compiled", [], torch.compile
+    monkeypatch.setattr(torch, "compile", lambda m, **kw: backends.append(kw.get("backend")) or real(m, **kw))
+    assert train(compiled, "--compile", "aot_eager") == 0 and backends == ["aot_eager"]
+    assert_same_weights(a / "final", compiled / "final")
+    assert train(compiled) == 2 and "compile: 'aot_eager' -> None" in capsys.readouterr().err

@@ -69,6 +69,19 @@ def test_lm_trains_each_method_and_writes_the_length_table(data, tmp_path):
     assert json.loads((tmp_path / "f" / "lengths.json").read_text())[0]["ppl"]["1"] > 1
 
 
+def test_lm_compiled_trains_with_eager_bits(data, tmp_path, monkeypatch):
+    backends, real = [], torch.compile
+    monkeypatch.setattr(torch, "compile", lambda m, **kw: backends.append(kw.get("backend")) or real(m, **kw))
+    base = ["lm", str(data["corpus"]), "--methods", "alibi", "--steps", "3", "--max-length", "8", "--vocab-size",
+            "100", "--batch-size", "4", "--lengths", "1,2"]
+    assert cli([*base, "-o", str(tmp_path / "eager")]) == 0 and not backends
+    assert cli([*base, "-o", str(tmp_path / "compiled"), "--compile", "aot_eager"]) == 0
+    assert backends == ["aot_eager"]  # the training steps' forward, compiled without making code
+    eager, compiled = (json.loads((tmp_path / d / "alibi" / lm.RESULT).read_text()) for d in ("eager", "compiled"))
+    assert compiled["compile"] == "aot_eager" and eager["compile"] is None
+    assert compiled["final_train_loss"] == eager["final_train_loss"] and compiled["ppl"] == eager["ppl"]
+
+
 def test_masked_lm_perplexity_at_lengths_uses_fixed_masks(data):
     from dietpe import DietConfig, DietForMaskedLM
 

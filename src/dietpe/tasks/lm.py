@@ -81,11 +81,13 @@ def llama_lm(config, spec: str):
 # ------------------------------------------------------------------------------------------------ training
 def train_lm(config, stream: list[int], steps: int, batch_size: int, length: int, lr: float, seed: int,
              warmup: float = 0.06, log=print, device: str | None = "cpu", precision: str = "fp32",
-             deterministic: bool = False, arch: str = "diet", spec: str | None = None, build=None):
+             deterministic: bool = False, arch: str = "diet", spec: str | None = None, build=None,
+             compile: str | None = None):
     """Train a causal LM on random windows of `length` tokens; returns (model, seconds, losses). arch: `diet`
     (`DietForCausalLM` of `config`) or `llama` (transformers' Llama of its sizes with the method `spec`
     attached); `build`: a function returning another model to train instead (a peer library's, called under
-    the same seed; it takes `model(ids, labels=ids).loss`)."""
+    the same seed; it takes `model(ids, labels=ids).loss`); compile: the training steps' forward compiled
+    (`bench.cost.compile_model`: an inductor mode or a code-free backend), the returned model eager."""
     from dietpe.models.causal import DietForCausalLM
     from dietpe.tasks.runtime import autocast, resolve_device, set_determinism
 
@@ -107,14 +109,16 @@ def train_lm(config, stream: list[int], steps: int, batch_size: int, length: int
     warm = max(1, int(warmup * steps))
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: (s + 1) / warm if s < warm else max(0.0, (steps - s) / max(1, steps - warm)))
-    losses, start = [], time.time()
+    from dietpe.bench.cost import compile_model
+
+    forward, losses, start = compile_model(model, compile), [], time.time()
     for step in range(steps):
         starts = torch.randint(0, len(stream) - length, (batch_size,), generator=g)
         # windows read from the stream (a memory-mapped shard: only the batch is in memory)
         ids = torch.stack([torch.from_numpy(np.asarray(stream[s:s + length], dtype=np.int64))
                            for s in starts.tolist()]).to(dev)
         with autocast(dev, precision):
-            loss = model(ids, labels=ids).loss
+            loss = forward(ids, labels=ids).loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -172,14 +176,14 @@ def main_lm(args) -> int:
             model, seconds, losses = train_lm(config, train, args.steps, args.batch_size, args.max_length, args.lr,
                                               args.seed, log=lambda m, s=spec: _log(f"{s}: {m}"), device=args.device,
                                               precision=args.precision, deterministic=args.deterministic,
-                                              arch=args.arch, spec=spec)
+                                              arch=args.arch, spec=spec, compile=args.compile)
             ppl = length_perplexities(model, tokenizer, valid, args.max_length, args.lengths, args.eval_tokens)
             model.save_pretrained(run / "model")
             save_tokenizer(tokenizer, run / "model")
             result = dict(method=spec if args.arch == "diet" else f"{spec} ({args.arch})", kind="causal",
                           train_length=args.max_length, steps=args.steps,
                           seconds=seconds, final_train_loss=sum(losses[-20:]) / len(losses[-20:]),
-                          ppl={str(m): v for m, v in ppl.items()})
+                          ppl={str(m): v for m, v in ppl.items()}, compile=args.compile)
             done.write_text(json.dumps(result, indent=1))
             _log(f"{spec}: {seconds:.0f}s; perplexity " + ", ".join(
                 f"{m}L {'n/a' if v is None else f'{v:.2f}'}" for m, v in ppl.items()))

@@ -90,13 +90,15 @@ def apply_recipe(args) -> None:
 
 
 def run_record(args) -> dict:
-    """The options that change the trained model; the recipe and token batches only when used, so runs made
-    before they existed still resume."""
+    """The options that change the trained model; the recipe, token batches and compiling only when used, so
+    runs made before they existed still resume."""
     record = {k: getattr(args, k) for k in RESULT_ARGS}
     if args.batch_tokens is not None:
         record["batch_tokens"] = args.batch_tokens
     if args.recipe != "cpu":
         record["recipe"] = args.recipe
+    if getattr(args, "compile", None):  # a compiled run's bits may differ from an eager one's
+        record["compile"] = args.compile
     return record
 
 
@@ -320,7 +322,7 @@ def write_final(out: Path, args, trainer, tokenizer, config, result, eval_loss: 
 def run_train(args, method: Method) -> int:
     """Train (or resume) one translation model; `method`: the parsed --method."""
     set_threads(args.threads)
-    device_args = trainer_device_args(args.device, args.precision, args.deterministic)
+    device_args = trainer_device_args(args.device, args.precision, args.deterministic, getattr(args, "compile", None))
     out = Path(args.output_dir)
     files = dict(zip(("train_source", "train_target", "valid_source", "valid_target"), _train_files(args)))
     if getattr(args, "overwrite", False) and out.exists():
