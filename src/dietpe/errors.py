@@ -38,3 +38,12 @@ def may_read(tensor) -> bool:
     if kind == "meta" or torch.is_grad_enabled():
         return False
     return not (kind == "cuda" and torch.cuda.is_current_stream_capturing())
+
+
+def value_range(tensor) -> tuple[int, int]:
+    """(min, max) of an integer tensor, read in one copy to the host (one sync on a GPU, not two)."""
+    import torch
+
+    lo, hi = torch.aminmax(tensor)
+    lo, hi = torch.stack((lo, hi)).tolist()
+    return int(lo), int(hi)

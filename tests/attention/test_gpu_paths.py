@@ -66,6 +66,24 @@ def test_a_causal_training_step_never_waits_for_the_device(probe_device):
     assert syncs.seen == []
 
 
+def test_an_inference_forward_reads_its_inputs_in_three_copies():
+    """At inference the checks read values (a GPU waits for each read): the ids' range, the segments' range and
+    whether anything is padded, each range's minimum and maximum in one copy (`errors.value_range`)."""
+    reads = []
+
+    class Reads(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.overloadpacket.__name__ in ("_local_scalar_dense", "aminmax", "min", "max", "nonzero", "equal"):
+                reads.append(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    model = DietModel(tiny(position="diet-rel", segment="per-head")).eval()
+    ids, mask, seg = batch(9)
+    with torch.no_grad(), Reads():
+        model(ids, attention_mask=mask, token_type_ids=seg)
+    assert sorted(reads) == ["_local_scalar_dense", "aminmax", "aminmax"]
+
+
 def test_the_cpu_still_refuses_bad_ids_in_training():
     """The checks stay where they are free: a CPU training step still names an id outside the vocabulary."""
     from dietpe.errors import InputError
@@ -201,6 +219,13 @@ def test_device_args_map_precision_to_the_trainer():
         runtime.trainer_device_args("cpu", "fp16")
     with pytest.raises(ConfigError, match="allowed values"):
         runtime.trainer_device_args("cpu", "fp8")
+    # compiling: an inductor mode, or a backend that makes no code
+    assert runtime.trainer_device_args("cpu", compile="reduce-overhead") == dict(
+        use_cpu=True, bf16=False, fp16=False, full_determinism=False, torch_compile=True,
+        torch_compile_backend="inductor", torch_compile_mode="reduce-overhead")
+    assert runtime.trainer_device_args("cpu", compile="aot_eager")["torch_compile_backend"] == "aot_eager"
+    with pytest.raises(ConfigError, match="--compile 'fast': allowed values are default, reduce-overhead"):
+        runtime.trainer_device_args("cpu", compile="fast")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="what a machine without CUDA says")

@@ -28,7 +28,7 @@ from transformers.modeling_outputs import (
 from dietpe.attention.layer import MultiHeadAttention
 from dietpe.attention.masks import additive, attention_dtype, check_4d, is_4d, keep_of, refuse_empty_rows
 from dietpe.config import DietConfig
-from dietpe.errors import ConfigError, InputError, may_read
+from dietpe.errors import ConfigError, InputError, may_read, value_range
 from dietpe.positions.encoding import PositionEncoding
 from dietpe.positions.method import PositionMethod
 from dietpe.positions.segments import InputSegments
@@ -250,7 +250,7 @@ class DietModel(DietPreTrainedModel):
         if not may_read(input_ids if input_ids is not None else inputs_embeds):
             return shape  # the checks of values read the data (a graph break, a host sync on a GPU)
         if input_ids is not None:
-            lo, hi = int(input_ids.min()), int(input_ids.max())
+            lo, hi = value_range(input_ids)
             if lo < 0 or hi >= self.config.vocab_size:
                 raise InputError(f"token id {lo if lo < 0 else hi} is outside the vocabulary "
                                  f"[0, {self.config.vocab_size - 1}] (vocab_size={self.config.vocab_size})")

@@ -42,7 +42,7 @@ from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput
 from dietpe.attention.layer import MultiHeadAttention
 from dietpe.attention.masks import CausalMask, additive, attention_dtype, check_4d, is_4d, refuse_empty_rows
 from dietpe.config import PRESETS, DietConfig, _check
-from dietpe.errors import ConfigError, InputError, may_read
+from dietpe.errors import ConfigError, InputError, may_read, value_range
 from dietpe.models.beam import GnmtBeamSearch
 from dietpe.models.modeling import (
     DietModel, DietPreTrainedModel, cache_argument, check_kwargs, padding_mask, with_cache,
@@ -375,7 +375,7 @@ class DietForConditionalGeneration(GnmtBeamSearch, DietPreTrainedModel, Generati
             raise InputError(f"decoder_input_ids must be (batch, length) with both > 0, got shape "
                              f"{tuple(decoder_input_ids.shape)}")
         ids = decoder_input_ids
-        lo, hi = (int(ids.min()), int(ids.max())) if may_read(ids) else (0, 0)  # no host sync in a GPU step
+        lo, hi = value_range(ids) if may_read(ids) else (0, 0)  # no host sync in a GPU step
         if lo < 0 or hi >= self.config.vocab_size:
             raise InputError(f"decoder token id {lo if lo < 0 else hi} is outside the vocabulary "
                              f"[0, {self.config.vocab_size - 1}]")

@@ -11,7 +11,7 @@ import torch
 from torch import Tensor, nn
 from transformers import PretrainedConfig
 
-from dietpe.errors import InputError, may_read
+from dietpe.errors import InputError, may_read, value_range
 from dietpe.positions.absolute import LearnedAbsolute
 from dietpe.positions.context import Context
 from dietpe.positions.terms import LayerTerms
@@ -70,7 +70,7 @@ class PositionEncoding(nn.Module):
         if torch.compiler.is_compiling():
             return
         if self.max_length is not None and positions is not None and positions.numel() and may_read(positions):
-            lo, hi = int(positions.min()), int(positions.max())
+            lo, hi = value_range(positions)
             if lo < 0 or hi >= self.max_length:
                 raise InputError(
                     f"position_ids must lie in [0, {self.max_length - 1}] for position={self.position_name!r}, "
@@ -78,7 +78,7 @@ class PositionEncoding(nn.Module):
                     f"{lo if lo < 0 else hi}")
         # with segment='none' segment ids carry nothing and are ignored
         if self.num_segments and segment_ids is not None and segment_ids.numel() and may_read(segment_ids):
-            lo, hi = int(segment_ids.min()), int(segment_ids.max())
+            lo, hi = value_range(segment_ids)
             if lo < 0 or hi >= self.num_segments:
                 raise InputError(f"token_type_ids must lie in [0, {self.num_segments - 1}] (type_vocab_size="
                                  f"{self.num_segments}), got {lo if lo < 0 else hi}")
