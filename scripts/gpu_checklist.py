@@ -111,7 +111,7 @@ def steps() -> list[Step]:
         Step("compiled", "time", 240, "compiled.md",
              ("timeout -s INT 230 " + _dietpe(
                  "bench --device cuda --precision bf16 --shapes bert-base --lengths 512 --batch 8 "
-                 "--methods none@fused,diet-rel,t5 --backends fused,sdpa --compile reduce-overhead "
+                 "--methods none@fused,diet-rel --backends fused,sdpa --compile reduce-overhead "
                  "--modes infer,train --repeats 6 --warmup 3 --no-memory --markdown {work}/compiled.md")
               + "; rc=$?; [ $rc = 0 ] || cat {work}/compiled.md; exit $rc",),
              _dietpe("bench --help"), default=False),
