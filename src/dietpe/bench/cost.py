@@ -40,10 +40,10 @@ import torch
 from torch import Tensor, nn
 
 from dietpe.attention.registry import backend_names
-from dietpe.commands import COMPILE_BACKENDS, COMPILE_MODES
 from dietpe.config import POSITIONS, PRESETS, DietConfig
 from dietpe.errors import ConfigError
 from dietpe.positions.registry import REGISTRY
+from dietpe.tasks.runtime import autocast, compile_args, compile_model
 
 
 @dataclass(frozen=True)
@@ -119,21 +119,6 @@ def build_model(config: DietConfig, seed: int = 0) -> nn.Module:
     return DietCausalModel(config) if isinstance(config, DietCausalConfig) else DietModel(config)
 
 
-def check_compile(how: str | None) -> None:
-    if how is not None and how not in COMPILE_MODES + COMPILE_BACKENDS:
-        raise ConfigError(f"--compile {how!r}: give one of {', '.join(COMPILE_MODES + COMPILE_BACKENDS)}")
-
-
-def compile_model(model: nn.Module, how: str | None) -> nn.Module:
-    """model itself (how None), or compiled: `how` an inductor mode, or 'aot_eager'/'eager' (no code made)."""
-    check_compile(how)
-    if how is None:
-        return model
-    if how in COMPILE_BACKENDS:
-        return torch.compile(model, backend=how)
-    return torch.compile(model, mode=how)
-
-
 @contextlib.contextmanager
 def compile_limits(how: str | None, candidates: int):
     """Dynamo's recompile limits raised to what `candidates` models need (each a train and an inference entry,
@@ -178,8 +163,6 @@ def first_output(out) -> Tensor:
 
 def training_step(model: nn.Module, inputs: dict[str, Tensor], precision: str = "fp32") -> Callable[[], None]:
     """forward, loss, backward, AdamW step: one closure per model, holding its optimizer."""
-    from dietpe.tasks.runtime import autocast
-
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     device = next(model.parameters()).device
 
@@ -195,8 +178,6 @@ def training_step(model: nn.Module, inputs: dict[str, Tensor], precision: str = 
 
 
 def inference_step(model: nn.Module, inputs: dict[str, Tensor], precision: str = "fp32") -> Callable[[], None]:
-    from dietpe.tasks.runtime import autocast
-
     device = next(model.parameters()).device
 
     def step() -> None:
@@ -321,8 +302,7 @@ def measure(shape: str, length: int, batch: int, methods: list[Variant], repeats
     memory (`memory_budget` bytes), each group beside its own `none`."""
     from dietpe.bench.peers import build_peer
 
-    check_compile(compile)
-    if compile is not None:  # compiling; with CUDA graphs, a warm-up call and a recording one before replays
+    if compile_args(compile) is not None:  # with CUDA graphs: a warm-up call and a recording one before replays
         warmup = max(warmup, 3)
     overrides = overrides or {}
     if BASELINE not in methods:

@@ -87,9 +87,9 @@ def train_lm(config, stream: list[int], steps: int, batch_size: int, length: int
     (`DietForCausalLM` of `config`) or `llama` (transformers' Llama of its sizes with the method `spec`
     attached); `build`: a function returning another model to train instead (a peer library's, called under
     the same seed; it takes `model(ids, labels=ids).loss`); compile: the training steps' forward compiled
-    (`bench.cost.compile_model`: an inductor mode or a code-free backend), the returned model eager."""
+    (`runtime.compile_model`: an inductor mode or a code-free backend), the returned model eager."""
     from dietpe.models.causal import DietForCausalLM
-    from dietpe.tasks.runtime import autocast, resolve_device, set_determinism
+    from dietpe.tasks.runtime import autocast, compile_model, resolve_device, set_determinism
 
     dev = resolve_device(device)
     set_determinism(dev, deterministic)
@@ -109,8 +109,6 @@ def train_lm(config, stream: list[int], steps: int, batch_size: int, length: int
     warm = max(1, int(warmup * steps))
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: (s + 1) / warm if s < warm else max(0.0, (steps - s) / max(1, steps - warm)))
-    from dietpe.bench.cost import compile_model
-
     forward, losses, start = compile_model(model, compile), [], time.time()
     for step in range(steps):
         starts = torch.randint(0, len(stream) - length, (batch_size,), generator=g)

@@ -107,8 +107,7 @@ def trainer_device_args(device: str | None, precision: str = "fp32", determinist
     dev = resolve_device(device)
     if precision not in PRECISIONS:
         raise ConfigError(f"--precision {precision!r}: allowed values are {', '.join(PRECISIONS)}")
-    if compile is not None and compile not in COMPILE_MODES + COMPILE_BACKENDS:
-        raise ConfigError(f"--compile {compile!r}: allowed values are {', '.join(COMPILE_MODES + COMPILE_BACKENDS)}")
+    compiled = compile_args(compile)
     if precision == "fp16" and dev.type != "cuda":
         raise ConfigError("--precision fp16 needs CUDA (fp16 mixed precision scales the loss on the GPU); "
                           "use bf16 or fp32 on the CPU")
@@ -117,13 +116,26 @@ def trainer_device_args(device: str | None, precision: str = "fp32", determinist
     # HF's full_determinism makes Trainer call enable_full_determinism (deterministic algorithms, cuBLAS
     # workspace, cuDNN) in place of set_seed; TF32 is set here rather than by `tf32=True`, which refuses GPUs
     # older than Ampere instead of leaving them in fp32
-    compiled = {}
-    if compile is not None:
-        backend = compile if compile in COMPILE_BACKENDS else "inductor"
-        compiled = dict(torch_compile=True, torch_compile_backend=backend,
-                        torch_compile_mode=compile if backend == "inductor" else None)
+    trainer = {} if compiled is None else dict(torch_compile=True, torch_compile_backend=compiled["backend"],
+                                                 torch_compile_mode=compiled.get("mode"))
     return dict(use_cpu=not cuda, bf16=precision == "bf16", fp16=precision == "fp16",
-                full_determinism=bool(deterministic and cuda), **compiled)
+                full_determinism=bool(deterministic and cuda), **trainer)
+
+
+def compile_args(how: str | None) -> dict | None:
+    """torch.compile's keyword arguments for a `--compile` value (`commands.add_compile_option`): an inductor
+    mode, or a backend that makes no code; None for eager; ConfigError for anything else."""
+    if how is None:
+        return None
+    if how not in COMPILE_MODES + COMPILE_BACKENDS:
+        raise ConfigError(f"--compile {how!r}: allowed values are {', '.join(COMPILE_MODES + COMPILE_BACKENDS)}")
+    return dict(backend=how) if how in COMPILE_BACKENDS else dict(backend="inductor", mode=how)
+
+
+def compile_model(model, how: str | None):
+    """model itself (how None), or `torch.compile(model, ...)` as `compile_args` says."""
+    kwargs = compile_args(how)
+    return model if kwargs is None else torch.compile(model, **kwargs)
 
 
 def set_determinism(device: torch.device, deterministic: bool) -> None:
