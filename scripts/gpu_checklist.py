@@ -107,12 +107,13 @@ def steps() -> list[Step]:
               + "; rc=$?; [ $rc = 0 ] || cat {work}/bench.md; exit $rc",),
              _dietpe("bench --help")),
         # the same step compiled whole, CUDA graphs (inductor's reduce-overhead): what is left without the host's
-        # Python, as DIET's Table 1 was timed (XLA on TPUs); inference first (quicker to compile): run by name
-        Step("compiled", "time", 240, "compiled.md",
-             ("timeout -s INT 230 " + _dietpe(
+        # Python, as DIET's Table 1 was timed (XLA on TPUs). Training only (inference was measured in the H200's
+        # fourth window, where compiling 4 candidates for both modes outlasted 230 s): run by name, alone
+        Step("compiled", "time", 400, "compiled.md",
+             ("timeout -s INT 390 " + _dietpe(
                  "bench --device cuda --precision bf16 --shapes bert-base --lengths 512 --batch 8 "
-                 "--methods none@fused,diet-rel --backends fused,sdpa --compile reduce-overhead "
-                 "--modes infer,train --repeats 6 --warmup 3 --no-memory --markdown {work}/compiled.md")
+                 "--methods none@fused,diet-rel --backends fused --compile reduce-overhead "
+                 "--modes train --repeats 6 --warmup 3 --no-memory --markdown {work}/compiled.md")
               + "; rc=$?; [ $rc = 0 ] || cat {work}/compiled.md; exit $rc",),
              _dietpe("bench --help"), default=False),
         # measured once (docs/measured/h200_study_time.json): run by name, for another GPU
@@ -127,6 +128,15 @@ def steps() -> list[Step]:
               "diet-rel+seg@fused,diet-abs@fused,t5@fused,alibi@fused,diet-rel@sdpa,diet-rel+seg@sdpa,t5@sdpa "
               "--ops",),
              f"{PY} scripts/gpu_profile.py --help", default=False),
+        # peak memory at 8,192 tokens measured (one fresh process per row) beside the meta device's model of it
+        # (`dietpe.bench.footprint`, docs/kernels.md): whether the model's ratios hold on a GPU; run by name
+        Step("memory", "time", 150, "memory.md",
+             ("timeout -s INT 130 " + _dietpe(
+                 "bench --device cuda --precision bf16 --shapes lm-bert-base --lengths 8192 --batch 2 "
+                 "--methods none@fused,diet-rel,t5,alibi,diet-abs --backends fused --modes train --repeats 1 "
+                 "--warmup 1 --markdown {work}/memory.md") + "; cat {work}/memory.md",
+              f"{PY} -m dietpe.bench.footprint --methods none,diet-rel,t5,alibi,diet-abs"),
+             f"{PY} -m dietpe.bench.footprint --help", default=False),
         Step("attach", "time", 120, "attach.md",
              # the methods not yet measured attached first (the budget may end before the last)
              (f"{PY} -m dietpe.bench.attach --device cuda --dtype bfloat16 --shapes 8x2048 --budget 100 "

@@ -19,7 +19,8 @@ Per-example or gapped `position_ids` (packed documents restarting at 0, left pad
 consecutive integers (`dietpe.positions.context.Runs`): the tables along the diagonals i - j are exact on the
 pairs inside one run, so they are served where the mask opens no pair across runs (checked once per forward).
 
-Served on CUDA, and on CPU tensors under Triton's interpreter (TRITON_INTERPRET=1, the tests). A call it
+Served on CUDA, on CPU tensors under Triton's interpreter (TRITON_INTERPRET=1, the tests), and on the meta device
+as shapes only (its buffers allocated, nothing launched: `dietpe.bench.footprint` models memory so). A call it
 cannot serve raises `NotServed` (a ConfigError) naming why: a mask that opens pairs across runs, positions read
 while compiling, a term of another kind, value terms. Attention dropout is drawn in the kernel (Philox, the same
 mask again in the backward) from a seed drawn on the device per call, which the kernels read from memory: a
@@ -36,7 +37,7 @@ import torch
 from torch import Tensor
 
 from dietpe.attention.backends import apply_qk, fold_low_rank
-from dietpe.attention.kernels import device_problem
+from dietpe.attention.kernels import device_problem, triton_problem
 from dietpe.attention.masks import CausalMask
 from dietpe.errors import NotServed
 from dietpe.positions.terms import LayerTerms, LogitTerm, OffsetTable, PiecewiseTable, SegmentTable
@@ -129,7 +130,7 @@ def _kernel_module() -> tuple:
 def fused(q: Tensor, k: Tensor, v: Tensor, terms: LayerTerms, mask: Tensor | CausalMask | None, scale: float,
           dropout_p: float, need_probs: bool = False) -> tuple[Tensor, None]:
     """The equation by the fused kernel; NotServed (before any work) for a call it cannot serve."""
-    problem = device_problem(q)
+    problem = triton_problem() if q.is_meta else device_problem(q)  # meta: nothing launched (shapes, memory)
     if problem:
         raise NotServed(f"attn_backend='fused': {problem}; use attn_backend='auto' or 'sdpa'")
     if terms.values:

@@ -1037,6 +1037,10 @@ class Extras:
     #: (B|1, H|1, Lk, r): the scores gain q2·k2ᵀ·scale (set by `FusedAttention`, whose inputs they are)
     q2: Tensor | None = None
     k2: Tensor | None = None
+    #: the output and q, k, v's gradients laid out token-major where their inputs are (`empty_heads`); dense
+    #: otherwise, and through the compile operators, whose shapes for tracing cannot follow a layout inductor
+    #: chooses later
+    merge_heads: bool = True
 
 
 def _pow2(n: int) -> int:
@@ -1213,10 +1217,13 @@ def _first_that_fits(configs: list, launch) -> None:
     raise RuntimeError(f"attn_backend='fused': no tile configuration of {configs} fits this GPU")
 
 
-def _launch(key: tuple, configs: list, launch, interpreter_config: tuple):
-    """launch(config): under the interpreter its tile; else the configuration remembered for `key`, or, at the
-    key's first call, the fastest of `configs` that fit the GPU (the first that fits when not tuning). Returns
-    what the launch whose results stand returned."""
+def _launch(key: tuple, configs: list, launch, interpreter_config: tuple, meta: bool = False):
+    """launch(config): under the interpreter its tile; on the meta device (nothing launched: shapes and memory)
+    the first of `configs`; else the configuration remembered for `key`, or, at the key's first call, the
+    fastest of `configs` that fit the GPU (the first that fits when not tuning). Returns what the launch whose
+    results stand returned."""
+    if meta:  # before the interpreter's tiles: the buffers are sized as on a GPU
+        return launch(configs[0])
     if interpreting():
         return launch(interpreter_config)
     if _forced:  # that configuration, or the next one that fits this GPU's shared memory (as the tuner skips)
@@ -1366,7 +1373,7 @@ def signature(q: Tensor, k: Tensor, v: Tensor, scale: float, table: Tensor | Non
     return (q.shape, q.stride(), q.dtype, _meta(k), _meta(v), q.device, scale, _meta(table), _meta(segments),
             _meta(ex.q_keep), _meta(ex.k_keep), _meta(ex.q_segments), _meta(ex.k_segments), _meta(ex.mask),
             _meta(ex.den), ex.pieces is not None, ex.slots, ex.n_pieces, _meta(ex.q2), _meta(ex.k2), ex.causal,
-            ex.dropout, current_table_read(), TABLE_GRAD.current(), _tuning(), _precision(q))
+            ex.dropout, ex.merge_heads, current_table_read(), TABLE_GRAD.current(), _tuning(), _precision(q))
 
 
 def _remember(sig: tuple, specs) -> None:
@@ -1410,6 +1417,29 @@ def _parts(q: Tensor, k: Tensor, v: Tensor, ex: Extras) -> _Parts:
     return _Parts(q2, k2, d1, d2, dq1, dq2, dvp, dq1 == d1 and dq2 == d2 and dv == dvp)
 
 
+def _token_major(x: Tensor) -> bool:
+    """Whether x (B, H, L, D) lies in memory as (B, L, H, D): heads split from a (B, L, H·D) projection, as the
+    models and transformers' attention make q, k and v. (Arithmetic on the strides: no view made per call.)"""
+    b, h, n, d = x.shape
+    sb, sh, sn, sd = x.stride()
+    return (sd == 1 or d == 1) and (sh == d or h == 1) and (sn == h * d or n == 1) and (sb == n * h * d or b == 1)
+
+
+def heads_strides(shape: tuple, token_major: bool) -> tuple[int, int, int, int]:
+    """Strides of a new (B, H, L, D) tensor: laid out as (B, L, H, D) where `token_major`, else dense."""
+    b, h, n, d = shape
+    return (n * h * d, d, h * d, 1) if token_major else (h * n * d, n * d, d, 1)
+
+
+def empty_heads(shape: tuple, like: Tensor, ex: Extras, dtype: torch.dtype | None = None) -> Tensor:
+    """A new (B, H, L, D) tensor laid out as `like` (B, H, L', D') is, token-major or dense (`heads_strides`): an
+    output or gradient whose heads merge back into (B, L, H·D) by a view, with no copy, as FlashAttention's
+    (B, L, H, D) output does; any other layout of `like` (a split of a fused projection, an expanded view), or
+    `ex.merge_heads` off, gets a dense one."""
+    return torch.empty_strided(shape, heads_strides(shape, ex.merge_heads and _token_major(like)),
+                               dtype=dtype or like.dtype, device=like.device)
+
+
 def _row_strides(x: Tensor) -> tuple[int, int, int]:
     """Batch, head and row strides of a (B|1, H|1, L, D) tensor, 0 along a broadcast dimension."""
     return tuple(0 if n == 1 else st for n, st in zip(x.shape[:3], x.stride()[:3]))
@@ -1422,7 +1452,8 @@ def _forward_spec(config: tuple, q: Tensor, k: Tensor, v: Tensor, scale: float, 
     pt = _parts(q, k, v, ex)
     bm, bn, warps, stages = config
     bm = min(bm, max(16, _pow2(lq)))  # a few queries (a decoding step): no rows of padding
-    before = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], h * lq * dv, lq * dv, dv,  # out: dense
+    out = heads_strides((b, h, lq, dv), ex.merge_heads and _token_major(q))  # as `attention_forward` makes it
+    before = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out[:3],
               *_row_strides(pt.q2), *_row_strides(pt.k2), *_aux_strides(table, segments, ex), h, lq, lk, pt.dq1,
               pt.dq2, dv, scale * LOG2E)
     return _Spec((_cdiv(lq, bm), b * h), before, _dropout_args(ex),
@@ -1435,7 +1466,7 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, scale: float, table: Tens
     """out (B, H, Lq, Dv) in v's dtype and the log-sum-exp (B, H, Lq) in log2 units, float32. sig: the call's
     `signature`, when the caller has it."""
     b, h, lq = q.shape[:3]
-    out = torch.empty(b, h, lq, v.shape[3], dtype=v.dtype, device=q.device)
+    out = empty_heads((b, h, lq, v.shape[3]), q, ex, v.dtype)  # laid out as q: heads merge back by a view
     lse = torch.empty(b, h, lq, dtype=torch.float32, device=q.device)
     pt = _parts(q, k, v, ex)
     tensors = (q, k, v, out, lse, *_pointers(table, segments, ex, lse), pt.q2, pt.k2)
@@ -1449,7 +1480,7 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, scale: float, table: Tens
                    _configs(FORWARD_CONFIGS, q.dtype, max(pt.d1, pt.d2, pt.dvp)),
                    lambda config: _run(_forward_kernel, _forward_spec(config, q, k, v, scale, table, segments, ex,
                                                                       flags), tensors, seed),
-                   INTERPRETER_CONFIGS["fwd"])
+                   INTERPRETER_CONFIGS["fwd"], q.is_meta)
     _remember(sig, spec)
     return out, lse
 
@@ -1465,8 +1496,8 @@ def _backward_specs(configs: tuple, q: Tensor, k: Tensor, v: Tensor, out: Tensor
     parts = (*_row_strides(pt.q2), *_row_strides(pt.k2))
     tail = (*_aux_strides(table, segments, ex), h, lq, lk, pt.dq1, pt.dq2, dv_width, scale * LOG2E, scale)
     after = _dropout_args(ex)
-    dense_q = (h * lq * dq_width, lq * dq_width, dq_width)  # the gradients are written densely
-    dense_k, dense_v = (h * lk * dq_width, lk * dq_width, dq_width), (h * lk * dv_width, lk * dv_width, dv_width)
+    # the gradients laid out as q, k and v are (`empty_heads`)
+    dense_q, dense_k, dense_v = (heads_strides(x.shape, ex.merge_heads and _token_major(x))[:3] for x in (q, k, v))
     fixed = dict(D1=pt.d1, D2=pt.d2, DVP=pt.dvp, EVEN_D=pt.even_d, **flags)
     specs = [None, None]
     if configs[0] is not None:
@@ -1531,8 +1562,9 @@ def attention_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
     caller has it."""
     do = do if do.stride(-1) == 1 else do.contiguous()
     delta = torch.empty_like(lse)  # rowsum(dO ∘ O), written by the dQ kernel, read by the dK/dV and band kernels
-    # gradients dense whatever q, k, v's strides (a split or an expanded view would make empty_like's differ)
-    dq, dk, dv = (torch.empty(x.shape, dtype=x.dtype, device=x.device) for x in (q, k, v))
+    # each gradient laid out as its input where that is token-major, else dense (a split or an expanded view
+    # would make empty_like's differ)
+    dq, dk, dv = (empty_heads(x.shape, x, ex) for x in (q, k, v))
     pt = _parts(q, k, v, ex)
     second = _second_gradients(pt, dq, dk, ex)
     pointers = (*_pointers(table, segments, ex, lse), pt.q2, pt.k2)
@@ -1589,11 +1621,11 @@ def _tuned_backward(call: tuple, grads: dict, run_q, kv_tensors: tuple, seed: Te
     args = (*call, flags, grads)
     q_spec = _launch(_key("dq", q, lk, (d1, d2, dvp), {**flags, **grads}), q_configs,
                      lambda config: run_q(_backward_specs((config, None), *args)[0]),
-                     INTERPRETER_CONFIGS["q_square" if grads["TAB_GRAD"] else "q"])
+                     INTERPRETER_CONFIGS["q_square" if grads["TAB_GRAD"] else "q"], q.is_meta)
     kv_spec = _launch(_key("dkdv", q, lk, (d1, d2, dvp), flags), _configs(BACKWARD_KV_CONFIGS, q.dtype, width),
                       lambda config: _run(_backward_kv_kernel, _backward_specs((None, config), *args)[1], kv_tensors,
                                           seed),
-                      INTERPRETER_CONFIGS["kv"])
+                      INTERPRETER_CONFIGS["kv"], q.is_meta)
     return q_spec, kv_spec
 
 
@@ -1625,7 +1657,7 @@ def _tuned_band(call: tuple, run_band) -> _Spec:
     return _launch(_key("band", q, k.shape[2], (pt.d1, pt.d2, pt.dvp), flags),
                    _configs(BAND_CONFIGS, q.dtype, max(pt.d1, pt.d2, pt.dvp)),
                    lambda config: run_band(_band_spec(config, q, k, v, do, scale, table, segments, ex, flags)),
-                   INTERPRETER_CONFIGS["band"])
+                   INTERPRETER_CONFIGS["band"], q.is_meta)
 
 
 def _band_sums(part: Tensor, spec: _Spec, b: int, h: int, n_offsets: int, lk: int) -> Tensor:

@@ -99,7 +99,10 @@ def launch(kernel, grid: tuple[int, ...], args: tuple, constants: dict,
 
     token: (a hashable name, n): the caller promises that every call with this name passes the same grid,
     constants and arguments after the first n, which are tensors; the key is then built from those tensors
-    and the unspecialised integers only (`tensor_fingerprint`), not from every argument."""
+    and the unspecialised integers only (`tensor_fingerprint`), not from every argument. Nothing is launched
+    for tensors on the meta device (shapes and memory only: `dietpe.bench.footprint`)."""
+    if args[0].is_meta:
+        return
     if not cached() or _hooked():
         kernel[grid](*args, **constants)
         return

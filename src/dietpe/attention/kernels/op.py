@@ -25,7 +25,7 @@ _EMPTY = (0,)
 def _extras(q_keep, k_keep, q_segments, k_segments, mask, den, kinks, slope, intercept, q2, k2, causal: bool,
             dropout: float, seed: int) -> Extras:
     ex = Extras(q_keep=q_keep, k_keep=k_keep, q_segments=q_segments, k_segments=k_segments, mask=mask,
-                causal=causal, dropout=dropout, seed=seed, q2=q2, k2=k2)
+                causal=causal, dropout=dropout, seed=seed, q2=q2, k2=k2, merge_heads=False)  # dense, as the fakes
     if den is not None:
         ex.den = den
         ex.pieces, ex.slots = pack_pieces(kinks, slope, intercept)
@@ -90,7 +90,7 @@ def _(do, q, k, v, out, lse, table, segments, q_keep, k_keep, q_segments, k_segm
     dtypes = [torch.float32] * 5 + [q2.dtype if q2 is not None else q.dtype, k2.dtype if k2 is not None else q.dtype]
     tables = [q.new_empty(s if s is not None else _EMPTY, dtype=t if s is not None else q.dtype)
               for s, t in zip(shapes, dtypes)]
-    # dense, whatever q, k, v's strides: as the kernels write them
+    # dense, whatever q, k, v's strides: as the kernels write them here (`Extras.merge_heads` off)
     return [q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), *tables]
 
 
