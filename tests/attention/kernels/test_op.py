@@ -12,11 +12,14 @@ from tests.attention.kernels.conftest import NO_TRITON
 pytest.importorskip("triton", reason=NO_TRITON)
 
 
-def _inputs(device, pieces: bool, nseg: int = 2, folded: bool = False):
+def _inputs(device, pieces: bool, nseg: int = 2, folded: bool = False, token_major: bool = False):
     g = torch.Generator().manual_seed(0)
     b, h, lq, lk, d = 2, 2, 13, 13, 16
     leaf = lambda *s: torch.randn(*s, generator=g).to(device).requires_grad_()  # noqa: E731
-    q, k, v = leaf(b, h, lq, d), leaf(b, h, lk, d), leaf(b, h, lk, d)
+    if token_major:  # heads split from (B, L, H·D) projections, as the models make them
+        q, k, v = (leaf(b, n, h, d).transpose(1, 2) for n in (lq, lk, lk))
+    else:
+        q, k, v = leaf(b, h, lq, d), leaf(b, h, lk, d), leaf(b, h, lk, d)
     table = leaf(h if not pieces else 1, lq + lk - 1)
     segments = leaf(h, nseg, nseg)
     q_segments = torch.randint(0, nseg, (b, lq), generator=g).int().to(device)
@@ -35,12 +38,14 @@ def _inputs(device, pieces: bool, nseg: int = 2, folded: bool = False):
             0.3, False, 0.0)
 
 
-@pytest.mark.parametrize("pieces,folded", [(False, False), (True, False), (False, True)],
-                         ids=["table", "piecewise", "folded factors"])
-def test_the_operators_pass_torchs_checks(pieces, folded, device):
+@pytest.mark.parametrize("pieces,folded,token_major", [(False, False, False), (True, False, False),
+                                                       (False, True, False), (False, False, True)],
+                         ids=["table", "piecewise", "folded factors", "token-major"])
+def test_the_operators_pass_torchs_checks(pieces, folded, token_major, device):
+    """Fake shapes and strides match the real ones (the output and gradients laid out as q, k, v are)."""
     from dietpe.attention.kernels import op
 
-    args = _inputs(device, pieces, folded=folded)
+    args = _inputs(device, pieces, folded=folded, token_major=token_major)
     torch.library.opcheck(op.fused_forward, args)
     q, k, v = args[:3]
     out, lse, seed = op.fused_forward(*args)

@@ -1037,9 +1037,9 @@ class Extras:
     #: (B|1, H|1, Lk, r): the scores gain q2·k2ᵀ·scale (set by `FusedAttention`, whose inputs they are)
     q2: Tensor | None = None
     k2: Tensor | None = None
-    #: the output and q, k, v's gradients laid out token-major where their inputs are (`empty_heads`); dense
-    #: otherwise, and through the compile operators, whose shapes for tracing cannot follow a layout inductor
-    #: chooses later
+    #: the output and q, k, v's gradients laid out token-major where their inputs are (`empty_heads`); off
+    #: through the compile operators (dense, as their fakes: torch 2.11's inductor may trace them with other
+    #: strides than it runs them with)
     merge_heads: bool = True
 
 
@@ -1436,8 +1436,12 @@ def empty_heads(shape: tuple, like: Tensor, ex: Extras, dtype: torch.dtype | Non
     output or gradient whose heads merge back into (B, L, H·D) by a view, with no copy, as FlashAttention's
     (B, L, H, D) output does; any other layout of `like` (a split of a fused projection, an expanded view), or
     `ex.merge_heads` off, gets a dense one."""
-    return torch.empty_strided(shape, heads_strides(shape, ex.merge_heads and _token_major(like)),
-                               dtype=dtype or like.dtype, device=like.device)
+    return torch.empty_strided(shape, heads_strides(shape, _merged(like, ex)), dtype=dtype or like.dtype,
+                               device=like.device)
+
+
+def _merged(x: Tensor, ex: Extras) -> bool:
+    return ex.merge_heads and _token_major(x)
 
 
 def _row_strides(x: Tensor) -> tuple[int, int, int]:
@@ -1452,7 +1456,7 @@ def _forward_spec(config: tuple, q: Tensor, k: Tensor, v: Tensor, scale: float, 
     pt = _parts(q, k, v, ex)
     bm, bn, warps, stages = config
     bm = min(bm, max(16, _pow2(lq)))  # a few queries (a decoding step): no rows of padding
-    out = heads_strides((b, h, lq, dv), ex.merge_heads and _token_major(q))  # as `attention_forward` makes it
+    out = heads_strides((b, h, lq, dv), _merged(q, ex))  # as `attention_forward` makes it
     before = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out[:3],
               *_row_strides(pt.q2), *_row_strides(pt.k2), *_aux_strides(table, segments, ex), h, lq, lk, pt.dq1,
               pt.dq2, dv, scale * LOG2E)
@@ -1497,7 +1501,7 @@ def _backward_specs(configs: tuple, q: Tensor, k: Tensor, v: Tensor, out: Tensor
     tail = (*_aux_strides(table, segments, ex), h, lq, lk, pt.dq1, pt.dq2, dv_width, scale * LOG2E, scale)
     after = _dropout_args(ex)
     # the gradients laid out as q, k and v are (`empty_heads`)
-    dense_q, dense_k, dense_v = (heads_strides(x.shape, ex.merge_heads and _token_major(x))[:3] for x in (q, k, v))
+    dense_q, dense_k, dense_v = (heads_strides(x.shape, _merged(x, ex))[:3] for x in (q, k, v))
     fixed = dict(D1=pt.d1, D2=pt.d2, DVP=pt.dvp, EVEN_D=pt.even_d, **flags)
     specs = [None, None]
     if configs[0] is not None:
