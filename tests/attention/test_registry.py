@@ -69,13 +69,12 @@ def test_what_a_backend_cannot_serve_is_refused_at_build_time(registered):
     DietConfig(attn_backend="no-dropout", attention_probs_dropout_prob=0.0)
 
 
-def test_auto_picks_the_first_backend_that_serves(monkeypatch):
-    from dietpe.attention import registry
+def test_auto_picks_the_first_backend_that_serves():
+    from dietpe.attention import fused
 
-    assert resolve_backend("auto", value_terms=False, dropout=0.1).name == "sdpa"
-    monkeypatch.setattr(registry, "AUTO", ("fused", *registry.AUTO))  # with the kernel first, as it may be again
     auto = resolve_backend("auto", value_terms=False, dropout=0.1)
     assert (auto.name, auto.fallback.name) == ("fused", "sdpa")  # the kernel on CUDA, sdpa for what it declines
+    assert auto.forward is fused.fused_long and ALL_BACKENDS["fused"].forward is fused.fused  # long calls only
     assert resolve_backend("auto", value_terms=False, method=REGISTRY["xlnet"]).name == "sdpa"
     assert resolve_backend("auto", value_terms=True, dropout=0.1).name == "banded"
     assert serving_backend("flex", value_terms=True).name == "banded"  # a model attached to before its method

@@ -2,6 +2,8 @@
 allocations written out, and the fused kernel's path holding no (L, L) tensor at 4,096 tokens, where the eager
 reference holds the (1, H, L, L) bias."""
 
+import gc
+
 import pytest
 import torch
 
@@ -75,6 +77,25 @@ def test_the_eager_reference_holds_the_bias_which_the_check_sees():
 def test_a_table_term_adds_at_most_5_percent_of_nones_step_memory(method):
     none = step_footprint(SHAPE, "none", L, 1)
     assert step_footprint(SHAPE, method, L, 1).step_mib <= 1.05 * none.step_mib
+
+
+def test_the_meta_device_allocates_what_the_cpu_allocates():
+    """The same eager step counted on CPU tensors (computed) and on meta ones (shapes only): the same bytes."""
+    from dietpe.bench import cost
+
+    def peak(device):
+        v = cost.Variant.parse("diet-rel@eager")
+        with torch.device(device):
+            model = cost.build_model(cost.model_config("lm-bert-tiny", v, 512)).to(torch.bfloat16)
+        ids = cost.make_inputs(2, 128, 100)["input_ids"].to(device)
+        step = cost.training_step(model, {"input_ids": ids})
+        step()
+        gc.collect()
+        with LiveBytes() as live:
+            step()
+        return live.peak, live.largest
+
+    assert peak("meta") == peak("cpu")
 
 
 def test_inference_keeps_less_than_training():

@@ -142,6 +142,14 @@ def _bias_batch(term: LogitTerm, b: int) -> int:
     return b if term.query_dependent else term.batch
 
 
+def by_blocks(q: Tensor, k: Tensor, terms: LayerTerms, mask) -> bool:
+    """Whether sdpa attends these logit terms one block of queries at a time: their dense bias, with the mask's
+    batch, would exceed LONG_ELEMENTS."""
+    b, h, lq = q.shape[:3]
+    bias_batch = max([_bias_batch(t, b) for t in terms.logits] + [b if mask is not None else 1])
+    return bool(terms.logits) and lq > 1 and bias_batch * h * lq * k.shape[2] > LONG_ELEMENTS
+
+
 def _fused_cpu_kernel_possible(q: Tensor, dropout_p: float, bias: Tensor | None) -> bool:
     """CPU SDPA runs its flash kernel only without dropout and with no gradient for the mask."""
     grad_for_bias = bias is not None and bias.requires_grad and torch.is_grad_enabled()
@@ -158,8 +166,8 @@ def sdpa(q: Tensor, k: Tensor, v: Tensor, terms: LayerTerms, mask: Tensor | Caus
     q, k = apply_qk(q, k, terms)
     b, h, lq, _ = q.shape
     lk = k.shape[2]
-    bias_batch = max([_bias_batch(t, b) for t in terms.logits] + [b if mask is not None else 1])
-    if terms.logits and lq > 1 and bias_batch * h * lq * lk > LONG_ELEMENTS:
+    if by_blocks(q, k, terms, mask):
+        bias_batch = max([_bias_batch(t, b) for t in terms.logits] + [b if mask is not None else 1])
         return _sdpa_blocks(q, k, v, terms, dense_mask(mask), s, dropout_p, q_raw, bias_batch), None
     fold, dense = [], []
     for term in terms.logits:

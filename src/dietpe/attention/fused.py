@@ -24,9 +24,9 @@ as shapes only (its buffers allocated, nothing launched: `dietpe.bench.footprint
 cannot serve raises `NotServed` (a ConfigError) naming why: a mask that opens pairs across runs, positions read
 while compiling, a term of another kind, value terms. Attention dropout is drawn in the kernel (Philox, the same
 mask again in the backward) from a seed drawn on the device per call, which the kernels read from memory: a
-CUDA graph's replay draws anew. `attn_backend="auto"` picks it on CUDA for every method whose terms are of these
-kinds (`Traits.tile_terms`) and runs sdpa for such calls instead; asked for by name, a method it cannot serve is
-refused when the model is built.
+CUDA graph's replay draws anew. `attn_backend="auto"` gives it, on CUDA, the calls with logit terms whose dense
+bias sdpa would build block by block (long inputs: `fused_long`), sdpa the rest; asked for by name, a method it
+cannot serve is refused when the model is built.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from dietpe.attention import backends
 from dietpe.attention.backends import apply_qk, fold_low_rank
 from dietpe.attention.kernels import device_problem, triton_problem
 from dietpe.attention.masks import CausalMask
@@ -55,9 +56,28 @@ def method_refusal(method) -> str | None:
 
 
 def skip_call(q: Tensor) -> bool:
-    """Calls "auto" leaves to the next backend without trying: off CUDA, and while compiling (the kernels are
-    opaque to the compiler, which fuses sdpa's surroundings instead)."""
+    """Calls the kernel never takes under "auto": off CUDA, and while compiling (the kernels are opaque to the
+    compiler, which fuses sdpa's surroundings instead)."""
     return not q.is_cuda or torch.compiler.is_compiling()
+
+
+def auto_skip(q: Tensor) -> bool:
+    """Calls "auto" gives the next backend (sdpa) without trying the kernel: `skip_call`'s, and those too short
+    for sdpa to go block by block even as self-attention with a bias per example (B·H·Lq² elements at most
+    `backends.LONG_ELEMENTS`)."""
+    b, h, lq = q.shape[:3]
+    return skip_call(q) or b * h * lq * lq <= backends.LONG_ELEMENTS
+
+
+def fused_long(q: Tensor, k: Tensor, v: Tensor, terms: LayerTerms, mask: Tensor | CausalMask | None, scale: float,
+               dropout_p: float, need_probs: bool = False) -> tuple[Tensor, None]:
+    """`fused` where "auto" calls it: where sdpa would attend block by block (`backends.by_blocks`: logit terms
+    whose dense bias would exceed `backends.LONG_ELEMENTS`), and in training keep every block for the backward,
+    (B|1, H, Lq, Lk) a layer (18 GiB over 12 layers at 8,192 tokens in bf16), where the kernel keeps O(L);
+    NotServed otherwise (no term, or short), which sends the call to sdpa, faster there (docs/gpu.md)."""
+    if not backends.by_blocks(q, k, terms, mask):
+        raise NotServed("short, or no logit term: sdpa's")
+    return fused(q, k, v, terms, mask, scale, dropout_p, need_probs)
 
 
 class Plan(NamedTuple):

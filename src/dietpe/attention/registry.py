@@ -10,8 +10,9 @@ Every backend is an `AttentionFunction` (one signature, below) registered under 
 (`AttentionBackend`): value terms (Shaw's, which read the probabilities), attention dropout, and the methods
 it refuses by their traits. `DietConfig` allows `attn_backend` = "auto" or any registered name and refuses,
 when the model is built, a backend that cannot serve the configuration. "auto" is the first of `AUTO` that
-can; for the calls a backend declines (the fused kernel: off CUDA, with per-example positions) it runs the
-next one (the fallback the fused kernel keeps when named in `AUTO`).
+can; for the calls a backend declines (the fused kernel: off CUDA, short or with no logit term, per-example
+positions the mask does not separate) it runs the next one (the fallback the fused kernel keeps when named in
+`AUTO`).
 
     eager    the reference, straight from the equation (`dietpe.attention.backends.eager`)
     sdpa     torch's scaled_dot_product_attention, the bias built the cheapest way the shapes allow
@@ -73,6 +74,9 @@ class AttentionBackend:
     skip: Callable[[Tensor], bool] | None = None
     #: what "auto" runs for the calls this backend declines (set on what `resolve_backend("auto")` returns)
     fallback: "AttentionBackend | None" = None
+    #: what "auto" calls in `forward`'s place, for a backend auto gives only some of the calls it can serve
+    #: (raising NotServed for the others): the fused kernel takes long inputs with logit terms
+    auto_forward: AttentionFunction | None = None
 
     def __call__(self, q: Tensor, k: Tensor, v: Tensor, terms: LayerTerms, mask: Tensor | CausalMask | None,
                  scale: float, dropout_p: float, need_probs: bool) -> tuple[Tensor, Tensor | None]:
@@ -110,12 +114,14 @@ class AttentionBackends(MutableMapping):
     @classmethod
     def register(cls, name: str, forward: AttentionFunction, *, value_terms: bool = False,
                  dropout: bool = True, method_refusal: Callable[[object], str | None] | None = None,
-                 skip: Callable[[Tensor], bool] | None = None) -> AttentionBackend:
+                 skip: Callable[[Tensor], bool] | None = None,
+                 auto_forward: AttentionFunction | None = None) -> AttentionBackend:
         if not isinstance(name, str) or not name or name == "auto":
             raise ConfigError(f"backend name {name!r}: give a non-empty name other than 'auto'")
         if not callable(forward):
             raise ConfigError(f"backend {name!r}: {forward!r} is not callable")
-        backend = AttentionBackend(name, forward, value_terms, dropout, method_refusal, skip)
+        backend = AttentionBackend(name, forward, value_terms, dropout, method_refusal, skip,
+                                   auto_forward=auto_forward)
         cls._global_mapping[name] = backend
         return backend
 
@@ -149,12 +155,14 @@ class AttentionBackends(MutableMapping):
 
 def register_backend(name: str, forward: AttentionFunction, *, value_terms: bool = False,
                      dropout: bool = True, method_refusal: Callable[[object], str | None] | None = None,
-                     skip: Callable[[Tensor], bool] | None = None) -> AttentionBackend:
+                     skip: Callable[[Tensor], bool] | None = None,
+                     auto_forward: AttentionFunction | None = None) -> AttentionBackend:
     """Make `forward` available as `attn_backend=name` in every model built afterwards. method_refusal(info)
     says why it cannot serve a method (its `MethodInfo`), or None; skip(q), for a backend whose forward may
-    raise NotServed, which calls "auto" gives to the next backend without trying."""
+    raise NotServed, which calls "auto" gives to the next backend without trying; auto_forward, what "auto"
+    calls instead of forward (declining, with NotServed, calls auto should give the next backend)."""
     return AttentionBackends.register(name, forward, value_terms=value_terms, dropout=dropout,
-                                      method_refusal=method_refusal, skip=skip)
+                                      method_refusal=method_refusal, skip=skip, auto_forward=auto_forward)
 
 
 register_backend("eager", eager, value_terms=True)
@@ -162,15 +170,15 @@ register_backend("sdpa", sdpa)
 register_backend("flex", flex, dropout=False)
 register_backend("banded", band_or_eager, value_terms=True)
 register_backend("fused", fused_backend.fused, method_refusal=fused_backend.method_refusal,
-                 skip=fused_backend.skip_call)
+                 skip=fused_backend.auto_skip, auto_forward=fused_backend.fused_long)
 
 #: the global table
 ALL_BACKENDS = AttentionBackends()
 #: what "auto" tries, in order: the first that can serve the configuration (the next runs the calls it declines).
-#: Not the fused kernel: on an H200 it trained bert-base (512 x 8, bf16) slower than sdpa for DIET-ABS, T5, ALiBi
-#: and KERPLE, as fast for DIET-REL, faster with per-head segments and for FIRE (docs/gpu.md); asked for by name
-#: it saves the (L, L) bias.
-AUTO = ("sdpa", "banded")
+#: The fused kernel only for long inputs with logit terms (`fused.fused_long`), where sdpa would build its bias
+#: block by block and keep every block for the backward, (L, L) per layer: at 512 tokens on an H200 it trained
+#: bert-base (8 x 512, bf16) slower than sdpa for DIET-ABS, T5, ALiBi and KERPLE, as fast for DIET-REL (docs/gpu.md)
+AUTO = ("fused", "sdpa", "banded")
 
 
 def backend_names() -> tuple[str, ...]:
@@ -187,7 +195,8 @@ def resolve_backend(name: str, *, value_terms: bool, dropout: float = 0.0, subje
                    if ALL_BACKENDS[c].refusal(value_terms=value_terms, dropout=dropout, method=method) is None]
         chosen = ALL_BACKENDS["eager"]
         for backend in reversed(serving):  # a backend that may decline calls hands them to the next
-            chosen = replace(backend, fallback=chosen) if backend.skip is not None else backend
+            chosen = replace(backend, forward=backend.auto_forward or backend.forward, fallback=chosen) \
+                if backend.skip is not None else backend
         return chosen
     backend = ALL_BACKENDS[name]
     reason = backend.refusal(value_terms=value_terms, dropout=dropout, method=method)

@@ -26,6 +26,7 @@ The counter is our own (a dispatch mode and weak references to storages, as PyTo
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 import weakref
 from dataclasses import dataclass
@@ -120,6 +121,7 @@ def step_footprint(shape: str, label: str, length: int, batch: int, mode: str = 
         inputs.pop("token_type_ids")
     step = (cost.training_step if mode == "train" else cost.inference_step)(model, inputs)
     step()  # the optimizer's states
+    gc.collect()  # nothing of the warm-up's left for a collection to free inside the measured step
     with LiveBytes() as live:
         step()
     size, op, shape_ = live.largest

@@ -108,6 +108,9 @@ class AttachedPositions(nn.Module):
             enc.check(past + length, None, None)
         if state.segments is not None and enc.head_segments is not None:
             enc.check(length, state.segments, None)
+        if self.state is not None:  # the last forward's terms go now, not when the cycle collector runs
+            for ctx in self.state.contexts.values():
+                ctx.release()
         self.state = state
 
 

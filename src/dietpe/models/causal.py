@@ -171,6 +171,7 @@ class DietCausalModel(DietPreTrainedModel):
                 all_probs.append(probs)
             if output_hidden_states:
                 all_hidden.append(hidden)
+        ctx.release()
         return with_cache(BaseModelOutputWithPast, cache, last_hidden_state=hidden,
                           hidden_states=tuple(all_hidden) if all_hidden is not None else None,
                           attentions=tuple(all_probs) if all_probs is not None else None)

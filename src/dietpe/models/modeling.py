@@ -299,6 +299,7 @@ class DietModel(DietPreTrainedModel):
                 all_probs.append(probs)
             if output_hidden_states:
                 all_hidden.append(hidden)
+        ctx.release()
         pooled = torch.tanh(self.pooler(hidden[:, 0])) if self.pooler is not None else None
         return BaseModelOutputWithPooling(
             last_hidden_state=hidden, pooler_output=pooled,

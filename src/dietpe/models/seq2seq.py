@@ -272,6 +272,7 @@ class DietDecoder(nn.Module):
             cross_probs.append(p_cross)
             if output_hidden_states:
                 all_hidden.append(hidden)
+        ctx.release()
         return hidden, all_hidden, self_probs, cross_probs
 
 

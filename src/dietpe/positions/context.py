@@ -167,6 +167,12 @@ class Context:
         """Leading size of position-only terms: B for per-example positions, else 1."""
         return self.q_pos.shape[0] if self.q_pos.dim() == 2 else 1
 
+    def release(self) -> None:
+        """Forget what `cached` kept, at the end of the forward that built this context. Terms kept there hold
+        closures over the context (built on demand, shared by layers): a reference cycle that would keep each
+        forward's terms, dense biases included, alive until Python's cycle collector happens to run."""
+        self._cache.clear()
+
     def cached(self, key: CacheKey, fn: Callable[[], T]) -> T:
         """`fn()`, computed once per forward under `key` and shared between layers and methods."""
         if not isinstance(key, CacheKey):

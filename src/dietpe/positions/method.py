@@ -21,6 +21,7 @@ registered method.
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import dataclass
 from typing import Callable, ClassVar, TypeVar
 
@@ -192,7 +193,8 @@ class PositionMethod(nn.Module):
         """`term`, position-only, a function of `tensors` and the positions, with its dense form kept between
         inference forwards (see `kept`)."""
         lq, lk = term.size
-        term.kept = self.kept(ctx, name, tensors, term.heads * lq * lk, lambda: term.build(None, None))
+        ref = weakref.ref(term)  # the term holds this builder: a strong reference back would make a cycle
+        term.kept = self.kept(ctx, name, tensors, term.heads * lq * lk, lambda: ref().build(None, None))
         return term
 
     def layer_table(self, ctx: Context, name: str, layer: int) -> Tensor:

@@ -12,7 +12,6 @@ import pytest
 import torch
 
 from dietpe import ConfigError, DietConfig, DietModel
-from dietpe.attention import registry
 from dietpe.attention.masks import document_mask
 from dietpe.attention.registry import ALL_BACKENDS, resolve_backend
 from dietpe.errors import NotServed
@@ -301,7 +300,9 @@ def test_per_example_positions_are_declined_per_call_and_auto_runs_sdpa(device, 
     positions = torch.arange(L).expand(2, L).flip(-1).to(device)  # per example: no offset table
     with pytest.raises(NotServed, match="position_ids"):
         fused(ids, mask, seg, position_ids=positions)
-    monkeypatch.setattr(registry, "AUTO", ("fused", *registry.AUTO))  # auto with the kernel first
+    from dietpe.attention import fused as fused_module
+
+    monkeypatch.setattr(fused_module.backends, "LONG_ELEMENTS", 0)  # every call with a term counts as long
     auto = resolve_backend("auto", value_terms=False, method=REGISTRY["t5"])
     assert auto.name == "fused" and auto.fallback.name == "sdpa"
     tried = []
@@ -320,16 +321,36 @@ def test_per_example_positions_are_declined_per_call_and_auto_runs_sdpa(device, 
     torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
 
 
-def test_auto_is_sdpa_for_a_served_method():
-    """The kernel is slower than sdpa on the GPU measured (docs/gpu.md): "auto" does not take it."""
-    assert DietModel(tiny(16, position="diet-rel")).layers[0].attention.backend.name == "sdpa"
+@pytest.mark.parametrize("position,long,kernel", [("diet-rel", False, False), ("diet-rel", True, True),
+                                                  ("none", True, False), ("rotary", True, False)])
+def test_auto_gives_the_kernel_long_calls_with_logit_terms(position, long, kernel, device, monkeypatch):
+    """On CUDA "auto" runs the kernel where sdpa would build the bias block by block (its blocks kept for the
+    backward: (L, L) a layer), and sdpa for short calls, where it was faster (docs/gpu.md), and for calls with
+    no logit term (flash). Long: the bias with the padding mask's batch, 2 × 2 heads × L², above LONG_ELEMENTS
+    (lowered here to make these lengths long)."""
+    from dietpe.attention import fused as fused_module
+
+    monkeypatch.setattr(fused_module, "skip_call", lambda q: False)  # as on CUDA, whatever the device
+    monkeypatch.setattr(fused_module.backends, "LONG_ELEMENTS", 4 * L * L - 1 if long else 4 * L * L)
+    ran = []
+    real = fused_module.fused
+    monkeypatch.setattr(fused_module, "fused", lambda *a, **k: ran.append(1) or real(*a, **k))
+    cfg = dict(position=position, max_position_embeddings=L + 8)
+    ref = _randomise(DietModel(tiny(16, attn_backend="eager", **cfg))).to(device)
+    auto = DietModel(tiny(16, attn_backend="auto", **cfg))
+    auto.load_state_dict(ref.state_dict())
+    auto = auto.to(device)
+    assert auto.layers[0].attention.backend.name == "fused"  # first in the chain; sdpa for what it declines
+    ids, mask, seg = batch(L, device=device)
+    _assert_same(_step(auto, ids, mask, seg), _step(ref, ids, mask, seg))
+    assert bool(ran) == kernel
 
 
 def test_auto_leaves_the_cpu_to_sdpa(monkeypatch):
     """Off CUDA "auto" never tries the kernel (the interpreter is for the tests that ask for it by name)."""
     from dietpe.attention import fused as fused_module
 
-    monkeypatch.setattr(registry, "AUTO", ("fused", *registry.AUTO))  # auto with the kernel first
+    monkeypatch.setattr(fused_module.backends, "LONG_ELEMENTS", 0)  # however long
     model = DietModel(tiny(16, position="diet-rel"))
     assert model.layers[0].attention.backend.name == "fused"  # what auto picks for a served method
     monkeypatch.setattr(fused_module, "plan", lambda *a: pytest.fail("the kernel was tried on the CPU"))

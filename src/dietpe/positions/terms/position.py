@@ -45,7 +45,11 @@ class PositionBias(LogitTerm):
     def build(self, q: Tensor | None, rows: tuple[int, int] | None) -> Tensor:
         start, stop = row_span(rows, self.size[0])
         q_pos = self.q_pos[..., start:stop]
-        return self.f(q_pos.view(-1, 1, q_pos.shape[-1], 1), self.k_pos.view(-1, 1, 1, self.size[1]))
+        return self.pairs(q_pos.view(-1, 1, q_pos.shape[-1], 1), self.k_pos.view(-1, 1, 1, self.size[1]))
+
+    def pairs(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        """f at these positions (a subclass may define the function here instead of passing f)."""
+        return self.f(q_pos, k_pos)
 
     def score_mod(self, q: Tensor | None = None) -> ScoreMod:
         return ScoreMod(dense_pair, (self.dense(q),))  # (1|B, H|1, Lq, Lk)
@@ -62,10 +66,11 @@ class DistanceBias(PositionBias):
 
     def __init__(self, f: Callable[..., Tensor], params: tuple[Tensor, ...], q_pos: Tensor, k_pos: Tensor,
                  diagonals: Tensor | None = None, runs: Runs | None = None):
-        super().__init__(self._pairs, q_pos, k_pos, params[0].shape[0])
+        # the function is `pairs` (a bound method stored on the term would be a reference cycle)
+        super().__init__(None, q_pos, k_pos, params[0].shape[0])
         self.distance_f, self.params, self.diagonals, self.runs = f, params, diagonals, runs
 
-    def _pairs(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+    def pairs(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         dist = (q_pos - k_pos).abs()  # (1|B, 1, rows, Lk)
         return self.distance_f(dist, *(p[:, None, None] for p in self.params))  # (1|B, H, rows, Lk)
 
