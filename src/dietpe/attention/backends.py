@@ -146,8 +146,10 @@ def by_blocks(q: Tensor, k: Tensor, terms: LayerTerms, mask) -> bool:
     """Whether sdpa attends these logit terms one block of queries at a time: their dense bias, with the mask's
     batch, would exceed LONG_ELEMENTS."""
     b, h, lq = q.shape[:3]
+    if not terms.logits or lq <= 1:  # (an `if`, not bool(list): torch 2.11's dynamo cannot trace that)
+        return False
     bias_batch = max([_bias_batch(t, b) for t in terms.logits] + [b if mask is not None else 1])
-    return bool(terms.logits) and lq > 1 and bias_batch * h * lq * k.shape[2] > LONG_ELEMENTS
+    return bias_batch * h * lq * k.shape[2] > LONG_ELEMENTS
 
 
 def _fused_cpu_kernel_possible(q: Tensor, dropout_p: float, bias: Tensor | None) -> bool:
