@@ -27,7 +27,7 @@ def test_the_plan_holds_what_the_window_must_show(checklist):
     plan = checklist.default_plan()
     commands = " ".join(c for s in plan for c in s.commands)
     for needed in ("dietpe.bench.attach", "8x2048", " compare ", "--deterministic", "selftest", "gpu_flex.py",
-                   "gpu_commands.sh", "DIET_TEST_DEVICE", "fire "):
+                   "gpu_commands.sh", "DIET_TEST_DEVICE", "native,fire,"):  # FIRE attached to a Llama
         assert needed in commands or any(needed in str(s.env) for s in plan), needed
     assert "study_time" in " ".join(c for s in checklist.steps() for c in s.commands)  # by name
 
