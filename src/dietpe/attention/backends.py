@@ -142,14 +142,14 @@ def _bias_batch(term: LogitTerm, b: int) -> int:
     return b if term.query_dependent else term.batch
 
 
-def by_blocks(q: Tensor, k: Tensor, terms: LayerTerms, mask) -> bool:
-    """Whether sdpa attends these logit terms one block of queries at a time: their dense bias, with the mask's
-    batch, would exceed LONG_ELEMENTS."""
+def by_blocks(q: Tensor, k: Tensor, terms: LayerTerms, mask) -> int:
+    """The batch of the dense bias when sdpa attends these logit terms one block of queries at a time (the bias,
+    with the mask's batch, would exceed LONG_ELEMENTS), else 0."""
     b, h, lq = q.shape[:3]
     if not terms.logits or lq <= 1:  # (an `if`, not bool(list): torch 2.11's dynamo cannot trace that)
-        return False
+        return 0
     bias_batch = max([_bias_batch(t, b) for t in terms.logits] + [b if mask is not None else 1])
-    return bias_batch * h * lq * k.shape[2] > LONG_ELEMENTS
+    return bias_batch if bias_batch * h * lq * k.shape[2] > LONG_ELEMENTS else 0
 
 
 def _fused_cpu_kernel_possible(q: Tensor, dropout_p: float, bias: Tensor | None) -> bool:
@@ -168,8 +168,8 @@ def sdpa(q: Tensor, k: Tensor, v: Tensor, terms: LayerTerms, mask: Tensor | Caus
     q, k = apply_qk(q, k, terms)
     b, h, lq, _ = q.shape
     lk = k.shape[2]
-    if by_blocks(q, k, terms, mask):
-        bias_batch = max([_bias_batch(t, b) for t in terms.logits] + [b if mask is not None else 1])
+    bias_batch = by_blocks(q, k, terms, mask)
+    if bias_batch:
         return _sdpa_blocks(q, k, v, terms, dense_mask(mask), s, dropout_p, q_raw, bias_batch), None
     fold, dense = [], []
     for term in terms.logits:

@@ -55,7 +55,7 @@ class LiveBytes(TorchDispatchMode):
         self.largest: tuple[int, str, tuple] = (0, "", ())
         self._known: dict[int, weakref.ref] = {}
 
-    def _free(self, key: int, nbytes: int, _ref) -> None:
+    def _free(self, key: int, nbytes: int) -> None:
         self._known.pop(key, None)
         self.current -= nbytes
 
@@ -65,7 +65,7 @@ class LiveBytes(TorchDispatchMode):
         if key in self._known:
             return
         nbytes = st.nbytes() if new else 0
-        self._known[key] = weakref.ref(st, lambda ref, k=key, n=nbytes: self._free(k, n, ref))
+        self._known[key] = weakref.ref(st, lambda _, k=key, n=nbytes: self._free(k, n))
         if nbytes:
             self.current += nbytes
             self.peak = max(self.peak, self.current)
