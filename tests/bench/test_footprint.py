@@ -108,6 +108,7 @@ def test_inference_keeps_less_than_training():
     (["--methods", "diet-rel+seg"], "a causal LM has no segments"),
     (["--length", "0"], "--length and --batch must be at least 1"),
     (["--shape", "bert-huge"], "shape 'bert-huge' is not one of"),
+    (["--methods", "diet-rell"], "method 'diet-rell' is not a position method"),
 ])
 def test_bad_input_is_one_line_before_any_row(argv, message, capsys):
     assert footprint.main(argv) == 2

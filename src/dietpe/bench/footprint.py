@@ -95,7 +95,8 @@ class Footprint:
 def variant(label: str) -> cost.Variant:
     """The label's method on the fused kernel unless another backend is named; ConfigError for a backend meta
     does not model."""
-    v = cost.Variant.parse(label if "@" in label else f"{label}@fused")
+    v = cost.Variant.parse(label)  # a bad label refused as the user wrote it
+    v = v if "@" in label else cost.Variant.parse(f"{label}@fused")
     if v.backend not in MODELLED:
         raise ConfigError(f"method {label!r}: backend {v.backend!r} is not modelled on the meta device (SDPA runs "
                           f"its math kernel there, which CUDA's flash kernel is not); use @fused or @eager")
