@@ -12,6 +12,17 @@ and the Python calls per layer above the floor's (cProfile's count: exact, where
 machine). The figures are this CPU's: a GPU host differs by a factor, not in which changes help.
 
     TRITON_INTERPRET=1 python scripts/host_cost.py --methods none,diet-rel,diet-abs,diet-rel+seg
+
+With `--whole train` or `--whole infer` it models the bench's own figure instead: whole steps (forward, loss,
+backward and a foreach AdamW step, or a forward under inference mode) of bert-base's 12 layers at tiny widths,
+bf16 autocast, the presets' attention dropout, each `@fused` method's kernels stubbed as above and `none` on
+sdpa with sdpa itself replaced by one aten op (FlashAttention's host cost: one call, one backward node), with
+no inference cache (as on a GPU). Printed: ms a step and × `none`, medians over interleaved cycles. Where the
+GPU's step is bound by its host (bert-base 512 × 8, docs/gpu.md), these ratios are what the bench measures:
+inference as called on the H200 gave `none@fused` 1.21 and DIET-REL 1.38 (1.13 × `none@fused`), this model of
+the same code 1.135 × `none@fused`.
+
+    TRITON_INTERPRET=1 python scripts/host_cost.py --whole infer --methods none,none@fused,diet-rel@fused
 """
 
 from __future__ import annotations
@@ -163,13 +174,77 @@ def measure(methods: list[str], cycles: int, steps: int, layers: int = 4) -> dic
     return results
 
 
+def _flash_stand_in(q, k, v, attn_mask=None, dropout_p=0.0, scale=None, is_causal=False, **kwargs):
+    """sdpa's place in the host model: one aten op over q, k and v, one backward node (flash's host cost)."""
+    return v.addcmul(q, k, value=0.0)
+
+
+def measure_whole(labels: list[str], mode: str, cycles: int, steps: int) -> dict[str, tuple[float, float]]:
+    """{label: (median ms a step, median of per-cycle ratios to the first label)} of whole steps (`--whole`)."""
+    torch, _, _ = _setup()
+    import torch.nn.functional as functional
+
+    import dietpe.positions.method as method
+    from dietpe.bench import cost
+
+    functional.scaled_dot_product_attention = _flash_stand_in
+    method.KEEP_ELEMENTS = -1  # a GPU builds the terms every forward (no inference cache)
+    torch.set_num_threads(1)
+    calls = {}
+    for label in labels:
+        variant = cost.Variant.parse(label)
+        config = cost.model_config("bert-base", variant, 512, hidden_size=192, intermediate_size=64, vocab_size=64)
+        model, inputs = cost.build_model(config), cost.make_inputs(2, 16, 64)
+        if mode == "train":
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)  # as on CUDA
+
+            def step(model=model, inputs=inputs, opt=opt):
+                model.train()
+                with torch.autocast("cpu", dtype=torch.bfloat16):
+                    loss = cost.first_output(model(**inputs)).float().square().mean()
+                loss.backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+        else:
+            step = cost.inference_step(model, inputs, "bf16")
+        for _ in range(3):
+            step()
+        calls[label] = step
+    times = _interleaved(calls, cycles, steps)
+    base = times[labels[0]]
+    return {label: (statistics.median(t), statistics.median(a / b for a, b in zip(t, base)))
+            for label, t in times.items()}
+
+
+def _interleaved(calls: dict, cycles: int, steps: int) -> dict[str, list[float]]:
+    times = {label: [] for label in calls}
+    for _ in range(cycles):
+        for label, step in calls.items():
+            start = time.perf_counter()
+            for _ in range(steps):
+                step()
+            times[label].append((time.perf_counter() - start) / steps * 1e3)
+    return times
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--methods", default="none,diet-rel,diet-abs,diet-rel+seg",
                    help="comma-separated methods, +seg for DIET's per-head segments")
     p.add_argument("--cycles", type=int, default=9)
     p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--whole", choices=("train", "infer"), default=None,
+                   help="time whole steps of the bench's model (labels as `dietpe bench` takes them) against the "
+                        "first label, instead of the attention call against the floor")
     args = p.parse_args(argv)
+    if args.whole:
+        labels = args.methods.split(",")
+        results = measure_whole(labels, args.whole, args.cycles, max(1, args.steps // 4))
+        print(f"| method ({args.whole}) | ms a step | × {labels[0]} |")
+        print("|---|--:|--:|")
+        for label, (ms, ratio) in results.items():
+            print(f"| {label} | {ms:.2f} | {ratio:.3f} |")
+        return 0
     results = measure(args.methods.split(","), args.cycles, args.steps)
     print("| method | forward µs | backward µs | floor forward | floor backward | above the floor | Python calls "
           "above the floor's |")

@@ -118,6 +118,10 @@ def plan(terms: list[LogitTerm], mask: Tensor | CausalMask | None = None) -> Pla
     """The logit terms as an offset table, a segment table, a piecewise table and low-rank terms to fold;
     NotServed for any other, for a combination the kernel has no slot for, or for tables read along
     per-example positions' runs where `mask` opens a pair across runs."""
+    if len(terms) == 1:  # the usual case, sorted without the lists (every layer asks)
+        table = terms[0].offset_table()
+        if table is not None and table.runs is None:
+            return Plan(table, None, [])
     tables, segments, pieces, fold = [], [], [], []
     for term in terms:
         _sort(term, tables, segments, pieces, fold)
@@ -135,7 +139,8 @@ def plan(terms: list[LogitTerm], mask: Tensor | CausalMask | None = None) -> Pla
     return Plan(table, segments[0] if segments else None, fold, pieces[0] if pieces else None)
 
 
-_KERNELS: list[tuple] = []  # imported at the first call (Triton is imported with them), then kept
+_NO_TERMS = Plan(None, None, [])
+_KERNELS: list[tuple] = []  # imported when a model that may call them is built (`prepare`), then kept
 
 
 def _kernel_module() -> tuple:
@@ -147,6 +152,14 @@ def _kernel_module() -> tuple:
     return _KERNELS[0]
 
 
+def prepare(auto: bool) -> None:
+    """Import the kernels (Triton with them) when a model that may call them is built (by name, or through
+    "auto" where CUDA is), not at its first call: a forward compiled before their import guards on it and
+    compiles again at its second call (a whole model's graphs: minutes with inductor)."""
+    if (not auto or torch.cuda.is_available()) and triton_problem() is None:
+        _kernel_module()
+
+
 def fused(q: Tensor, k: Tensor, v: Tensor, terms: LayerTerms, mask: Tensor | CausalMask | None, scale: float,
           dropout_p: float, need_probs: bool = False) -> tuple[Tensor, None]:
     """The equation by the fused kernel; NotServed (before any work) for a call it cannot serve."""
@@ -155,20 +168,25 @@ def fused(q: Tensor, k: Tensor, v: Tensor, terms: LayerTerms, mask: Tensor | Cau
         raise NotServed(f"attn_backend='fused': {problem}; use attn_backend='auto' or 'sdpa'")
     if terms.values:
         raise NotServed("attn_backend='fused' cannot add value terms (Shaw's); use attn_backend='eager'")
-    table, segments, fold, piecewise = plan(terms.logits, mask)
+    table, segments, fold, piecewise = plan(terms.logits, mask) if terms.logits else _NO_TERMS
     kernels, fused_attention_op = _kernel_module()
-    head_parts = kernels.head_parts
     s = scale * terms.score_scale
-    q, k = apply_qk(q, k, terms)
-    folded = _folded(q, fold, s, head_parts)
-    if folded is None:
-        q, k = fold_low_rank(q, k, fold, s)
-    if max(*head_parts(q.shape[-1]), v.shape[-1], 0 if folded is None else folded[0].shape[-1]) > MAX_HEAD_PART:
+    if terms.qk:
+        q, k = apply_qk(q, k, terms)
+    folded = None
+    if fold:
+        folded = _folded(q, fold, s, kernels.head_parts)
+        if folded is None:
+            q, k = fold_low_rank(q, k, fold, s)
+    widths = (q.shape[-1], v.shape[-1], 0 if folded is None else folded[0].shape[-1])
+    # a head of at most MAX_HEAD_PART channels loads as parts of at most that
+    if max(widths) > MAX_HEAD_PART and max(*kernels.head_parts(widths[0]), *widths[1:]) > MAX_HEAD_PART:
         raise NotServed(f"attn_backend='fused' takes head sizes up to {MAX_HEAD_PART} (+ folded channels), got "
                         f"{q.shape[-1]} and {v.shape[-1]}; use attn_backend='sdpa'")
     causal = isinstance(mask, CausalMask)
+    compiling = torch.compiler.is_compiling()
     # compiled, the kernel's operator draws the seed itself
-    seed = 0 if torch.compiler.is_compiling() else kernels.dropout_seed(dropout_p, q)
+    seed = 0 if compiling or dropout_p <= 0 else kernels.dropout_seed(dropout_p, q)
     extras = kernels.Extras(causal=causal, mask=None if causal else mask, dropout=dropout_p, seed=seed)
     if table is not None and table.q_keep is not None:
         extras.q_keep, extras.k_keep = (x if x.dtype == torch.float32 and x.is_contiguous() else x.float().contiguous()
@@ -182,7 +200,7 @@ def fused(q: Tensor, k: Tensor, v: Tensor, terms: LayerTerms, mask: Tensor | Cau
         values = piecewise.numerator.unsqueeze(0)  # (1, Lq + Lk - 1): the heads share it
         pieces = (piecewise.den, piecewise.kinks, piecewise.slope, piecewise.intercept)
     # compiling: the kernel as custom operators (dynamo cannot trace Triton's launcher)
-    call = fused_attention_op if torch.compiler.is_compiling() else kernels.fused_attention
+    call = fused_attention_op if compiling else kernels.fused_attention
     return call(q, k, v, s, values, segments.table if segments is not None else None, extras, pieces, folded), None
 
 

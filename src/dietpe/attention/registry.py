@@ -77,6 +77,9 @@ class AttentionBackend:
     #: what "auto" calls in `forward`'s place, for a backend auto gives only some of the calls it can serve
     #: (raising NotServed for the others): the fused kernel takes long inputs with logit terms
     auto_forward: AttentionFunction | None = None
+    #: prepare(auto), run when a model that may call this backend is built, `auto` when through "auto" (the
+    #: fused kernel imports its kernels then)
+    prepare: Callable[[bool], None] | None = None
 
     def __call__(self, q: Tensor, k: Tensor, v: Tensor, terms: LayerTerms, mask: Tensor | CausalMask | None,
                  scale: float, dropout_p: float, need_probs: bool) -> tuple[Tensor, Tensor | None]:
@@ -115,13 +118,14 @@ class AttentionBackends(MutableMapping):
     def register(cls, name: str, forward: AttentionFunction, *, value_terms: bool = False,
                  dropout: bool = True, method_refusal: Callable[[object], str | None] | None = None,
                  skip: Callable[[Tensor], bool] | None = None,
-                 auto_forward: AttentionFunction | None = None) -> AttentionBackend:
+                 auto_forward: AttentionFunction | None = None,
+                 prepare: Callable[[bool], None] | None = None) -> AttentionBackend:
         if not isinstance(name, str) or not name or name == "auto":
             raise ConfigError(f"backend name {name!r}: give a non-empty name other than 'auto'")
         if not callable(forward):
             raise ConfigError(f"backend {name!r}: {forward!r} is not callable")
         backend = AttentionBackend(name, forward, value_terms, dropout, method_refusal, skip,
-                                   auto_forward=auto_forward)
+                                   auto_forward=auto_forward, prepare=prepare)
         cls._global_mapping[name] = backend
         return backend
 
@@ -156,13 +160,16 @@ class AttentionBackends(MutableMapping):
 def register_backend(name: str, forward: AttentionFunction, *, value_terms: bool = False,
                      dropout: bool = True, method_refusal: Callable[[object], str | None] | None = None,
                      skip: Callable[[Tensor], bool] | None = None,
-                     auto_forward: AttentionFunction | None = None) -> AttentionBackend:
+                     auto_forward: AttentionFunction | None = None,
+                     prepare: Callable[[bool], None] | None = None) -> AttentionBackend:
     """Make `forward` available as `attn_backend=name` in every model built afterwards. method_refusal(info)
     says why it cannot serve a method (its `MethodInfo`), or None; skip(q), for a backend whose forward may
     raise NotServed, which calls "auto" gives to the next backend without trying; auto_forward, what "auto"
-    calls instead of forward (declining, with NotServed, calls auto should give the next backend)."""
+    calls instead of forward (declining, with NotServed, calls auto should give the next backend); prepare(auto),
+    run when a model that may call it is built (through "auto" when `auto`)."""
     return AttentionBackends.register(name, forward, value_terms=value_terms, dropout=dropout,
-                                      method_refusal=method_refusal, skip=skip, auto_forward=auto_forward)
+                                      method_refusal=method_refusal, skip=skip, auto_forward=auto_forward,
+                                      prepare=prepare)
 
 
 register_backend("eager", eager, value_terms=True)
@@ -170,7 +177,7 @@ register_backend("sdpa", sdpa)
 register_backend("flex", flex, dropout=False)
 register_backend("banded", band_or_eager, value_terms=True)
 register_backend("fused", fused_backend.fused, method_refusal=fused_backend.method_refusal,
-                 skip=fused_backend.auto_skip, auto_forward=fused_backend.fused_long)
+                 skip=fused_backend.auto_skip, auto_forward=fused_backend.fused_long, prepare=fused_backend.prepare)
 
 #: the global table
 ALL_BACKENDS = AttentionBackends()
@@ -197,12 +204,20 @@ def resolve_backend(name: str, *, value_terms: bool, dropout: float = 0.0, subje
         for backend in reversed(serving):  # a backend that may decline calls hands them to the next
             chosen = replace(backend, forward=backend.auto_forward or backend.forward, fallback=chosen) \
                 if backend.skip is not None else backend
+        for backend in serving:
+            _prepare(backend, auto=True)
         return chosen
     backend = ALL_BACKENDS[name]
     reason = backend.refusal(value_terms=value_terms, dropout=dropout, method=method)
     if reason:
         raise ConfigError(f"attn_backend={name!r} cannot serve {subject}: {reason}; use attn_backend='eager' or "
                           f"'auto'")
+    return _prepare(backend, auto=False)
+
+
+def _prepare(backend: AttentionBackend, auto: bool) -> AttentionBackend:
+    if backend.prepare is not None:
+        backend.prepare(auto)
     return backend
 
 
@@ -211,5 +226,5 @@ def serving_backend(name: str, *, value_terms: bool) -> AttentionBackend:
     attaches a method to a model whose attention implementation was chosen before the method)."""
     backend = ALL_BACKENDS[name]
     if backend.refusal(value_terms=value_terms, dropout=0.0) is None:
-        return backend
+        return _prepare(backend, auto=False)
     return resolve_backend("auto", value_terms=value_terms)

@@ -21,6 +21,9 @@ from dietpe.positions.functional import clipped_offset_index, consecutive_offset
 T = TypeVar("T")
 
 
+_MISSING = object()
+
+
 @dataclass(frozen=True)
 class CacheKey:
     """Base of the keys of `Context.cached`. Subclasses are frozen dataclasses: equal when of the same class
@@ -177,9 +180,10 @@ class Context:
         """`fn()`, computed once per forward under `key` and shared between layers and methods."""
         if not isinstance(key, CacheKey):
             raise TypeError(f"Context.cached takes a CacheKey, got {type(key).__name__}")
-        if key not in self._cache:
-            self._cache[key] = fn()
-        return self._cache[key]
+        value = self._cache.get(key, _MISSING)  # one lookup: every layer asks, and a key's hash is Python's
+        if value is _MISSING:
+            value = self._cache[key] = fn()
+        return value
 
 
 def clipped_index(ctx: Context, max_distance: int) -> Tensor:

@@ -109,23 +109,34 @@ class DietRel(PositionMethod):
 
     def layer_terms(self, ctx: Context, layer: int) -> LayerTerms:
         table = shared_layer(self.sharing, layer)
-        def index():  # (1|B, Lq, Lk), shared by layers; built only if some term needs more than its diagonals
-            return clipped_index(ctx, self.span)
-
-        diagonals = clipped_diagonals(ctx, self.span)
-        first, count = ctx.first_offset(), ctx.q_pos.shape[-1] + ctx.k_pos.shape[-1] - 1
-        # default positions within the clip: the diagonals read consecutive columns of R
-        columns = (first + self.span, first + self.span + count) \
-            if first is not None and -self.span <= first and first + count - 1 <= self.span else None
-
-        def build():  # one term per table, its dense form kept between inference forwards
-            r = self.layer_table(ctx, "r", table)
-            return self.keep(ctx, f"diet_rel_{table}", (r,), TableBias(
-                r, ctx.q_pos, ctx.k_pos, self.bucket, index, diagonals=diagonals, reach=self.span,
-                runs=ctx.runs(), columns=columns))
-
-        return LayerTerms(logits=[ctx.cached(Built(self, table), build)])
+        shared = ctx.cached(Built(self, -1), lambda: _RelForward(self, ctx))
+        term = shared.terms[table]
+        if term is None:  # one term per table, its dense form kept between inference forwards
+            r = shared.r[table]
+            term = shared.terms[table] = self.keep(ctx, f"diet_rel_{table}", (r,), TableBias(
+                r, ctx.q_pos, ctx.k_pos, self.bucket, shared.index, diagonals=shared.diagonals, reach=self.span,
+                runs=shared.runs, columns=shared.columns))
+        return LayerTerms(logits=[term])
 
     def bucket(self, offsets):
         """Offset i - j -> column of R: every offset its own, the edges reused beyond the table."""
         return None if offsets is None else offsets.clamp(-self.span, self.span) + self.span
+
+
+class _RelForward:
+    """What DIET-REL's layers share in one forward, in one cache entry (every layer asks, and each entry costs
+    its key's hashing in Python): R's per-layer slices (one `unbind`, so the backward writes each layer's
+    gradient into one stacked gradient), the diagonals' columns of R, the consecutive columns they are where
+    the positions are the defaults within the clip (known on the host), the positions' runs, the (1|B, Lq, Lk)
+    index built only if some term needs more than its diagonals, and each table's term once built."""
+
+    def __init__(self, method: DietRel, ctx: Context):
+        span = method.span
+        self.r = method.logit("r").unbind(0)
+        self.diagonals = clipped_diagonals(ctx, span)
+        first, count = ctx.first_offset(), ctx.q_pos.shape[-1] + ctx.k_pos.shape[-1] - 1
+        self.columns = (first + span, first + span + count) \
+            if first is not None and -span <= first and first + count - 1 <= span else None
+        self.runs = ctx.runs()
+        self.index = lambda: clipped_index(ctx, span)
+        self.terms: list[TableBias | None] = [None] * len(self.r)

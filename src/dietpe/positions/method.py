@@ -192,6 +192,8 @@ class PositionMethod(nn.Module):
     def keep(self, ctx: Context, name: str, tensors: tuple[Tensor, ...], term: LogitTerm) -> LogitTerm:
         """`term`, position-only, a function of `tensors` and the positions, with its dense form kept between
         inference forwards (see `kept`)."""
+        if ctx.q_pos.device.type != "cpu" or (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)):
+            return term  # what `kept` refuses, before the builder is made: every layer asks
         lq, lk = term.size
         ref = weakref.ref(term)  # the term holds this builder: a strong reference back would make a cycle
         term.kept = self.kept(ctx, name, tensors, term.heads * lq * lk, lambda: ref().build(None, None))

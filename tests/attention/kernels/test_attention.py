@@ -277,7 +277,7 @@ def test_the_tile_choice_is_fixed_under_deterministic_algorithms(monkeypatch):
 
     monkeypatch.setattr(A, "interpreting", lambda: False)
     monkeypatch.setattr(A, "_chosen", {})
-    monkeypatch.setenv("DIETPE_FUSED_AUTOTUNE", "0")
+    monkeypatch.setattr(A, "_AUTOTUNE", [False])  # DIETPE_FUSED_AUTOTUNE=0
     launched = []
 
     def launch(config):

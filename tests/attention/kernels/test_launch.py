@@ -152,7 +152,11 @@ def test_switched_off_or_hooked_every_launch_goes_through_triton(fake, monkeypat
 
 def test_the_interpreter_is_never_bypassed(monkeypatch):
     monkeypatch.setattr(L, "interpreting", lambda: True)
-    assert not L.cached()
+    L.clear()
+    try:
+        assert not L.cached()
+    finally:
+        L.clear()
 
 
 def test_through_triton_and_the_bound_on_kept_kernels(fake, monkeypatch):

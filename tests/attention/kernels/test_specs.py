@@ -36,9 +36,10 @@ def test_forcing_a_tile_keeps_nothing(monkeypatch):
     inputs, ex = _case(TEST_DEVICE, torch.float32, 1, 2, 12, 12, 16, 16, table_heads=2)
     with A.forcing(1):
         _run(inputs, ex)
-    assert not A._specs
+    assert all(call.forward is None and not call.backward for call in A._specs.values())
     _run(inputs, ex)
-    assert len(A._specs) == 2  # forward, backward
+    (call,) = A._specs.values()
+    assert call.forward is not None and len(call.backward) == 1
 
 
 def _variants():
@@ -77,7 +78,7 @@ def _built(shape, terms, extra, table_read, table_grad):
     bands = table is not None and table_grad == "bands"
     grads = dict(TAB_GRAD=table is not None and not bands, SEG_GRAD=segments is not None)
     fwd = A._forward_spec((16, 32, 4, 1), q, k, v, scale, table, segments, ex, flags)
-    second = A._second_gradients(A._parts(q, k, v, ex), q, k, ex)
+    second = A._second_gradients(A._Call(q, k, v, ex).split, q, k, ex)
     specs = (fwd, *A._backward_specs(((16, 16, 4, 1), (16, 32, 4, 1)), q, k, v, out, out, second, scale, table,
                                       segments, ex, flags, grads))
     if bands:

@@ -74,7 +74,7 @@ import triton.language as tl
 from torch import Tensor
 
 from dietpe.attention.kernels import interpreting
-from dietpe.attention.kernels.launch import cdiv as _cdiv, launch as launch_kernel
+from dietpe.attention.kernels.launch import cdiv as _cdiv, launch as launch_kernel, launch_kept
 from dietpe.errors import ConfigError
 
 LOG2E = 1.4426950408889634
@@ -1037,10 +1037,10 @@ class Extras:
     #: (B|1, H|1, Lk, r): the scores gain q2·k2ᵀ·scale (set by `FusedAttention`, whose inputs they are)
     q2: Tensor | None = None
     k2: Tensor | None = None
-    #: the output and q, k, v's gradients laid out token-major where their inputs are (`empty_heads`); off
-    #: through the compile operators (dense, as their fakes: torch 2.11's inductor may trace them with other
-    #: strides than it runs them with)
-    merge_heads: bool = True
+    #: the output and q, k, v's gradients laid out token-major where their inputs are (`empty_heads`), or
+    #: always (`token_major`: the compile operators, whose outputs must not depend on their inputs' strides,
+    #: which torch 2.11's inductor may trace with other strides than it runs them with)
+    token_major: bool = False
 
 
 def _pow2(n: int) -> int:
@@ -1191,9 +1191,15 @@ def chosen_configs() -> dict[tuple, tuple[tuple, dict]]:
     return {key: (config, _timings.get(key, {})) for key, config in _chosen.items()}
 
 
+_AUTOTUNE: list[bool] = []  # DIETPE_FUSED_AUTOTUNE != "0", read at the first call
+
+
 def _tuning() -> bool:
-    """Whether to time the configurations: not under deterministic algorithms, nor with DIETPE_FUSED_AUTOTUNE=0."""
-    return not torch.are_deterministic_algorithms_enabled() and os.environ.get("DIETPE_FUSED_AUTOTUNE", "1") != "0"
+    """Whether to time the configurations: not under deterministic algorithms, nor with DIETPE_FUSED_AUTOTUNE=0
+    (read once: every call's signature asks)."""
+    if not _AUTOTUNE:
+        _AUTOTUNE.append(os.environ.get("DIETPE_FUSED_AUTOTUNE", "1") != "0")
+    return _AUTOTUNE[0] and not torch.are_deterministic_algorithms_enabled()
 
 
 def _seconds(launch) -> float:
@@ -1267,9 +1273,13 @@ def _precision(q: Tensor) -> str:
 
 
 def _pointers(table: Tensor | None, segments: Tensor | None, ex: Extras, dummy: Tensor) -> tuple:
-    """The tables, keeps, segments, mask and piecewise buffers the kernels read (`dummy` where absent)."""
-    return tuple(dummy if x is None else x for x in (table, ex.q_keep, ex.k_keep, segments, ex.q_segments,
-                                                      ex.k_segments, ex.mask, ex.den, ex.pieces))
+    """The tables, keeps, segments, mask and piecewise buffers the kernels read (`dummy` where absent). Written
+    out: every launch asks."""
+    return (dummy if table is None else table, dummy if ex.q_keep is None else ex.q_keep,
+            dummy if ex.k_keep is None else ex.k_keep, dummy if segments is None else segments,
+            dummy if ex.q_segments is None else ex.q_segments, dummy if ex.k_segments is None else ex.k_segments,
+            dummy if ex.mask is None else ex.mask, dummy if ex.den is None else ex.den,
+            dummy if ex.pieces is None else ex.pieces)
 
 
 def _aux_strides(table: Tensor | None, segments: Tensor | None, ex: Extras) -> tuple:
@@ -1311,9 +1321,9 @@ def dropout_seed(dropout: float, q: Tensor) -> Tensor | int:
     return torch.randint(0, 2**62, (1,), device=q.device)
 
 
-def _seed_tensor(seed: int | Tensor, device) -> Tensor:
+def _seed_tensor(seed: int | Tensor, device: torch.device) -> Tensor:
     if isinstance(seed, Tensor):
-        return seed if seed.device == torch.device(device) else seed.to(device)
+        return seed if seed.device == device else seed.to(device)
     return torch.full((1,), seed, dtype=torch.int64, device=device)
 
 
@@ -1355,39 +1365,70 @@ class _Spec(NamedTuple):
     sizes: dict | None = None  # the dQ kernel's: its partial sums' buffers and their layout
 
 
-#: signature -> the launches it fixes, so a call after the first builds no argument list (host work around
-#: each launch, in a step the host bounds: docs/kernels.md, "Where the time goes")
-_specs: dict[tuple, object] = {}
+class _Backward(NamedTuple):
+    """A backward's launches (dQ's, dK/dV's, the band kernel's or None) and which table gradients they sum."""
+
+    specs: tuple
+    bands: bool  # the offset table's gradient by the band kernel
+    q_grads: dict  # what the dQ kernel sums (TAB_GRAD, SEG_GRAD)
+
+
+class _Call:
+    """What a call's signature fixes: how the second head part is read (`split`: q and k's channels from it on;
+    0: q and k themselves; None: the folded factors `Extras.q2`, `k2`), the output's shape and strides and the
+    q, k, v gradients' strides (`empty_heads`), and the launches once chosen: the forward's, the backward's by
+    dO's strides and the gradients asked for. A call after the first computes none of it again (host work
+    around each launch, in a step the host bounds: docs/kernels.md, "Where the time goes")."""
+
+    __slots__ = ("split", "out", "grads", "forward", "backward")
+
+    def __init__(self, q: Tensor, k: Tensor, v: Tensor, ex: Extras):
+        d1, d2 = head_parts(q.shape[3])
+        self.split = None if ex.q2 is not None else (d1 if d2 else 0)
+        shape = (*q.shape[:3], v.shape[3])
+        self.out = (shape, heads_strides(shape, _merged(q, ex)))
+        self.grads = tuple(heads_strides(x.shape, _merged(x, ex)) for x in (q, k, v))
+        self.forward: _Spec | None = None
+        self.backward: dict[tuple, _Backward] = {}
+
+
+#: signature -> its `_Call`
+_specs: dict[tuple, _Call] = {}
 _tokens = itertools.count()
 MAX_SPECS = 4096
-
-
-def _meta(x: Tensor | None):
-    return None if x is None else (x.shape, x.stride(), x.dtype)
 
 
 def signature(q: Tensor, k: Tensor, v: Tensor, scale: float, table: Tensor | None, segments: Tensor | None,
               ex: Extras) -> tuple:
     """What a call's launches depend on besides the tensors' addresses and the dropout seed: shapes, strides and
     dtypes, which terms and masks are read and how, and the settings that choose tiles and dot precision."""
-    return (q.shape, q.stride(), q.dtype, _meta(k), _meta(v), q.device, scale, _meta(table), _meta(segments),
-            _meta(ex.q_keep), _meta(ex.k_keep), _meta(ex.q_segments), _meta(ex.k_segments), _meta(ex.mask),
-            _meta(ex.den), ex.pieces is not None, ex.slots, ex.n_pieces, _meta(ex.q2), _meta(ex.k2), ex.causal,
-            ex.dropout, ex.merge_heads, current_table_read(), TABLE_GRAD.current(), _tuning(), _precision(q))
+    optional = (table, segments, ex.q_keep, ex.k_keep, ex.q_segments, ex.k_segments, ex.mask, ex.den, ex.q2, ex.k2)
+    return (q.shape, q.stride(), q.dtype, k.shape, k.stride(), k.dtype, v.shape, v.stride(), v.dtype, q.device,
+            scale, tuple([None if x is None else (x.shape, x.stride(), x.dtype) for x in optional]),
+            ex.pieces is not None, ex.slots, ex.n_pieces, ex.causal, ex.dropout, ex.token_major,
+            TABLE_READ.current(), TABLE_GRAD.current(), _tuning(), _precision(q))
 
 
-def _remember(sig: tuple, specs) -> None:
-    if _forced:  # a forced tile is not the one later calls run
-        return
-    if len(_specs) >= MAX_SPECS:  # lengths that change every call (decoding) add a signature each
-        _specs.clear()
-    _specs[sig] = specs
+def _record(sig: tuple, q: Tensor, k: Tensor, v: Tensor, ex: Extras) -> _Call:
+    """The signature's `_Call`, made at its first call."""
+    call = _specs.get(sig)
+    if call is None:
+        if len(_specs) >= MAX_SPECS:  # lengths that change every call (decoding) add a signature each
+            _specs.clear()
+        call = _specs[sig] = _Call(q, k, v, ex)
+    return call
 
 
 def _run(kernel, spec: _Spec, tensors: tuple, seed: Tensor) -> _Spec:
-    launch_kernel(kernel, spec.grid, (*tensors, *spec.before, seed, *spec.after), spec.constants,
-                  token=(spec.token, len(tensors)))
+    launch_kept(kernel, spec.grid, tensors, (*spec.before, seed, *spec.after), spec.constants, spec.token)
     return spec
+
+
+def _second_parts(q: Tensor, k: Tensor, ex: Extras, split: int | None) -> tuple[Tensor, Tensor]:
+    """(q2, k2): what the kernels read as the second head part (`_Call.split`)."""
+    if split is None:
+        return ex.q2, ex.k2
+    return (q[..., split:], k[..., split:]) if split else (q, k)
 
 
 class _Parts(NamedTuple):
@@ -1434,14 +1475,14 @@ def heads_strides(shape: tuple, token_major: bool) -> tuple[int, int, int, int]:
 def empty_heads(shape: tuple, like: Tensor, ex: Extras, dtype: torch.dtype | None = None) -> Tensor:
     """A new (B, H, L, D) tensor laid out as `like` (B, H, L', D') is, token-major or dense (`heads_strides`): an
     output or gradient whose heads merge back into (B, L, H·D) by a view, with no copy, as FlashAttention's
-    (B, L, H, D) output does; any other layout of `like` (a split of a fused projection, an expanded view), or
-    `ex.merge_heads` off, gets a dense one."""
+    (B, L, H, D) output does; any other layout of `like` (a split of a fused projection, an expanded view) gets
+    a dense one, unless `ex.token_major`."""
     return torch.empty_strided(shape, heads_strides(shape, _merged(like, ex)), dtype=dtype or like.dtype,
                                device=like.device)
 
 
 def _merged(x: Tensor, ex: Extras) -> bool:
-    return ex.merge_heads and _token_major(x)
+    return ex.token_major or _token_major(x)
 
 
 def _row_strides(x: Tensor) -> tuple[int, int, int]:
@@ -1469,23 +1510,26 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, scale: float, table: Tens
                       segments: Tensor | None, ex: Extras, sig: tuple | None = None) -> tuple[Tensor, Tensor]:
     """out (B, H, Lq, Dv) in v's dtype and the log-sum-exp (B, H, Lq) in log2 units, float32. sig: the call's
     `signature`, when the caller has it."""
-    b, h, lq = q.shape[:3]
-    out = empty_heads((b, h, lq, v.shape[3]), q, ex, v.dtype)  # laid out as q: heads merge back by a view
-    lse = torch.empty(b, h, lq, dtype=torch.float32, device=q.device)
-    pt = _parts(q, k, v, ex)
-    tensors = (q, k, v, out, lse, *_pointers(table, segments, ex, lse), pt.q2, pt.k2)
-    sig = ("fwd", *(sig or signature(q, k, v, scale, table, segments, ex)))
-    spec, seed = _specs.get(sig), _seed_arg(ex, q)
-    if spec is not None and not _forced:
-        _run(_forward_kernel, spec, tensors, seed)
+    sig = sig or signature(q, k, v, scale, table, segments, ex)
+    call = _record(sig, q, k, v, ex)
+    shape, strides = call.out  # laid out as q: heads merge back by a view
+    out = torch.empty_strided(shape, strides, dtype=v.dtype, device=q.device)
+    lse = torch.empty(shape[:3], dtype=torch.float32, device=q.device)
+    q2, k2 = _second_parts(q, k, ex, call.split)
+    tensors = (q, k, v, out, lse, *_pointers(table, segments, ex, lse), q2, k2)
+    seed = _seed_arg(ex, q)
+    if call.forward is not None and not _forced:
+        _run(_forward_kernel, call.forward, tensors, seed)
         return out, lse
     flags = _flags(table, segments, ex, q)
+    pt = _parts(q, k, v, ex)
     spec = _launch(_key("fwd", q, k.shape[2], (pt.d1, pt.d2, pt.dvp), flags),
                    _configs(FORWARD_CONFIGS, q.dtype, max(pt.d1, pt.d2, pt.dvp)),
                    lambda config: _run(_forward_kernel, _forward_spec(config, q, k, v, scale, table, segments, ex,
                                                                       flags), tensors, seed),
                    INTERPRETER_CONFIGS["fwd"], q.is_meta)
-    _remember(sig, spec)
+    if not _forced:  # a forced tile is not the one later calls run
+        call.forward = spec
     return out, lse
 
 
@@ -1531,13 +1575,14 @@ def _backward_specs(configs: tuple, q: Tensor, k: Tensor, v: Tensor, out: Tensor
     return specs[0], specs[1]
 
 
-def _second_gradients(pt: _Parts, dq: Tensor, dk: Tensor, ex: Extras) -> tuple[Tensor, Tensor]:
-    """Where the kernels write the second head parts' gradients: dq and dk's channels past D1, or buffers for
-    the folded factors (B, H, L, r), summed to their shapes afterwards (`_reduced`)."""
-    if ex.q2 is None:
-        return (dq[..., pt.d1:], dk[..., pt.d1:]) if pt.d2 else (dq, dk)
+def _second_gradients(split: int | None, dq: Tensor, dk: Tensor, ex: Extras) -> tuple[Tensor, Tensor]:
+    """Where the kernels write the second head parts' gradients (split: `_Call.split`): dq and dk's channels
+    from `split` on, or buffers for the folded factors (B, H, L, r), summed to their shapes afterwards
+    (`_reduced`)."""
+    if split is not None:
+        return (dq[..., split:], dk[..., split:]) if split else (dq, dk)
     b, h, lq = dq.shape[:3]
-    lk, r = dk.shape[2], pt.dq2
+    lk, r = dk.shape[2], ex.q2.shape[3]
     return (torch.empty(b, h, lq, r, dtype=ex.q2.dtype, device=dq.device),
             torch.empty(b, h, lk, r, dtype=ex.k2.dtype, device=dk.device))
 
@@ -1565,19 +1610,30 @@ def attention_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
     gradients without atomics (None where not asked for, or absent). sig: the forward's `signature`, when the
     caller has it."""
     do = do if do.stride(-1) == 1 else do.contiguous()
+    call = _record(sig or signature(q, k, v, scale, table, segments, ex), q, k, v, ex)
     delta = torch.empty_like(lse)  # rowsum(dO ∘ O), written by the dQ kernel, read by the dK/dV and band kernels
     # each gradient laid out as its input where that is token-major, else dense (a split or an expanded view
-    # would make empty_like's differ)
-    dq, dk, dv = (empty_heads(x.shape, x, ex) for x in (q, k, v))
-    pt = _parts(q, k, v, ex)
-    second = _second_gradients(pt, dq, dk, ex)
-    pointers = (*_pointers(table, segments, ex, lse), pt.q2, pt.k2)
+    # would make empty_like's differ): `empty_heads`
+    dq, dk, dv = [torch.empty_strided(x.shape, st, dtype=x.dtype, device=x.device) for x, st in zip((q, k, v),
+                                                                                                   call.grads)]
+    second = _second_gradients(call.split, dq, dk, ex)
+    pointers = (*_pointers(table, segments, ex, lse), *_second_parts(q, k, ex, call.split))
+    seed, key = _seed_arg(ex, q), (out.stride(), do.stride(), table_grad, segments_grad)
+    kept = call.backward.get(key)
+    if kept is not None and not _forced:
+        parts = _partials(kept.specs[0], lse)
+        _run(_backward_q_kernel, kept.specs[0], (q, k, v, out, do, lse, delta, dq, *parts.values(), *pointers,
+                                                  second[0]), seed)
+        _run(_backward_kv_kernel, kept.specs[1], (q, k, v, do, lse, delta, dk, dv, *pointers, second[1]), seed)
+        if kept.bands:
+            parts["band"] = torch.empty(kept.specs[2].sizes["part"], dtype=torch.float32, device=q.device)
+            _run(_band_kernel, kept.specs[2], (q, k, v, do, lse, delta, parts["band"], *pointers[:7],
+                                                *pointers[-2:]), seed)
+        return _gradients((dq, dk, dv), second, parts, kept, q.shape, k.shape[2], table, segments, ex)
     grads = dict(TAB_GRAD=table is not None and table_grad, SEG_GRAD=segments is not None and segments_grad)
     bands = grads["TAB_GRAD"] and ex.pieces is None and TABLE_GRAD.current() == "bands"
     q_grads = dict(grads, TAB_GRAD=grads["TAB_GRAD"] and not bands)  # what the dQ kernel sums
-    sig = ("bwd", out.stride(), do.stride(), *grads.values(), bands, *(sig or signature(q, k, v, scale, table,
-                                                                                       segments, ex)))
-    specs, parts, seed = _specs.get(sig), {}, _seed_arg(ex, q)
+    parts = {}
 
     def run_q(spec):
         parts.update(_partials(spec, lse))
@@ -1590,24 +1646,25 @@ def attention_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
                     seed)
 
     kv_tensors = (q, k, v, do, lse, delta, dk, dv, *pointers, second[1])
-    if specs is not None and not _forced:
-        run_q(specs[0])
-        _run(_backward_kv_kernel, specs[1], kv_tensors, seed)
-        if bands:
-            run_band(specs[2])
-    else:
-        call = (q, k, v, out, do, second, scale, table, segments, ex)
-        specs = _tuned_backward(call, q_grads, run_q, kv_tensors, seed)
-        specs = (*specs, _tuned_band(call, run_band) if bands else None)
-        _remember(sig, specs)
+    tuned = (q, k, v, out, do, second, scale, table, segments, ex)
+    specs = _tuned_backward(tuned, q_grads, run_q, kv_tensors, seed)
+    kept = _Backward((*specs, _tuned_band(tuned, run_band) if bands else None), bands, q_grads)
+    if not _forced:  # a forced tile is not the one later calls run
+        call.backward[key] = kept
+    return _gradients((dq, dk, dv), second, parts, kept, q.shape, k.shape[2], table, segments, ex)
+
+
+def _gradients(dqkv: tuple, second: tuple, parts: dict, kept: _Backward, shape: tuple, lk: int,
+               table: Tensor | None, segments: Tensor | None, ex: Extras) -> tuple:
+    """The backward's results once its kernels are launched: dq, dk, dv, then the tables' and the folded
+    factors' gradients from the partial sums and buffers."""
     d_second = None if ex.q2 is None else (_reduced(second[0], ex.q2), _reduced(second[1], ex.k2))
-    d_table, d_segments, d_pieces = _table_gradients(specs[0].sizes, parts, q.shape, k.shape[2], table, segments,
-                                                     ex, q_grads)
-    if bands:
-        d_table = _band_sums(parts["band"], specs[2], q.shape[0], q.shape[1], q.shape[2] + k.shape[2] - 1,
-                             k.shape[2])
+    d_table, d_segments, d_pieces = _table_gradients(kept.specs[0].sizes, parts, shape, lk, table, segments, ex,
+                                                     kept.q_grads)
+    if kept.bands:
+        d_table = _band_sums(parts["band"], kept.specs[2], shape[0], shape[1], shape[2] + lk - 1, lk)
         d_table = d_table.sum(0, keepdim=True) if table.shape[0] == 1 else d_table
-    return dq, dk, dv, d_table, d_segments, d_pieces, d_second
+    return (*dqkv, d_table, d_segments, d_pieces, d_second)
 
 
 def _tuned_backward(call: tuple, grads: dict, run_q, kv_tensors: tuple, seed: Tensor) -> tuple[_Spec, _Spec]:
@@ -1747,12 +1804,16 @@ def kernel_inputs(q: Tensor, k: Tensor, v: Tensor, table: Tensor | None, segment
                   pieces: tuple[Tensor, Tensor, Tensor, Tensor] | None):
     """The inputs as the kernels read them: q, k, v with unit stride along the head, the tables (and a piecewise
     term's den, slopes and intercepts) float32 and contiguous; their gradients flow back through the casts."""
-    q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
+    q = q if q.stride(-1) == 1 else q.contiguous()  # written out, as below: every call of every layer asks
+    k = k if k.stride(-1) == 1 else k.contiguous()
+    v = v if v.stride(-1) == 1 else v.contiguous()
     if pieces is not None:
         if table is None:
             raise ValueError("a piecewise term reads its numerator from the offset table: give `table`")
         pieces = (_float32(pieces[0]), pieces[1], _float32(pieces[2]), _float32(pieces[3]))
-    return q, k, v, _float32(table, rows=True), _float32(segments), pieces
+    if table is not None:
+        table = _float32(table, rows=True)
+    return q, k, v, table, None if segments is None else _float32(segments), pieces
 
 
 def folded_inputs(q: Tensor, folded: tuple[Tensor, Tensor] | None) -> tuple[Tensor | None, Tensor | None]:

@@ -30,16 +30,20 @@ _compiled: dict[tuple, tuple] = {}
 #: kernel -> (whether each parameter is `do_not_specialize`, the indices of those that are)
 _loose: dict[object, tuple[tuple[bool, ...], tuple[int, ...]]] = {}
 _state: list[bool] = []
+_runtime: list = []  # triton.knobs.runtime, where launch hooks are set
+_active: list = []  # Triton's active driver
 
 
 def cached() -> bool:
     """Whether launches use the cache: not under the interpreter, not with DIETPE_FUSED_LAUNCH=jit, and only
-    with a Triton whose launcher takes the arguments this module passes (3.3 and later: `triton.knobs`)."""
+    with a Triton whose launcher takes the arguments this module passes (3.3 and later: `triton.knobs`). Read
+    once (Triton reads TRITON_INTERPRET once too, when the kernels are defined)."""
     if not _state:
         import triton
 
-        _state.append(os.environ.get("DIETPE_FUSED_LAUNCH", "cached") != "jit" and hasattr(triton, "knobs"))
-    return _state[0] and not interpreting()
+        _state.append(os.environ.get("DIETPE_FUSED_LAUNCH", "cached") != "jit" and hasattr(triton, "knobs")
+                      and not interpreting())
+    return _state[0]
 
 
 def fingerprint(args, loose: tuple[bool, ...]) -> tuple[tuple, list]:
@@ -63,15 +67,21 @@ def fingerprint(args, loose: tuple[bool, ...]) -> tuple[tuple, list]:
     return tuple(key), values
 
 
-def tensor_fingerprint(args, n_tensors: int, loose_at: tuple[int, ...]) -> tuple[tuple, list]:
-    """`fingerprint` where a caller vouches that the arguments after the first `n_tensors` are the same values at
-    every call with its token (`launch`): the tensors' dtypes and alignments and the unspecialised integers'
-    widths are all that can change Triton's specialisation."""
-    tensors = args[:n_tensors]
+def tensor_fingerprint(tensors, rest: tuple, loose_at: tuple[int, ...]) -> tuple[tuple, list]:
+    """`fingerprint` of the arguments (*tensors, *rest) where a caller vouches that `rest` holds the same values
+    at every call with its token (`launch`): the tensors' dtypes and alignments and the unspecialised integers'
+    widths (loose_at: their indices in the arguments) are all that can change Triton's specialisation."""
     values = [x.data_ptr() for x in tensors]
-    key = (*[x.dtype for x in tensors], *[p & 15 for p in values],
-           *[I32_MIN <= args[i] <= I32_MAX for i in loose_at])
-    values.extend(args[n_tensors:])
+    key = tuple([x.dtype for x in tensors])
+    low = 0
+    for p in values:
+        low |= p
+    if low & 15:  # some pointer not 16-byte aligned, which Triton specialises on
+        key += tuple([p & 15 for p in values])
+    if loose_at:
+        args = (*tensors, *rest)
+        key += tuple([I32_MIN <= args[i] <= I32_MAX for i in loose_at])
+    values.extend(rest)
     return key, values
 
 
@@ -81,16 +91,21 @@ def cdiv(a: int, b: int) -> int:
 
 
 def _hooked() -> bool:
-    import triton
+    """Whether a launch hook is set (a profiler's): each launch then goes through Triton, which calls it."""
+    if not _runtime:
+        import triton
 
-    rt = triton.knobs.runtime
-    return any(getattr(h, "calls", h is not None) for h in (rt.launch_enter_hook, rt.launch_exit_hook))
+        _runtime.append(triton.knobs.runtime)
+    enter, leave = _runtime[0].launch_enter_hook, _runtime[0].launch_exit_hook
+    return bool(getattr(enter, "calls", enter is not None)) or bool(getattr(leave, "calls", leave is not None))
 
 
 def _driver():
-    from triton.runtime import driver
+    if not _active:
+        from triton.runtime import driver
 
-    return driver.active
+        _active.append(driver.active)
+    return _active[0]
 
 
 def launch(kernel, grid: tuple[int, ...], args: tuple, constants: dict,
@@ -101,10 +116,23 @@ def launch(kernel, grid: tuple[int, ...], args: tuple, constants: dict,
     constants and arguments after the first n, which are tensors; the key is then built from those tensors
     and the unspecialised integers only (`tensor_fingerprint`), not from every argument. Nothing is launched
     for tensors on the meta device (shapes and memory only: `dietpe.bench.footprint`)."""
-    if args[0].is_meta:
+    if token is None:
+        _launch(kernel, grid, args, (), constants, None)
+    else:
+        _launch(kernel, grid, args[:token[1]], args[token[1]:], constants, token[0])
+
+
+def launch_kept(kernel, grid: tuple[int, ...], tensors: tuple, rest: tuple, constants: dict, token) -> None:
+    """`launch(kernel, grid, (*tensors, *rest), constants, (token, len(tensors)))`, without building the
+    argument list: the caller's promise is that of `launch`'s token."""
+    _launch(kernel, grid, tensors, rest, constants, token)
+
+
+def _launch(kernel, grid: tuple[int, ...], tensors: tuple, rest: tuple, constants: dict, token) -> None:
+    if tensors[0].is_meta:
         return
     if not cached() or _hooked():
-        kernel[grid](*args, **constants)
+        kernel[grid](*tensors, *rest, **constants)
         return
     active = _driver()
     loose = _loose.get(kernel)
@@ -113,20 +141,21 @@ def launch(kernel, grid: tuple[int, ...], args: tuple, constants: dict,
         loose = _loose[kernel] = (flags, tuple(i for i, f in enumerate(flags) if f))
     device = active.get_current_device()
     if token is None:
-        spec, values = fingerprint(args, loose[0])
+        spec, values = fingerprint(tensors, loose[0])
         key = (kernel, device, spec, *constants.items())
     else:
-        spec, values = tensor_fingerprint(args, token[1], loose[1])
-        key = (kernel, device, token[0], spec)
+        spec, values = tensor_fingerprint(tensors, rest, loose[1])
+        key = (kernel, device, token, spec)
     hit = _compiled.get(key)
     if hit is None:
+        args = (*tensors, *rest)
         compiled = kernel[grid](*args, **constants)
         if len(_compiled) >= MAX_KEPT:  # lengths that change every call (decoding) add a key each
             _compiled.clear()
         if all(hasattr(compiled, a) for a in ("run", "function", "packed_metadata")):  # the launcher's inputs
-            rest = kernel.params[len(args):]  # constexprs by name (or their defaults), in parameter order
+            params = kernel.params[len(args):]  # constexprs by name (or their defaults), in parameter order
             _compiled[key] = (compiled, tuple(constants[p.name] if p.name in constants else p.default
-                                              for p in rest))
+                                              for p in params))
         return
     compiled, tail = hit
     g = (*grid, 1, 1)
@@ -146,7 +175,9 @@ def through_triton():
 
 
 def clear() -> None:
-    """Forget the kept kernels (tests)."""
+    """Forget the kept kernels and what was read once (tests)."""
     _compiled.clear()
     _loose.clear()
     _state.clear()
+    _runtime.clear()
+    _active.clear()
