@@ -118,10 +118,9 @@ def plan(terms: list[LogitTerm], mask: Tensor | CausalMask | None = None) -> Pla
     """The logit terms as an offset table, a segment table, a piecewise table and low-rank terms to fold;
     NotServed for any other, for a combination the kernel has no slot for, or for tables read along
     per-example positions' runs where `mask` opens a pair across runs."""
-    if len(terms) == 1:  # the usual case, sorted without the lists (every layer asks)
-        table = terms[0].offset_table()
-        if table is not None and table.runs is None:
-            return Plan(table, None, [])
+    quick = _quick_plan(terms)
+    if quick is not None:
+        return quick
     tables, segments, pieces, fold = [], [], [], []
     for term in terms:
         _sort(term, tables, segments, pieces, fold)
@@ -137,6 +136,22 @@ def plan(terms: list[LogitTerm], mask: Tensor | CausalMask | None = None) -> Pla
         table = OffsetTable(sum((t.values for t in tables[1:]), tables[0].values), tables[0].q_keep,
                             tables[0].k_keep, tables[0].runs)
     return Plan(table, segments[0] if segments else None, fold, pieces[0] if pieces else None)
+
+
+def _quick_plan(terms: list[LogitTerm]) -> Plan | None:
+    """The usual cases, an offset table at consecutive positions and a segment table, at most one of each,
+    sorted without `plan`'s lists and checks (every layer asks); None for any other."""
+    table = segments = None
+    for term in terms:
+        found = term.offset_table() if table is None else None
+        if found is not None and found.runs is None:
+            table = found
+            continue
+        found = term.segment_table() if segments is None else None
+        if found is None:
+            return None
+        segments = found
+    return Plan(table, segments, [])
 
 
 _NO_TERMS = Plan(None, None, [])
@@ -193,8 +208,9 @@ def fused(q: Tensor, k: Tensor, v: Tensor, terms: LayerTerms, mask: Tensor | Cau
                                         for x in (table.q_keep, table.k_keep))
     if segments is not None:
         # read in their own integer dtype: no cast per layer
-        extras.q_segments, extras.k_segments = (x if x.stride(-1) == 1 else x.contiguous()
-                                                for x in (segments.q_ids, segments.k_ids))
+        q_ids, k_ids = segments.q_ids, segments.k_ids
+        extras.q_segments = q_ids if q_ids.stride(-1) == 1 else q_ids.contiguous()
+        extras.k_segments = k_ids if k_ids.stride(-1) == 1 else k_ids.contiguous()
     values, pieces = (table.values if table is not None else None), None
     if piecewise is not None:
         values = piecewise.numerator.unsqueeze(0)  # (1, Lq + Lk - 1): the heads share it

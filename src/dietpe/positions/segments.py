@@ -55,7 +55,21 @@ class PerHeadSegments(PositionMethod):
         if ctx.q_segments is None:
             return LayerTerms()
         table = shared_layer(self.sharing, layer)
-        one_hot = lambda: ctx.cached(KeyOneHot(self), lambda: one_hot_keys(  # noqa: E731
-            ctx.k_segments, self.num_segments, self.table.dtype))
-        return LayerTerms(logits=[ctx.cached(Built(self, table), lambda: SegmentBias(
-            self.layer_table(ctx, "table", table), ctx.q_segments, ctx.k_segments, one_hot))])
+        shared = ctx.cached(Built(self, -1), lambda: _SegmentsForward(self, ctx))
+        term = shared.terms[table]
+        if term is None:
+            term = shared.terms[table] = SegmentBias(shared.tables[table], ctx.q_segments, ctx.k_segments,
+                                                     shared.one_hot)
+        return LayerTerms(logits=[term])
+
+
+class _SegmentsForward:
+    """What the layers' segment terms share in one forward, in one cache entry (every layer asks, and each entry
+    costs its key's hashing in Python): Ŝ's per-layer slices (one `unbind`), the keys' one-hot factor built when
+    first read, and each table's term once built."""
+
+    def __init__(self, method: PerHeadSegments, ctx: Context):
+        self.tables = method.logit("table").unbind(0)
+        self.one_hot = lambda: ctx.cached(KeyOneHot(method), lambda: one_hot_keys(
+            ctx.k_segments, method.num_segments, method.table.dtype))
+        self.terms: list[SegmentBias | None] = [None] * len(self.tables)
