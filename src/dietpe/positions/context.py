@@ -33,7 +33,8 @@ class CacheKey:
 @dataclass(frozen=True)
 class Built(CacheKey):
     """What `owner` (a method module, compared by identity) builds once per forward for the layers that read
-    its table `table` (0 when one table serves every layer): a term, or a whole `LayerTerms`."""
+    its table `table` (0 when one table serves every layer): a term, or a whole `LayerTerms`; table -1: what
+    all its tables share in the forward (DIET-REL's and the per-head segments' slices and terms)."""
 
     owner: Any
     table: int = 0
