@@ -20,6 +20,8 @@ Entry point: logit bias (DIET-ABS is low rank and may be folded into queries and
 
 from __future__ import annotations
 
+from torch import Tensor
+
 from dietpe.positions.context import Built, Context, clipped_diagonals, clipped_index
 from dietpe.positions.fields import Field, optional_positive_int
 from dietpe.positions.functional import take_rows
@@ -115,7 +117,7 @@ class DietRel(PositionMethod):
             r = shared.r[table]
             term = shared.terms[table] = self.keep(ctx, f"diet_rel_{table}", (r,), TableBias(
                 r, ctx.q_pos, ctx.k_pos, self.bucket, shared.index, diagonals=shared.diagonals, reach=self.span,
-                runs=shared.runs, columns=shared.columns))
+                runs=shared.runs, columns=shared.columns, at_columns=shared.at_columns(table)))
         return LayerTerms(logits=[term])
 
     def bucket(self, offsets):
@@ -128,11 +130,14 @@ class _RelForward:
     its key's hashing in Python): R's per-layer slices (one `unbind`, so the backward writes each layer's
     gradient into one stacked gradient), the diagonals' columns of R, the consecutive columns they are where
     the positions are the defaults within the clip (known on the host), the positions' runs, the (1|B, Lq, Lk)
-    index built only if some term needs more than its diagonals, and each table's term once built."""
+    index built only if some term needs more than its diagonals, and each table's term once built. Where the
+    diagonals are consecutive columns, every layer's table is sliced to them at once (`at_columns`): one view
+    and, in the backward, one copy into R's gradient a forward, where each layer's slice was one of each."""
 
     def __init__(self, method: DietRel, ctx: Context):
         span = method.span
-        self.r = method.logit("r").unbind(0)
+        r = method.logit("r")
+        self.r = r.unbind(0)
         self.diagonals = clipped_diagonals(ctx, span)
         first, count = ctx.first_offset(), ctx.q_pos.shape[-1] + ctx.k_pos.shape[-1] - 1
         self.columns = (first + span, first + span + count) \
@@ -140,3 +145,14 @@ class _RelForward:
         self.runs = ctx.runs()
         self.index = lambda: clipped_index(ctx, span)
         self.terms: list[TableBias | None] = [None] * len(self.r)
+        self._r, self._columns = r, None
+
+    def at_columns(self, table: int) -> Tensor | None:
+        """R[table] at the diagonals' consecutive columns, every layer's sliced at the first call; None where they
+        are no consecutive columns (or there are no diagonals)."""
+        if self.columns is None or self.diagonals is None:
+            return None
+        if self._columns is None:
+            a, b = self.columns
+            self._columns = self._r.narrow(-1, a, b - a).unbind(0)
+        return self._columns[table]

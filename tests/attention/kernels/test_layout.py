@@ -76,3 +76,26 @@ def test_a_fused_training_step_copies_no_attention_output_or_gradient():
     with Copies() as copies:
         model(ids).last_hidden_state.square().mean().backward()
     assert copies.found == []
+
+
+def test_diet_rel_slices_every_layers_table_at_once():
+    """The kernel reads each layer's R at the diagonals' columns: the layers' slices are one view of R a forward,
+    so the backward copies into R's gradient once, not once a layer (a zero fill and a copy each on a GPU)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Slices(TorchDispatchMode):
+        found: list = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.overloadpacket is torch.ops.aten.slice_backward:
+                self.found.append(tuple(args[1]))  # the sliced tensor's shape
+            return func(*args, **(kwargs or {}))
+
+    cfg = DietConfig.from_preset("bert-tiny", vocab_size=100, position="diet-rel", attn_backend="fused",
+                                 max_position_embeddings=64, hidden_dropout_prob=0.0, num_hidden_layers=4)
+    model = DietModel(cfg).to(TEST_DEVICE).train()
+    ids = torch.randint(0, 100, (2, 24), generator=torch.Generator().manual_seed(0)).to(TEST_DEVICE)
+    with Slices() as slices:
+        model(ids).last_hidden_state.square().mean().backward()
+    r = model.positions.method.r
+    assert slices.found == [tuple(r.shape)] and r.grad is not None and r.grad.abs().sum() > 0

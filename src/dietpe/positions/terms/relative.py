@@ -89,18 +89,21 @@ class TableBias(LazyIndex, PositionBias):
     `Runs` (where there are no diagonals), along which `offset_table` reads the table for the fused kernel.
     columns: (a, b) when the buckets along the diagonals are the columns a, a + 1, ..., b - 1 of values, known
     on the host (DIET-REL's unclipped offsets of the default positions): `offset_table` is then that slice, a
-    view whose gradient is a copy, where a gather's is a sort and a scatter-add.
+    view whose gradient is a copy, where a gather's is a sort and a scatter-add; at_columns: that slice when
+    the caller has it (DIET-REL slices every layer's table at once: one view and one gradient copy a forward).
     """
 
     def __init__(self, values: Tensor, q_pos: Tensor, k_pos: Tensor, bucket: Callable[[Tensor], Tensor],
                  index: Tensor | Callable[[], Tensor] | None = None,
                  keep: Callable[[Tensor, Tensor], Tensor] | None = None, diagonals: Tensor | None = None,
-                 reach: int | None = None, runs: Runs | None = None, columns: tuple[int, int] | None = None):
+                 reach: int | None = None, runs: Runs | None = None, columns: tuple[int, int] | None = None,
+                 at_columns: Tensor | None = None):
         super().__init__(None, q_pos, k_pos, values.shape[0])
         self.values, self.bucket, self.reach = values, bucket, reach
         # an (Lq, Lk) int64 index is 512 MiB at 8,192 tokens: never built when the diagonals serve
         self._index = index if index is not None else (lambda: bucket(relative_offsets(q_pos, k_pos)))
         self.keep, self.diagonals, self.runs, self.columns = keep, diagonals, runs, columns
+        self.at_columns = at_columns
 
     def _keep(self, start: int, stop: int) -> Tensor | None:
         if self.keep is None:
@@ -136,7 +139,8 @@ class TableBias(LazyIndex, PositionBias):
 
         def build():
             if self.columns is not None and self.diagonals is not None:
-                values = self.values[:, self.columns[0]:self.columns[1]]  # (H|1, Lq + Lk - 1), a view
+                values = self.at_columns if self.at_columns is not None \
+                    else self.values[:, self.columns[0]:self.columns[1]]  # (H|1, Lq + Lk - 1), a view
             else:
                 along = self.diagonals if self.diagonals is not None else self.bucket(self.runs.diagonals)
                 values = self.values[:, along]  # (H|1, Lq + Lk - 1)
