@@ -95,7 +95,8 @@ def test_diet_rel_slices_every_layers_table_at_once():
                                  max_position_embeddings=64, hidden_dropout_prob=0.0, num_hidden_layers=4)
     model = DietModel(cfg).to(TEST_DEVICE).train()
     ids = torch.randint(0, 100, (2, 24), generator=torch.Generator().manual_seed(0)).to(TEST_DEVICE)
+    w = torch.randn(2, 24, cfg.hidden_size, generator=torch.Generator().manual_seed(1)).to(TEST_DEVICE)
     with Slices() as slices:
-        model(ids).last_hidden_state.square().mean().backward()
+        (model(ids).last_hidden_state * w).sum().backward()  # a loss whose gradient reaches R (not LayerNorm's ~0)
     r = model.positions.method.r
     assert slices.found == [tuple(r.shape)] and r.grad is not None and r.grad.abs().sum() > 0

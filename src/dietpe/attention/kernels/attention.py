@@ -1037,7 +1037,7 @@ class Extras:
     #: (B|1, H|1, Lk, r): the scores gain q2·k2ᵀ·scale (set by `FusedAttention`, whose inputs they are)
     q2: Tensor | None = None
     k2: Tensor | None = None
-    #: the output and q, k, v's gradients laid out token-major where their inputs are (`empty_heads`), or
+    #: the output and q, k, v's gradients laid out token-major where their inputs are (`_merged`), or
     #: always (`token_major`: the compile operators, whose outputs must not depend on their inputs' strides,
     #: which torch 2.11's inductor may trace with other strides than it runs them with)
     token_major: bool = False
@@ -1376,7 +1376,7 @@ class _Backward(NamedTuple):
 class _Call:
     """What a call's signature fixes: how the second head part is read (`split`: q and k's channels from it on;
     0: q and k themselves; None: the folded factors `Extras.q2`, `k2`), the output's shape and strides and the
-    q, k, v gradients' strides (`empty_heads`), and the launches once chosen: the forward's, the backward's by
+    q, k, v gradients' strides (`heads_strides`), and the launches once chosen: the forward's, the backward's by
     dO's strides and the gradients asked for. A call after the first computes none of it again (host work
     around each launch, in a step the host bounds: docs/kernels.md, "Where the time goes")."""
 
@@ -1472,16 +1472,11 @@ def heads_strides(shape: tuple, token_major: bool) -> tuple[int, int, int, int]:
     return (n * h * d, d, h * d, 1) if token_major else (h * n * d, n * d, d, 1)
 
 
-def empty_heads(shape: tuple, like: Tensor, ex: Extras, dtype: torch.dtype | None = None) -> Tensor:
-    """A new (B, H, L, D) tensor laid out as `like` (B, H, L', D') is, token-major or dense (`heads_strides`): an
-    output or gradient whose heads merge back into (B, L, H·D) by a view, with no copy, as FlashAttention's
-    (B, L, H, D) output does; any other layout of `like` (a split of a fused projection, an expanded view) gets
-    a dense one, unless `ex.token_major`."""
-    return torch.empty_strided(shape, heads_strides(shape, _merged(like, ex)), dtype=dtype or like.dtype,
-                               device=like.device)
-
-
 def _merged(x: Tensor, ex: Extras) -> bool:
+    """Whether an output or gradient of x's shape is laid out token-major: where x is (heads split from a
+    projection), so the heads merge back into (B, L, H·D) by a view, as FlashAttention's (B, L, H, D) output
+    does, or always (`Extras.token_major`); dense for any other layout (a split of a fused projection, an
+    expanded view)."""
     return ex.token_major or _token_major(x)
 
 
@@ -1544,7 +1539,7 @@ def _backward_specs(configs: tuple, q: Tensor, k: Tensor, v: Tensor, out: Tensor
     parts = (*_row_strides(pt.q2), *_row_strides(pt.k2))
     tail = (*_aux_strides(table, segments, ex), h, lq, lk, pt.dq1, pt.dq2, dv_width, scale * LOG2E, scale)
     after = _dropout_args(ex)
-    # the gradients laid out as q, k and v are (`empty_heads`)
+    # the gradients laid out as q, k and v are (`_Call.grads`)
     dense_q, dense_k, dense_v = (heads_strides(x.shape, _merged(x, ex))[:3] for x in (q, k, v))
     fixed = dict(D1=pt.d1, D2=pt.d2, DVP=pt.dvp, EVEN_D=pt.even_d, **flags)
     specs = [None, None]
@@ -1613,7 +1608,7 @@ def attention_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
     call = _record(sig or signature(q, k, v, scale, table, segments, ex), q, k, v, ex)
     delta = torch.empty_like(lse)  # rowsum(dO ∘ O), written by the dQ kernel, read by the dK/dV and band kernels
     # each gradient laid out as its input where that is token-major, else dense (a split or an expanded view
-    # would make empty_like's differ): `empty_heads`
+    # would make empty_like's differ): `_Call.grads`
     dq, dk, dv = [torch.empty_strided(x.shape, st, dtype=x.dtype, device=x.device) for x, st in zip((q, k, v),
                                                                                                    call.grads)]
     second = _second_gradients(call.split, dq, dk, ex)
