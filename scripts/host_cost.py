@@ -238,8 +238,13 @@ def main(argv: list[str] | None = None) -> int:
                         "first label, instead of the attention call against the floor")
     args = p.parse_args(argv)
     if args.whole:
+        from dietpe.errors import ConfigError
+
         labels = args.methods.split(",")
-        results = measure_whole(labels, args.whole, args.cycles, max(1, args.steps // 4))
+        try:
+            results = measure_whole(labels, args.whole, args.cycles, max(1, args.steps // 4))
+        except ConfigError as e:
+            p.error(str(e))
         print(f"| method ({args.whole}) | ms a step | × {labels[0]} |")
         print("|---|--:|--:|")
         for label, (ms, ratio) in results.items():
