@@ -17,10 +17,11 @@ With `--whole train` or `--whole infer` it models the bench's own figure instead
 backward and a foreach AdamW step, or a forward under inference mode) of bert-base's 12 layers at tiny widths,
 bf16 autocast, the presets' attention dropout, each `@fused` method's kernels stubbed as above and `none` on
 sdpa with sdpa itself replaced by one aten op (FlashAttention's host cost: one call, one backward node), with
-no inference cache (as on a GPU). Printed: ms a step and × `none`, medians over interleaved cycles. Where the
-GPU's step is bound by its host (bert-base 512 × 8, docs/gpu.md), these ratios are what the bench measures:
-inference as called on the H200 gave `none@fused` 1.21 and DIET-REL 1.38 (1.13 × `none@fused`), this model of
-the same code 1.135 × `none@fused`.
+no dense term kept between inference forwards (`keep` returns at once, as off the CPU; the per-forward objects
+DIET-REL and T5 keep on every device are kept, as on a GPU). Printed: ms a step and × `none`, medians over
+interleaved cycles. Where the GPU's step is bound by its host (bert-base 512 × 8, docs/gpu.md), these ratios
+are what the bench measures: inference as called on the H200 gave `none@fused` 1.21 and DIET-REL 1.38 (1.13 ×
+`none@fused`), this model of the same code 1.135 × `none@fused`.
 
     TRITON_INTERPRET=1 python scripts/host_cost.py --whole infer --methods none,none@fused,diet-rel@fused
 """
@@ -188,7 +189,9 @@ def measure_whole(labels: list[str], mode: str, cycles: int, steps: int) -> dict
     from dietpe.bench import cost
 
     functional.scaled_dot_product_attention = _flash_stand_in
-    method.KEEP_ELEMENTS = -1  # a GPU builds the terms every forward (no inference cache)
+    # a GPU keeps no dense term between inference forwards: `keep` returns the term at once there
+    method.KEEP_ELEMENTS = -1
+    method.PositionMethod.keep = lambda self, ctx, name, tensors, term: term
     torch.set_num_threads(1)
     calls = {}
     for label in labels:

@@ -138,6 +138,7 @@ class Context:
     q_start: int | None = None
     k_start: int | None = None
     _cache: dict[CacheKey, Any] = field(default_factory=dict, repr=False)
+    _on_release: list[Callable[[], None]] = field(default_factory=list, repr=False)
 
     def runs(self) -> Runs | None:
         """The positions as `Runs`, where `diagonal_offsets` has none (per-example or gapped positions) and the
@@ -174,8 +175,16 @@ class Context:
     def release(self) -> None:
         """Forget what `cached` kept, at the end of the forward that built this context. Terms kept there hold
         closures over the context (built on demand, shared by layers): a reference cycle that would keep each
-        forward's terms, dense biases included, alive until Python's cycle collector happens to run."""
+        forward's terms, dense biases included, alive until Python's cycle collector happens to run. Then what
+        `on_release` was given runs: terms kept between forwards let go of what this forward built on them."""
         self._cache.clear()
+        for fn in self._on_release:
+            fn()
+        self._on_release.clear()
+
+    def on_release(self, fn: Callable[[], None]) -> None:
+        """Run `fn` when the forward ends (`release`)."""
+        self._on_release.append(fn)
 
     def cached(self, key: CacheKey, fn: Callable[[], T]) -> T:
         """`fn()`, computed once per forward under `key` and shared between layers and methods."""

@@ -20,6 +20,7 @@ Entry point: logit bias (DIET-ABS is low rank and may be folded into queries and
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
 from dietpe.positions.context import Built, Context, clipped_diagonals, clipped_index
@@ -111,14 +112,14 @@ class DietRel(PositionMethod):
 
     def layer_terms(self, ctx: Context, layer: int) -> LayerTerms:
         table = shared_layer(self.sharing, layer)
-        shared = ctx.cached(Built(self, -1), lambda: _RelForward(self, ctx))
-        term = shared.terms[table]
-        if term is None:  # one term per table, its dense form kept between inference forwards
+        shared = ctx.cached(Built(self, -1), lambda: self.kept_forward(ctx, self.r, lambda: _RelForward(self, ctx)))
+        terms = shared.layers[table]
+        if terms is None:  # one term per table, its dense form kept between inference forwards
             r = shared.r[table]
-            term = shared.terms[table] = self.keep(ctx, f"diet_rel_{table}", (r,), TableBias(
+            terms = shared.layers[table] = LayerTerms(logits=[self.keep(ctx, f"diet_rel_{table}", (r,), TableBias(
                 r, ctx.q_pos, ctx.k_pos, self.bucket, shared.index, diagonals=shared.diagonals, reach=self.span,
-                runs=shared.runs, columns=shared.columns, at_columns=shared.at_columns(table)))
-        return LayerTerms(logits=[term])
+                runs=shared.runs, columns=shared.columns, at_columns=shared.at_columns(table)))])
+        return terms
 
     def bucket(self, offsets):
         """Offset i - j -> column of R: every offset its own, the edges reused beyond the table."""
@@ -130,9 +131,16 @@ class _RelForward:
     its key's hashing in Python): R's per-layer slices (one `unbind`, so the backward writes each layer's
     gradient into one stacked gradient), the diagonals' columns of R, the consecutive columns they are where
     the positions are the defaults within the clip (known on the host), the positions' runs, the (1|B, Lq, Lk)
-    index built only if some term needs more than its diagonals, and each table's term once built. Where the
+    index built only if some term needs more than its diagonals, and each table's terms once built. Where the
     diagonals are consecutive columns, every layer's table is sliced to them at once (`at_columns`): one view
-    and, in the backward, one copy into R's gradient a forward, where each layer's slice was one of each."""
+    and, in the backward, one copy into R's gradient a forward, where each layer's slice was one of each.
+
+    Kept between forwards that build no autograd graph (DIET §3.1: the term "is independent of the input, [so]
+    we ... can cache the computed matrix before running inference"; `PositionMethod.kept_forward`): its slices
+    are views of R, or of a buffer that each forward refills with R × logit_scale (one op), so they read the
+    current R however it changed (an optimizer's fused step bumps no version counter); its terms drop what a
+    forward built on them when it ends (dense forms, the index). A forward then reuses the objects its layers
+    would build again, which in a step bound by the host (a GPU's, at inference) is most of the method's cost."""
 
     def __init__(self, method: DietRel, ctx: Context):
         span = method.span
@@ -144,8 +152,28 @@ class _RelForward:
             if first is not None and -span <= first and first + count - 1 <= span else None
         self.runs = ctx.runs()
         self.index = lambda: clipped_index(ctx, span)
-        self.terms: list[TableBias | None] = [None] * len(self.r)
+        self.layers: list[LayerTerms | None] = [None] * len(self.r)
         self._r, self._columns = r, None
+        self._source, self._scale, self._span = method.r, method.logit_scale, span  # not the module: no cycle
+
+    def start(self, ctx: Context) -> None:
+        """A later forward (`PositionMethod.kept_forward`): R × logit_scale into the buffer, the index from this
+        forward's context."""
+        if self._r is not self._source:
+            torch.mul(self._source, self._scale, out=self._r)
+        span = self._span
+        self.index = lambda: clipped_index(ctx, span)
+        self._renew(self.index)
+
+    def drop(self) -> None:
+        """The forward has ended: its context (positions, segments, index) goes with it."""
+        self.index = None
+        self._renew(None)
+
+    def _renew(self, index) -> None:
+        for terms in self.layers:
+            if terms is not None:
+                terms.logits[0].renew(index)
 
     def at_columns(self, table: int) -> Tensor | None:
         """R[table] at the diagonals' consecutive columns, every layer's sliced at the first call; None where they
@@ -156,3 +184,4 @@ class _RelForward:
             a, b = self.columns
             self._columns = self._r.narrow(-1, a, b - a).unbind(0)
         return self._columns[table]
+

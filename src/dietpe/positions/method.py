@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import weakref
 from dataclasses import dataclass
-from typing import Callable, ClassVar, TypeVar
+from typing import Callable, ClassVar, Protocol, TypeVar
 
 import torch
 from torch import Tensor, nn
@@ -184,10 +184,38 @@ class PositionMethod(nn.Module):
         return fetch
 
     def train(self, mode: bool = True) -> "PositionMethod":
-        """Leaving inference frees what `kept` holds: training builds its terms every forward."""
+        """Leaving inference frees what `kept` and `kept_forward` hold: training builds its terms every forward."""
         if mode:
             self.__dict__.pop("_kept", None)
+            self.__dict__.pop("_forward_kept", None)
         return super().train(mode)
+
+    def __getstate__(self) -> dict:
+        # what inference keeps is no state: pickling (torch.save of a whole model, deepcopy) leaves it
+        state = super().__getstate__()
+        state.pop("_kept", None)
+        state.pop("_forward_kept", None)
+        return state
+
+    def kept_forward(self, ctx: Context, source: Tensor, build: Callable[[], K]) -> K:
+        """build(): what the method's layers share in a forward (its terms, and the tensors they read), kept from
+        the last forward where `forward_key` allows, then `start`ed for this one; it `drop`s what this forward
+        built on it when the forward ends (`Context.on_release`). The object's tensors must be views of
+        `source` (its parameter) or of a buffer `start` refills from it, or functions of the positions alone,
+        so that it reads the current parameter however it changed (DIET §3.1 on any device: no comparison,
+        no host sync)."""
+        key = forward_key(ctx, source, self.logit_scale)
+        if key is None:
+            return build()
+        kept = self.__dict__.get("_forward_kept")  # not state: never saved, nor moved by .to()
+        if kept is not None and kept[0] == key:
+            value = kept[1]
+            value.start(ctx)
+        else:
+            value = build()
+            self.__dict__["_forward_kept"] = (key, value)
+        ctx.on_release(value.drop)
+        return value
 
     def keep(self, ctx: Context, name: str, tensors: tuple[Tensor, ...], term: LogitTerm) -> LogitTerm:
         """`term`, position-only, a function of `tensors` and the positions, with its dense form kept between
@@ -226,6 +254,38 @@ class PositionMethod(nn.Module):
         logit = getattr(self, "logit_parameters", ())
         for name, p in self.named_parameters(recurse=False):
             hf_init.normal_(p, std=std / self.logit_scale if name in logit else std)
+
+
+class KeptForward(Protocol):
+    """What `PositionMethod.kept_forward` keeps."""
+
+    def start(self, ctx: Context) -> None:
+        """A later forward with this context: refill what is read from a copy of the parameter."""
+
+    def drop(self) -> None:
+        """The forward has ended: let go of what it built (dense forms, indices)."""
+
+
+K = TypeVar("K", bound=KeptForward)
+
+
+def forward_key(ctx: Context, source: Tensor, logit_scale: float) -> tuple | None:
+    """What a forward's shared objects built from `source` at these positions hold for, or None where none may
+    be kept: an autograd graph to build (training), positions the model does not know without reading them,
+    while compiling, while a CUDA graph is captured (a buffer refilled by each forward would outlive the graph's
+    memory pool). Inference mode and the stream are part of it (a buffer is never refilled while another
+    stream may read it)."""
+    if (torch.is_grad_enabled() or ctx.q_start is None or ctx.k_start is None or ctx.projected_keys
+            or torch.compiler.is_compiling()):
+        return None
+    device = ctx.q_pos.device
+    stream = None
+    if device.type == "cuda":
+        if torch.cuda.is_current_stream_capturing():
+            return None
+        stream = torch.cuda.current_stream(device)
+    return (ctx.q_pos.shape[-1], ctx.k_pos.shape[-1], ctx.q_start, ctx.k_start, device, stream,
+            torch.is_inference_mode_enabled(), source.data_ptr(), source.shape, source.dtype, logit_scale)
 
 
 def same_bits(a: Tensor, b: Tensor) -> bool:

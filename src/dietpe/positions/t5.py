@@ -112,9 +112,33 @@ class T5(PositionMethod):
 
     def layer_terms(self, ctx: Context, layer: int) -> LayerTerms:
         # one TableBias object for all layers, so its dense form is built once per forward
-        n, dist, causal = self.num_buckets, self.max_distance, self.causal
-        term = ctx.cached(Built(self), lambda: self.keep(ctx, "t5", (self.bias,), TableBias(
-            self.logit("bias"), ctx.q_pos, ctx.k_pos, t5_offset_bucket(n, dist, causal),
-            lambda: t5_index(ctx, n, dist, causal), diagonals=t5_diagonals(ctx, n, dist, causal), reach=dist,
-            runs=ctx.runs())))
-        return LayerTerms(logits=[term])
+        return ctx.cached(Built(self), lambda: self.kept_forward(ctx, self.bias, lambda: _T5Forward(self, ctx))).terms
+
+
+class _T5Forward:
+    """T5's one term for all layers in a forward, kept between forwards that build no autograd graph
+    (`PositionMethod.kept_forward`, DIET §3.1): its buckets along the diagonals are functions of the positions,
+    its values b × logit_scale a buffer each later forward refills (one op), and the kernel's table, gathered
+    from it, is gathered again."""
+
+    def __init__(self, method: T5, ctx: Context):
+        n, dist, causal = self._args = method.num_buckets, method.max_distance, method.causal
+        values = method.logit("bias")
+        self.index = lambda: t5_index(ctx, n, dist, causal)
+        self.term = method.keep(ctx, "t5", (method.bias,), TableBias(
+            values, ctx.q_pos, ctx.k_pos, t5_offset_bucket(n, dist, causal), self.index,
+            diagonals=t5_diagonals(ctx, n, dist, causal), reach=dist, runs=ctx.runs()))
+        self.terms = LayerTerms(logits=[self.term])
+        self._values, self._source, self._scale = values, method.bias, method.logit_scale  # not the module
+
+    def start(self, ctx: Context) -> None:
+        if self._values is not self._source:
+            torch.mul(self._source, self._scale, out=self._values)
+        n, dist, causal = self._args
+        self.index = lambda: t5_index(ctx, n, dist, causal)
+        self.term.renew(self.index)
+
+    def drop(self) -> None:
+        """The forward has ended: its context (positions, index) goes with it."""
+        self.index = None
+        self.term.renew(None)
