@@ -106,6 +106,15 @@ def steps() -> list[Step]:
                  "--backends fused --repeats 6 --warmup 3 --no-memory --markdown {work}/bench.md")
               + "; rc=$?; [ $rc = 0 ] || cat {work}/bench.md; exit $rc",),
              _dietpe("bench --help")),
+        # inference alone, for the methods whose per-forward objects are kept between inference forwards
+        # (`PositionMethod.kept_forward`), DIET-ABS among them: run by name
+        Step("infer", "time", 150, "infer.md",
+             ("timeout -s INT 140 " + _dietpe(
+                 "bench --device cuda --precision bf16 --shapes bert-base --lengths 512 --batch 8 "
+                 "--methods none@fused,diet-rel,diet-abs,t5,alibi,kerple --backends fused --modes infer "
+                 "--repeats 6 --warmup 3 --no-memory --markdown {work}/infer.md")
+              + "; rc=$?; [ $rc = 0 ] || cat {work}/infer.md; exit $rc",),
+             _dietpe("bench --help"), default=False),
         # the same step compiled whole, CUDA graphs (inductor's reduce-overhead): what is left without the host's
         # Python, as DIET's Table 1 was timed (XLA on TPUs). Training only (inference was measured in the H200's
         # fourth window, where compiling 4 candidates for both modes outlasted 230 s): run by name, alone

@@ -1,8 +1,8 @@
-"""DIET-REL's and T5's per-forward objects kept between forwards that build no autograd graph (DIET §3.1, on any
-device):
-the same outputs, to the bit, as a model that builds them afresh, after any change to R (fused AdamW, which bumps
-no version counter, edits through `.data`, a new tensor in R's place, a loaded state dict), at alternating
-lengths and modes, on every backend; nothing a forward built on them held after it; never kept in training."""
+"""The per-forward objects of DIET-REL, DIET-ABS, T5, KERPLE and ALiBi kept between forwards that build no
+autograd graph (DIET §3.1, on any device): the same outputs, to the bit, as a model that builds them afresh and
+as a forward that keeps nothing, after any change to the parameters (fused AdamW, which bumps no version
+counter, edits through `.data`, a new tensor in their place, a loaded state dict), at alternating lengths and
+modes, on every backend; nothing a forward built on them held after it; never kept in training."""
 
 import copy
 import io
@@ -19,12 +19,14 @@ BACKENDS = ["eager", "sdpa"] + (["fused"] if triton_problem() is None else [])
 
 
 #: each method and the parameter its kept objects read
-SOURCES = {"diet-rel": "r", "t5": "bias"}
+SOURCES = {"diet-rel": "r", "t5": "bias", "kerple": "r1", "diet-abs": "p_q"}
 
 
 def _model(backend="eager", position="diet-rel", **overrides):
     torch.manual_seed(0)
-    return DietForMaskedLM(tiny(position=position, attn_backend=backend, **overrides)).eval()
+    # DIET-ABS at heads of 16: the fused kernel reads its factors as the head's second part
+    head = 16 if position == "diet-abs" else 8
+    return DietForMaskedLM(tiny(head, position=position, attn_backend=backend, **overrides)).eval()
 
 
 def _source(model):
@@ -45,8 +47,14 @@ def _kept(model):
 
 
 def _same(model, ids, mask, seg):
-    torch.testing.assert_close(model(ids, attention_mask=mask, token_type_ids=seg).logits,
-                               _fresh(model, ids, mask, seg), rtol=0, atol=0)
+    out = model(ids, attention_mask=mask, token_type_ids=seg).logits
+    torch.testing.assert_close(out, _fresh(model, ids, mask, seg), rtol=0, atol=0)
+    # the path that keeps nothing: the same bits (sdpa on the CPU runs other kernels with a gradient to track)
+    exact = model.config.attn_backend != "sdpa"
+    with torch.inference_mode(False), torch.enable_grad():
+        torch.testing.assert_close(out, model(ids, attention_mask=mask, token_type_ids=seg).logits.detach(),
+                                   rtol=0 if exact else 1e-5, atol=0 if exact else 1e-6)
+    assert out.shape[1] == ids.shape[1]
 
 
 @pytest.mark.parametrize("position", SOURCES)
@@ -84,7 +92,7 @@ def test_kept_forward_matches_a_fresh_build_after_every_change_to_r(backend, sca
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("position", SOURCES)
+@pytest.mark.parametrize("position", [*SOURCES, "alibi"])
 def test_kept_forward_follows_lengths_and_modes(backend, position):
     clip = dict(diet_rel_max_distance=4) if position == "diet-rel" else {}  # clipped: gathered, not a view
     model = _model(backend, position, **clip)
@@ -94,7 +102,8 @@ def test_kept_forward_follows_lengths_and_modes(backend, position):
         for _ in range(2):  # kept from the first, R changed before the second (what was built on R is stale)
             with mode():
                 _same(model, ids[:, :n], mask[:, :n], seg[:, :n])
-            _source(model).data.mul_(1.5)
+            if position in SOURCES:  # ALiBi has no parameter: its table is kept whole
+                _source(model).data.add_(0.25)
     with torch.no_grad():  # positions the model cannot know without reading them: nothing kept for them
         model.diet.positions.method.__dict__.pop("_forward_kept")
         model(ids, attention_mask=mask, token_type_ids=seg, position_ids=torch.arange(12) + 1)
@@ -102,10 +111,11 @@ def test_kept_forward_follows_lengths_and_modes(backend, position):
     out = model(ids, attention_mask=mask, token_type_ids=seg).logits  # a graph to build: nothing kept
     assert _kept(model) is None
     out.float().square().mean().backward()
-    assert _source(model).grad.abs().sum() > 0
+    if position in SOURCES:
+        assert _source(model).grad.abs().sum() > 0
 
 
-@pytest.mark.parametrize("position", SOURCES)
+@pytest.mark.parametrize("position", [*SOURCES, "alibi"])
 def test_a_kept_forward_holds_nothing_a_forward_built_on_it(position):
     """The dense forms and the (Lq, Lk) index a forward builds go when it ends, as a forward's own terms do."""
     model = _model("sdpa", position)
@@ -113,10 +123,13 @@ def test_a_kept_forward_holds_nothing_a_forward_built_on_it(position):
     with torch.no_grad():
         model(ids, attention_mask=mask, token_type_ids=seg)
     kept = _kept(model)
-    terms = [layer.logits[0] for layer in kept.layers] if position == "diet-rel" else [kept.term]
-    assert len(terms) == (model.config.num_hidden_layers if position == "diet-rel" else 1)
+    per_layer = position in ("diet-rel", "diet-abs")
+    terms = [layer.logits[0] for layer in kept.layers] if per_layer else [kept.term]
+    assert len(terms) == (model.config.num_hidden_layers if per_layer else 1)
     for term in terms:
-        assert term._dense is None and not isinstance(term._index, torch.Tensor) and not term._per_forward
+        assert term._dense is None and not isinstance(getattr(term, "_index", None), torch.Tensor)
+        # ALiBi keeps its kernel's table (constants), built by no forward here: sdpa reads the dense form
+        assert not term._per_forward
 
 
 def test_nothing_is_kept_while_compiling_or_building_a_graph(monkeypatch):
@@ -126,14 +139,14 @@ def test_nothing_is_kept_while_compiling_or_building_a_graph(monkeypatch):
     method = model.diet.positions.method
     ctx = model.diet.positions.context(torch.arange(9), torch.arange(9), None, starts=(0, 0))
     with torch.no_grad():
-        assert forward_key(ctx, method.r, 1.0) is not None
+        assert forward_key(ctx, (method.r,), 1.0) is not None
         monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
-        assert forward_key(ctx, method.r, 1.0) is None
+        assert forward_key(ctx, (method.r,), 1.0) is None
     monkeypatch.undo()
-    assert forward_key(ctx, method.r, 1.0) is None  # a graph to build
+    assert forward_key(ctx, (method.r,), 1.0) is None  # a graph to build
 
 
-@pytest.mark.parametrize("position", SOURCES)
+@pytest.mark.parametrize("position", [*SOURCES, "alibi"])
 def test_a_model_that_kept_a_forward_pickles_and_copies_without_it(position):
     model = _model("eager", position)
     ids, mask, seg = batch(9)

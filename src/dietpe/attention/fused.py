@@ -96,7 +96,7 @@ def _sort(term: LogitTerm, tables: list, segments: list, pieces: list, fold: lis
         if found is not None:
             into.append(found)
             return
-    if term.factors() is None:
+    if not term.has_factors():
         raise NotServed(f"attn_backend='fused' cannot serve the logit term {type(term).__name__} here: it gives "
                         f"no offset, segment or piecewise table (position_ids that are no runs of consecutive "
                         f"integers, or positions read while compiling) or low-rank factors; use "
@@ -228,9 +228,8 @@ def _folded(q: Tensor, fold: list[LogitTerm], s: float, head_parts) -> tuple[Ten
     if len(fold) != 1 or head_parts(q.shape[-1])[1]:
         return None
     term = fold[0]
-    fq, fk = term.factors()
-    d, r = q.shape[-1], fq.shape[-1]
+    d, r = q.shape[-1], term.rank
     if max(16, 1 << (r - 1).bit_length()) > sum(head_parts(d + r)) - head_parts(d)[0]:
         return None
     # once per forward for the layers that share the term (DIET-ABS's sharing=layer)
-    return term.per_forward(f"folded {s} {q.dtype}", lambda: ((fq / s).to(q.dtype), fk.to(q.dtype)))
+    return term.folded(s, q.dtype)

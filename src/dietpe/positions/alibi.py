@@ -10,7 +10,7 @@ from torch import Tensor
 
 from dietpe.positions.context import Built, Context
 from dietpe.positions.functional import alibi_bias, alibi_slopes
-from dietpe.positions.method import PositionMethod, Traits
+from dietpe.positions.method import KeptTerm, PositionMethod, Traits
 from dietpe.positions.terms import DistanceBias, LayerTerms
 
 
@@ -41,11 +41,14 @@ class ALiBi(PositionMethod):
         return self._slopes[device]
 
     def layer_terms(self, ctx: Context, layer: int) -> LayerTerms:
+        slopes = self.slopes(ctx.q_pos.device)  # (H,)
+
         def build():
-            slopes = self.slopes(ctx.q_pos.device)  # (H,)
             # consecutive positions: a Toeplitz matrix, never built whole unless a backend asks for it
             term = DistanceBias(alibi_bias, (slopes,), ctx.q_pos, ctx.k_pos, ctx.diagonal_offsets(),
                                 ctx.runs())
-            return self.keep(ctx, "alibi", (slopes,), term)
+            # kept between inference forwards with the kernel's table: a function of the positions and the
+            # constant slopes
+            return KeptTerm(self.keep(ctx, "alibi", (slopes,), term), keep=("offset_table",))
 
-        return LayerTerms(logits=[ctx.cached(Built(self), build)])
+        return ctx.cached(Built(self), lambda: self.kept_forward(ctx, (slopes,), build)).terms

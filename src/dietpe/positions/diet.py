@@ -69,6 +69,10 @@ class DietAbs(PositionMethod):
 
     def layer_terms(self, ctx: Context, layer: int) -> LayerTerms:
         table = shared_layer(self.sharing, layer)
+        kept = ctx.cached(Built(self, -1), lambda: self.kept_forward(ctx, (self.p_q, self.p_k),
+                                                                      lambda: _AbsForward(self, ctx), None))
+        if kept is not None:
+            return kept.layer(self, ctx, table)
 
         def build():
             fq = take_rows(self.layer_table(ctx, "p_q", table), ctx.q_pos, ctx.q_start)  # (1|B, H|1, Lq, r)
@@ -81,6 +85,105 @@ class DietAbs(PositionMethod):
             return LowRankBias(fq, fk, product)
 
         return LayerTerms(logits=[ctx.cached(Built(self, table), build)])
+
+
+class _AbsFactors:
+    """P_Q's and P_K's rows at a forward's default positions, for every table at once: × logit_scale (views of P
+    where the scale is 1, else a buffer), and folded as the fused kernel reads them (fq / s, fk in q's dtype,
+    one buffer per (s, dtype)), each refilled by one op for all tables at most once a forward, when first read
+    (`forward` counts the forwards). The same elementwise ops as the per-forward path, so the same bits."""
+
+    def __init__(self, p_q: Tensor, p_k: Tensor, scale: float, q_rows: slice, k_rows: slice):
+        self.p, self.scale, self._rows = (p_q, p_k), scale, (q_rows, k_rows)
+        self.forward = 0
+        self._logit: list | None = None  # [forward, fq (T, H, Lq, r), fk, their (1, H, L, r) views per table]
+        self._folded: dict[tuple, list] = {}  # (s, dtype) -> the same
+
+    def rows(self) -> tuple[Tensor, Tensor]:
+        return tuple(p[:, :, rows] for p, rows in zip(self.p, self._rows))
+
+    def logit(self) -> list:
+        if self.scale == 1:  # views of P: always current
+            if self._logit is None:
+                self._logit = [None, *self._views(*self.rows())]
+            return self._logit
+        if self._logit is None:
+            fq, fk = (x * self.scale for x in self.rows())
+            self._logit = [self.forward, fq, fk, *self._views(fq, fk)]
+        elif self._logit[0] != self.forward:
+            for x, out in zip(self.rows(), self._logit[1:3]):
+                torch.mul(x, self.scale, out=out)
+            self._logit[0] = self.forward
+        return self._logit
+
+    def factors(self, table: int) -> tuple[Tensor, Tensor]:
+        views = self.logit()[-2:]
+        return views[0][table], views[1][table]
+
+    def folded(self, table: int, s: float, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        entry = self._folded.get((s, dtype))
+        if entry is None or entry[0] != self.forward:
+            fq, fk = self.logit()[-4:-2] if self.scale != 1 else self.rows()
+            if entry is None:
+                q2, k2 = (fq / s).to(dtype), fk.to(dtype)
+                entry = self._folded[(s, dtype)] = [self.forward, q2, k2, *self._views(q2, k2)]
+            else:
+                torch.div(fq, s, out=entry[1])  # computed in float32, then cast, as (fq / s).to(dtype)
+                entry[2].copy_(fk)
+                entry[0] = self.forward
+        return entry[-2][table], entry[-1][table]
+
+    @staticmethod
+    def _views(fq: Tensor, fk: Tensor) -> tuple[tuple[Tensor, ...], tuple[Tensor, ...]]:
+        return tuple(x.unsqueeze(0) for x in fq.unbind(0)), tuple(x.unsqueeze(0) for x in fk.unbind(0))
+
+
+class _KeptLowRank(LowRankBias):
+    """DIET-ABS's term of one table, its factors read from `_AbsFactors` (refilled there when first read)."""
+
+    def __init__(self, factors: _AbsFactors, table: int, product=None):
+        super().__init__(*factors.factors(table), product)
+        self._source, self._table = factors, table
+
+    def factors(self) -> tuple[Tensor, Tensor]:
+        return self._source.factors(self._table)
+
+    def folded(self, s: float, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        return self._source.folded(self._table, s, dtype)
+
+
+class _AbsForward:
+    """DIET-ABS's terms of every table, kept between forwards that build no autograd graph (DIET §3.1;
+    `PositionMethod.kept_forward`): their factors views of `_AbsFactors`' buffers, which each forward refills
+    (one op for all tables, only the form a backend reads: the fused kernel's folded factors, or the factors)."""
+
+    def __init__(self, method: DietAbs, ctx: Context):
+        lq, lk = ctx.q_pos.shape[-1], ctx.k_pos.shape[-1]
+        self.factors = _AbsFactors(method.p_q, method.p_k, method.logit_scale,
+                                   slice(ctx.q_start, ctx.q_start + lq), slice(ctx.k_start, ctx.k_start + lk))
+        self.layers: list[LayerTerms | None] = [None] * method.p_q.shape[0]
+
+    def layer(self, method: DietAbs, ctx: Context, table: int) -> LayerTerms:
+        terms = self.layers[table]
+        if terms is None:
+            term = _KeptLowRank(self.factors, table)
+            fq, fk = term.fq, term.fk
+            fetch = method.kept(ctx, f"diet_abs_{table}", (fq, fk), fq.shape[-3] * fq.shape[-2] * fk.shape[-2],
+                                lambda: fq @ fk.transpose(-1, -2))
+            if fetch is not None:  # the CPU's product, compared with the factors once they are current
+                factors = self.factors
+                term.kept = lambda: (factors.factors(table), fetch())[1]
+            terms = self.layers[table] = LayerTerms(logits=[term])
+        return terms
+
+    def start(self, ctx: Context) -> None:
+        self.factors.forward += 1
+        self.drop()
+
+    def drop(self) -> None:
+        for terms in self.layers:
+            if terms is not None:
+                terms.logits[0].renew()
 
 
 class DietRel(PositionMethod):
@@ -112,7 +215,7 @@ class DietRel(PositionMethod):
 
     def layer_terms(self, ctx: Context, layer: int) -> LayerTerms:
         table = shared_layer(self.sharing, layer)
-        shared = ctx.cached(Built(self, -1), lambda: self.kept_forward(ctx, self.r, lambda: _RelForward(self, ctx)))
+        shared = ctx.cached(Built(self, -1), lambda: self.kept_forward(ctx, (self.r,), lambda: _RelForward(self, ctx)))
         terms = shared.layers[table]
         if terms is None:  # one term per table, its dense form kept between inference forwards
             r = shared.r[table]
@@ -171,9 +274,11 @@ class _RelForward:
         self._renew(None)
 
     def _renew(self, index) -> None:
+        # the kernel's tables are R's slices where the diagonals are consecutive columns: views, kept
+        keep = ("offset_table",) if self.columns is not None and self.diagonals is not None else ()
         for terms in self.layers:
             if terms is not None:
-                terms.logits[0].renew(index)
+                terms.logits[0].renew(keep, index)
 
     def at_columns(self, table: int) -> Tensor | None:
         """R[table] at the diagonals' consecutive columns, every layer's sliced at the first call; None where they

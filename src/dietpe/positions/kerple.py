@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import math
 
+import torch
 from transformers import initialization as hf_init
 
 from dietpe.positions.context import Built, Context
 from dietpe.positions.functional import kerple_log_bias
-from dietpe.positions.method import PositionMethod, Traits, normal_parameter
+from dietpe.positions.method import KeptTerm, PositionMethod, Traits, normal_parameter
 from dietpe.positions.terms import DistanceBias, LayerTerms
 
 EPS = 0.01  # the authors' lower bound on r1, r2
@@ -54,6 +55,12 @@ class Kerple(PositionMethod):
             r1, r2 = self.r1.clamp(min=EPS), self.r2.clamp(min=EPS)  # (H,) each, positive
             term = DistanceBias(kerple_log_bias, (r1, r2), ctx.q_pos, ctx.k_pos, ctx.diagonal_offsets(),
                                 ctx.runs())
-            return self.keep(ctx, "kerple", (self.r1, self.r2), term)
+            p1, p2 = self.r1, self.r2  # not the module, which keeps the refill: no cycle
 
-        return LayerTerms(logits=[ctx.cached(Built(self), build)])
+            def refill():  # a later inference forward: the clamped copies read afresh
+                torch.clamp(p1, min=EPS, out=r1)
+                torch.clamp(p2, min=EPS, out=r2)
+
+            return KeptTerm(self.keep(ctx, "kerple", (self.r1, self.r2), term), refill)
+
+        return ctx.cached(Built(self), lambda: self.kept_forward(ctx, (self.r1, self.r2), build)).terms

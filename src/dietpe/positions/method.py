@@ -37,6 +37,8 @@ from dietpe.positions.terms import EMPTY, LayerTerms, LogitTerm
 T = TypeVar("T")
 
 
+_BUILD = object()
+
 #: position-only products up to this many elements (64 MiB in float32) are kept between inference forwards
 KEEP_ELEMENTS = 1 << 24
 
@@ -171,7 +173,9 @@ class PositionMethod(nn.Module):
                 or (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))):
             return None
         store = self.__dict__.setdefault("_kept", {})  # not state: never saved, nor moved by .to()
-        key = (ctx.q_pos.shape[-1], ctx.k_pos.shape[-1], ctx.q_start, ctx.k_start, ctx.q_pos.device)
+        # a value built in inference mode may not enter autograd later (it is an inference tensor)
+        key = (ctx.q_pos.shape[-1], ctx.k_pos.shape[-1], ctx.q_start, ctx.k_start, ctx.q_pos.device,
+               torch.is_inference_mode_enabled())
 
         def fetch() -> T:
             hit = store.get(name)
@@ -197,16 +201,17 @@ class PositionMethod(nn.Module):
         state.pop("_forward_kept", None)
         return state
 
-    def kept_forward(self, ctx: Context, source: Tensor, build: Callable[[], K]) -> K:
+    def kept_forward(self, ctx: Context, sources: tuple[Tensor, ...], build: Callable[[], K],
+                     unkept: object = _BUILD) -> K:
         """build(): what the method's layers share in a forward (its terms, and the tensors they read), kept from
         the last forward where `forward_key` allows, then `start`ed for this one; it `drop`s what this forward
         built on it when the forward ends (`Context.on_release`). The object's tensors must be views of
-        `source` (its parameter) or of a buffer `start` refills from it, or functions of the positions alone,
-        so that it reads the current parameter however it changed (DIET §3.1 on any device: no comparison,
-        no host sync)."""
-        key = forward_key(ctx, source, self.logit_scale)
+        `sources` (its parameters) or of buffers `start` refills from them, or functions of the positions and
+        constants, so that it reads the current parameters however they changed (DIET §3.1 on any device: no
+        comparison, no host sync). unkept: what to return where nothing may be kept (default: build())."""
+        key = forward_key(ctx, sources, self.logit_scale)
         if key is None:
-            return build()
+            return build() if unkept is _BUILD else unkept
         kept = self.__dict__.get("_forward_kept")  # not state: never saved, nor moved by .to()
         if kept is not None and kept[0] == key:
             value = kept[1]
@@ -269,12 +274,12 @@ class KeptForward(Protocol):
 K = TypeVar("K", bound=KeptForward)
 
 
-def forward_key(ctx: Context, source: Tensor, logit_scale: float) -> tuple | None:
-    """What a forward's shared objects built from `source` at these positions hold for, or None where none may
+def forward_key(ctx: Context, sources: tuple[Tensor, ...], logit_scale: float) -> tuple | None:
+    """What a forward's shared objects built from `sources` at these positions hold for, or None where none may
     be kept: an autograd graph to build (training), positions the model does not know without reading them,
     while compiling, while a CUDA graph is captured (a buffer refilled by each forward would outlive the graph's
     memory pool). Inference mode and the stream are part of it (a buffer is never refilled while another
-    stream may read it)."""
+    stream may read it), and each source's address, shape and dtype (a new tensor in a parameter's place)."""
     if (torch.is_grad_enabled() or ctx.q_start is None or ctx.k_start is None or ctx.projected_keys
             or torch.compiler.is_compiling()):
         return None
@@ -285,7 +290,34 @@ def forward_key(ctx: Context, source: Tensor, logit_scale: float) -> tuple | Non
             return None
         stream = torch.cuda.current_stream(device)
     return (ctx.q_pos.shape[-1], ctx.k_pos.shape[-1], ctx.q_start, ctx.k_start, device, stream,
-            torch.is_inference_mode_enabled(), source.data_ptr(), source.shape, source.dtype, logit_scale)
+            torch.is_inference_mode_enabled(), logit_scale, *[(t.data_ptr(), t.shape, t.dtype) for t in sources])
+
+
+class KeptTerm:
+    """One term for every layer, kept between inference forwards (`PositionMethod.kept_forward`): T5, ALiBi,
+    KERPLE. refill: rewrites, at each later forward, the buffers the term reads (the parameters' copies:
+    × logit_scale, clamped); keep: the term's per-forward entries that stay valid (functions of the positions
+    and constants: ALiBi's table); index: the forward's context -> the term's lazy (Lq, Lk) index (TableBias)."""
+
+    def __init__(self, term: LogitTerm, refill: Callable[[], object] | None = None, keep: tuple[str, ...] = (),
+                 index: Callable[[Context], Callable[[], Tensor]] | None = None):
+        self.term, self.terms = term, LayerTerms(logits=[term])
+        self._refill, self._keep, self._index = refill, keep, index
+
+    def start(self, ctx: Context) -> None:
+        if self._refill is not None:
+            self._refill()
+        self._renew(ctx)
+
+    def drop(self) -> None:
+        """The forward has ended: what it built on the term goes, and its context (positions, index) with it."""
+        self._renew(None)
+
+    def _renew(self, ctx: Context | None) -> None:
+        if self._index is None:
+            self.term.renew(self._keep)
+        else:
+            self.term.renew(self._keep, None if ctx is None else self._index(ctx))
 
 
 def same_bits(a: Tensor, b: Tensor) -> bool:

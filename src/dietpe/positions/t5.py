@@ -21,7 +21,7 @@ from torch import Tensor
 from dietpe.positions.context import Built, CacheKey, Context
 from dietpe.positions.functional import relative_offsets, t5_bucket, t5_causal_bucket
 from dietpe.positions.fields import Field, optional_positive_int, positive_int
-from dietpe.positions.method import PositionMethod, Traits, causal, normal_parameter
+from dietpe.positions.method import KeptTerm, PositionMethod, Traits, causal, normal_parameter
 from dietpe.positions.terms import LayerTerms, TableBias
 
 T5_NUM_BUCKETS = Field("t5_num_buckets", 32, positive_int, "T5's number of log buckets per direction pair")
@@ -111,34 +111,16 @@ class T5(PositionMethod):
         self.bias = normal_parameter(num_heads, num_buckets)  # b_h, shared by layers
 
     def layer_terms(self, ctx: Context, layer: int) -> LayerTerms:
-        # one TableBias object for all layers, so its dense form is built once per forward
-        return ctx.cached(Built(self), lambda: self.kept_forward(ctx, self.bias, lambda: _T5Forward(self, ctx))).terms
+        # one TableBias object for all layers (its dense form built once per forward), kept between inference
+        # forwards: its buckets are functions of the positions, its values a buffer refilled from b
+        return ctx.cached(Built(self), lambda: self.kept_forward(ctx, (self.bias,), lambda: self._term(ctx))).terms
 
-
-class _T5Forward:
-    """T5's one term for all layers in a forward, kept between forwards that build no autograd graph
-    (`PositionMethod.kept_forward`, DIET §3.1): its buckets along the diagonals are functions of the positions,
-    its values b × logit_scale a buffer each later forward refills (one op), and the kernel's table, gathered
-    from it, is gathered again."""
-
-    def __init__(self, method: T5, ctx: Context):
-        n, dist, causal = self._args = method.num_buckets, method.max_distance, method.causal
-        values = method.logit("bias")
-        self.index = lambda: t5_index(ctx, n, dist, causal)
-        self.term = method.keep(ctx, "t5", (method.bias,), TableBias(
-            values, ctx.q_pos, ctx.k_pos, t5_offset_bucket(n, dist, causal), self.index,
+    def _term(self, ctx: Context) -> KeptTerm:
+        n, dist, causal = self.num_buckets, self.max_distance, self.causal
+        values = self.logit("bias")
+        term = self.keep(ctx, "t5", (self.bias,), TableBias(
+            values, ctx.q_pos, ctx.k_pos, t5_offset_bucket(n, dist, causal), lambda: t5_index(ctx, n, dist, causal),
             diagonals=t5_diagonals(ctx, n, dist, causal), reach=dist, runs=ctx.runs()))
-        self.terms = LayerTerms(logits=[self.term])
-        self._values, self._source, self._scale = values, method.bias, method.logit_scale  # not the module
-
-    def start(self, ctx: Context) -> None:
-        if self._values is not self._source:
-            torch.mul(self._source, self._scale, out=self._values)
-        n, dist, causal = self._args
-        self.index = lambda: t5_index(ctx, n, dist, causal)
-        self.term.renew(self.index)
-
-    def drop(self) -> None:
-        """The forward has ended: its context (positions, index) goes with it."""
-        self.index = None
-        self.term.renew(None)
+        bias, scale = self.bias, self.logit_scale  # not the module, which keeps this: no cycle
+        refill = None if values is bias else (lambda: torch.mul(bias, scale, out=values))
+        return KeptTerm(term, refill, index=lambda c: (lambda: t5_index(c, n, dist, causal)))

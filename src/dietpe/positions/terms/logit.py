@@ -10,6 +10,7 @@ import abc
 from dataclasses import dataclass
 from typing import Callable, NamedTuple
 
+import torch
 from torch import Tensor
 
 from dietpe.positions.context import Runs
@@ -165,6 +166,16 @@ class LogitTerm(abc.ABC):
         """(fq, fk) with dense == fq @ fkᵀ, or None: not low rank."""
         return None
 
+    def has_factors(self) -> bool:
+        """Whether `factors` gives the term's factors (asked without building them)."""
+        return self.factors() is not None
+
+    def folded(self, s: float, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """(fq / s, fk) in `dtype`: the factors as the fused kernel reads them, as the head's second part (its
+        scores are scaled by s after the product), built once per forward."""
+        fq, fk = self.factors()
+        return self.per_forward(f"folded {s} {dtype}", lambda: ((fq / s).to(dtype), fk.to(dtype)))
+
     def score_mod(self, q: Tensor | None) -> ScoreMod | None:
         """The term as a function of (b, h, q_idx, kv_idx), or None: a low-rank term is then folded into
         queries and keys by the backend (see `factors`)."""
@@ -185,6 +196,13 @@ class LogitTerm(abc.ABC):
     def piecewise_table(self) -> PiecewiseTable | None:
         """The term as a `PiecewiseTable`, or None."""
         return None
+
+    def renew(self, keep: tuple[str, ...] = ()) -> None:
+        """A new forward for a term kept between inference forwards (`PositionMethod.kept_forward`): what was
+        built from its values goes (the dense form, the forward's entries but `keep`, which the caller knows
+        hold only views of the values or functions of the positions and constants)."""
+        kept = {name: self._per_forward[name] for name in keep if name in self._per_forward}
+        self._dense, self._per_forward, self.reuse = None, kept, True
 
     def per_forward(self, name: str, build: Callable[[], object]):
         """build(), kept on the term for the layers of the forward that share it while `reuse` is on."""

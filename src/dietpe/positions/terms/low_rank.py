@@ -34,6 +34,14 @@ class LowRankBias(LogitTerm):
     def factors(self) -> tuple[Tensor, Tensor]:
         return self.fq, self.fk
 
+    def has_factors(self) -> bool:
+        return True
+
+    @property
+    def rank(self) -> int:
+        """r, the factors' width."""
+        return self.fq.shape[-1]
+
 
 def one_hot_keys(segments: Tensor, k: int, dtype: torch.dtype) -> Tensor:
     """(B, 1, Lk, k) one-hot rows of the keys' segments, by comparison: `F.one_hot` reads the ids' range back to
@@ -70,6 +78,10 @@ class SegmentBias(LowRankBias):
         if self.reuse:
             self._factors = fq, fk
         return fq, fk
+
+    @property
+    def rank(self) -> int:
+        return self.table.shape[-1]
 
     def segment_table(self) -> SegmentTable:
         return SegmentTable(self.table, self.q_segments, self.k_segments)

@@ -105,16 +105,10 @@ class TableBias(LazyIndex, PositionBias):
         self.keep, self.diagonals, self.runs, self.columns = keep, diagonals, runs, columns
         self.at_columns = at_columns
 
-    def renew(self, index: Tensor | Callable[[], Tensor] | None) -> None:
-        """A new forward for a term kept between inference forwards (DIET §3.1; `DietRel`): what was built from
-        the values or the context goes (the dense form, the index, the forward's entries), but the offset table
-        where it is a view of the values (consecutive columns), which the kernel reads afresh. index: as in
-        `__init__` (None: none until the next `renew`)."""
-        view = self.columns is not None and self.diagonals is not None
-        table = self._per_forward.get("offset_table") if view else None
-        self._dense, self._per_forward, self.reuse, self._index = None, {}, True, index
-        if table is not None:
-            self._per_forward["offset_table"] = table
+    def renew(self, keep: tuple[str, ...] = (), index: Tensor | Callable[[], Tensor] | None = None) -> None:
+        """`LogitTerm.renew`, and the index as in `__init__` (None: none until the next `renew`)."""
+        super().renew(keep)
+        self._index = index
 
     def _keep(self, start: int, stop: int) -> Tensor | None:
         if self.keep is None:
