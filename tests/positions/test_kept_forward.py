@@ -161,3 +161,24 @@ def test_a_model_that_kept_a_forward_pickles_and_copies_without_it(position):
         with torch.no_grad():
             torch.testing.assert_close(other(ids, attention_mask=mask, token_type_ids=seg).logits, expected,
                                        rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("position", ["diet-rel", "diet-abs"])
+def test_kept_per_head_segments_read_each_forwards_ids(backend, position):
+    """The per-head segment terms are kept with their table's slices, and take each forward's ids (another
+    batch size too)."""
+    model = _model(backend, position, segment="per-head")
+    segments = model.diet.positions.head_segments
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        kept = None
+        for size in (2, 2, 3, 2):
+            ids, mask, _ = batch(9, batch_size=size)
+            seg = torch.randint(0, 2, (size, 9), generator=generator)
+            _same(model, ids, mask, seg)
+            now = segments.__dict__["_forward_kept"][1]
+            assert kept is None or now is kept
+            kept = now
+            segments.table.data.add_(0.25)  # read afresh from the refilled buffer
+    assert all(layer.logits[0].q_segments is None for layer in kept.layers if layer is not None)  # let go

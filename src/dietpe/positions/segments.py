@@ -9,21 +9,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+import torch
 from torch import Tensor, nn
 
-from dietpe.positions.context import Built, CacheKey, Context
+from dietpe.positions.context import Built, Context
 from dietpe.positions.method import PositionMethod, normal_parameter, shared_layer, sharing_shape
 from dietpe.positions.terms import LayerTerms, SegmentBias
 from dietpe.positions.terms.low_rank import one_hot_keys
-
-
-@dataclass(frozen=True)
-class KeyOneHot(CacheKey):
-    """onehot(S(j)) of the keys' segments, (B, 1, Lk, k): the same for every layer's Ŝ."""
-
-    owner: object
 
 
 class InputSegments(nn.Module):
@@ -54,22 +46,55 @@ class PerHeadSegments(PositionMethod):
     def layer_terms(self, ctx: Context, layer: int) -> LayerTerms:
         if ctx.q_segments is None:
             return LayerTerms()
-        table = shared_layer(self.sharing, layer)
-        shared = ctx.cached(Built(self, -1), lambda: _SegmentsForward(self, ctx))
-        term = shared.terms[table]
-        if term is None:
-            term = shared.terms[table] = SegmentBias(shared.tables[table], ctx.q_segments, ctx.k_segments,
-                                                     shared.one_hot)
-        return LayerTerms(logits=[term])
+        shared = ctx.cached(Built(self, -1), lambda: self.kept_forward(ctx, (self.table,),
+                                                                       lambda: _SegmentsForward(self, ctx)))
+        return shared.layer(shared_layer(self.sharing, layer))
 
 
 class _SegmentsForward:
     """What the layers' segment terms share in one forward, in one cache entry (every layer asks, and each entry
     costs its key's hashing in Python): Ŝ's per-layer slices (one `unbind`), the keys' one-hot factor built when
-    first read, and each table's term once built."""
+    first read, and each table's terms once built. Kept between forwards without a gradient
+    (`PositionMethod.kept_forward`, DIET §3.1): the slices are views of Ŝ or of a buffer each later forward
+    refills with Ŝ × logit_scale; the terms take each forward's segment ids, and let go of them when it ends."""
 
     def __init__(self, method: PerHeadSegments, ctx: Context):
-        self.tables = method.logit("table").unbind(0)
-        self.one_hot = lambda: ctx.cached(KeyOneHot(method), lambda: one_hot_keys(
-            ctx.k_segments, method.num_segments, method.table.dtype))
-        self.terms: list[SegmentBias | None] = [None] * len(self.tables)
+        self._values = method.logit("table")
+        self.tables = self._values.unbind(0)
+        self.layers: list[LayerTerms | None] = [None] * len(self.tables)
+        self._source, self._scale, self._k = method.table, method.logit_scale, method.num_segments  # no cycle
+        self._use(ctx)
+
+    def _use(self, ctx: Context) -> None:
+        k, dtype, segments = self._k, self._source.dtype, ctx.k_segments
+        self.ids = (ctx.q_segments, ctx.k_segments)
+        built: list[Tensor] = []  # the forward's, shared by its layers (the closure holds neither self nor ctx)
+
+        def one_hot() -> Tensor:
+            if not built:
+                built.append(one_hot_keys(segments, k, dtype))
+            return built[0]
+
+        self.one_hot = one_hot
+
+    def layer(self, table: int) -> LayerTerms:
+        terms = self.layers[table]
+        if terms is None:
+            terms = self.layers[table] = LayerTerms(logits=[SegmentBias(self.tables[table], *self.ids, self.one_hot)])
+        return terms
+
+    def start(self, ctx: Context) -> None:
+        if self._values is not self._source:
+            torch.mul(self._source, self._scale, out=self._values)
+        self._use(ctx)
+        self._renew(self.ids, self.one_hot)
+
+    def drop(self) -> None:
+        """The forward has ended: its segment ids and one-hot go with it."""
+        self.ids = self.one_hot = None
+        self._renew(None, None)
+
+    def _renew(self, ids, one_hot) -> None:
+        for terms in self.layers:
+            if terms is not None:
+                terms.logits[0].renew((), ids, one_hot)

@@ -83,6 +83,16 @@ class SegmentBias(LowRankBias):
     def rank(self) -> int:
         return self.table.shape[-1]
 
+    def renew(self, keep: tuple[str, ...] = (), ids: tuple[Tensor, Tensor] | None = None,
+              key_one_hot: Callable[[], Tensor] | None = None) -> None:
+        """`LogitTerm.renew`, with a forward's segment ids (q, k) and its keys' one-hot (None: none until the
+        next renew)."""
+        super().renew(keep)
+        self._factors, self.key_one_hot = None, key_one_hot
+        self.q_segments, self.k_segments = ids if ids is not None else (None, None)
+        if ids is not None:
+            self.batch = max(ids[0].shape[0], ids[1].shape[0])
+
     def segment_table(self) -> SegmentTable:
         return SegmentTable(self.table, self.q_segments, self.k_segments)
 
