@@ -26,7 +26,8 @@ from torch import Tensor
 from dietpe.positions.context import Built, Context, clipped_diagonals, clipped_index
 from dietpe.positions.fields import Field, optional_positive_int
 from dietpe.positions.functional import take_rows
-from dietpe.positions.method import PositionMethod, Traits, normal_parameter, shared_layer, sharing_shape
+from dietpe.positions.method import (PositionMethod, Traits, normal_parameter, refill_logit, shared_layer,
+                                    sharing_shape)
 from dietpe.positions.terms import LayerTerms, LowRankBias, TableBias
 
 POSITION_RANK = Field("position_rank", None, optional_positive_int, "d_p, the rank of P_Q P_Kᵀ (None: the head size)")
@@ -262,8 +263,7 @@ class _RelForward:
     def start(self, ctx: Context) -> None:
         """A later forward (`PositionMethod.kept_forward`): R × logit_scale into the buffer, the index from this
         forward's context."""
-        if self._r is not self._source:
-            torch.mul(self._source, self._scale, out=self._r)
+        refill_logit(self._r, self._source, self._scale)
         span = self._span
         self.index = lambda: clipped_index(ctx, span)
         self._renew(self.index)

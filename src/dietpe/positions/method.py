@@ -293,6 +293,13 @@ def forward_key(ctx: Context, sources: tuple[Tensor, ...], logit_scale: float) -
             torch.is_inference_mode_enabled(), logit_scale, *[(t.data_ptr(), t.shape, t.dtype) for t in sources])
 
 
+def refill_logit(buffer: Tensor, source: Tensor, scale: float) -> None:
+    """A later forward's `PositionMethod.logit` in place: buffer = source × scale, where `logit` made a copy
+    (nothing where it returned the parameter itself, at scale 1)."""
+    if buffer is not source:
+        torch.mul(source, scale, out=buffer)
+
+
 class KeptTerm:
     """One term for every layer, kept between inference forwards (`PositionMethod.kept_forward`): T5, ALiBi,
     KERPLE. refill: rewrites, at each later forward, the buffers the term reads (the parameters' copies:

@@ -9,11 +9,10 @@
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor, nn
 
 from dietpe.positions.context import Built, Context
-from dietpe.positions.method import PositionMethod, normal_parameter, shared_layer, sharing_shape
+from dietpe.positions.method import PositionMethod, normal_parameter, refill_logit, shared_layer, sharing_shape
 from dietpe.positions.terms import LayerTerms, SegmentBias
 from dietpe.positions.terms.low_rank import one_hot_keys
 
@@ -84,8 +83,7 @@ class _SegmentsForward:
         return terms
 
     def start(self, ctx: Context) -> None:
-        if self._values is not self._source:
-            torch.mul(self._source, self._scale, out=self._values)
+        refill_logit(self._values, self._source, self._scale)
         self._use(ctx)
         self._renew(self.ids, self.one_hot)
 

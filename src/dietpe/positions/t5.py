@@ -21,7 +21,7 @@ from torch import Tensor
 from dietpe.positions.context import Built, CacheKey, Context
 from dietpe.positions.functional import relative_offsets, t5_bucket, t5_causal_bucket
 from dietpe.positions.fields import Field, optional_positive_int, positive_int
-from dietpe.positions.method import KeptTerm, PositionMethod, Traits, causal, normal_parameter
+from dietpe.positions.method import KeptTerm, PositionMethod, Traits, causal, normal_parameter, refill_logit
 from dietpe.positions.terms import LayerTerms, TableBias
 
 T5_NUM_BUCKETS = Field("t5_num_buckets", 32, positive_int, "T5's number of log buckets per direction pair")
@@ -122,5 +122,5 @@ class T5(PositionMethod):
             values, ctx.q_pos, ctx.k_pos, t5_offset_bucket(n, dist, causal), lambda: t5_index(ctx, n, dist, causal),
             diagonals=t5_diagonals(ctx, n, dist, causal), reach=dist, runs=ctx.runs()))
         bias, scale = self.bias, self.logit_scale  # not the module, which keeps this: no cycle
-        refill = None if values is bias else (lambda: torch.mul(bias, scale, out=values))
-        return KeptTerm(term, refill, index=lambda c: (lambda: t5_index(c, n, dist, causal)))
+        return KeptTerm(term, lambda: refill_logit(values, bias, scale),
+                        index=lambda c: (lambda: t5_index(c, n, dist, causal)))
