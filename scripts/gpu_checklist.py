@@ -115,6 +115,15 @@ def steps() -> list[Step]:
                  "--repeats 6 --warmup 3 --no-memory --markdown {work}/infer.md")
               + "; rc=$?; [ $rc = 0 ] || cat {work}/infer.md; exit $rc",),
              _dietpe("bench --help"), default=False),
+        # the methods of the kernel's targets never timed on it with their current paths (TUPE's reset as a table,
+        # FIRE's piecewise table): training and inference, run by name
+        Step("others", "time", 150, "others.md",
+             ("timeout -s INT 140 " + _dietpe(
+                 "bench --device cuda --precision bf16 --shapes bert-base --lengths 512 --batch 8 "
+                 "--methods none@fused,tupe-a,tupe-r,fire --backends fused --modes train,infer "
+                 "--repeats 6 --warmup 3 --no-memory --markdown {work}/others.md")
+              + "; rc=$?; [ $rc = 0 ] || cat {work}/others.md; exit $rc",),
+             _dietpe("bench --help"), default=False),
         # the same step compiled whole, CUDA graphs (inductor's reduce-overhead): what is left without the host's
         # Python, as DIET's Table 1 was timed (XLA on TPUs). Training only (inference was measured in the H200's
         # fourth window, where compiling 4 candidates for both modes outlasted 230 s): run by name, alone

@@ -121,3 +121,12 @@ def test_the_table_names_the_ratio_and_the_largest_tensor(capsys):
                            "--methods", "diet-rel,diet-rel@eager"]) == 0
     out = capsys.readouterr().out
     assert "| none@fused |" in out and "| 1.000 |" in out and "| diet-rel@eager |" in out
+
+
+@pytest.mark.parametrize("method", ["tupe-a", "tupe-r"])
+def test_tupes_reset_adds_no_wider_q_and_k(method):
+    """In an encoder TUPE resets [CLS]'s row and column: the kernel reads the reset as a table and the rank-d_h
+    correlation as its own head part, so q and k are kept at their width for the backward (concatenated with
+    the d_h + 2 factors they were 1.15 × `none`'s step)."""
+    none = step_footprint("bert-mini", "none", 1024, 2)
+    assert step_footprint("bert-mini", method, 1024, 2).step_mib <= 1.05 * none.step_mib

@@ -123,7 +123,8 @@ def plan(terms: list[LogitTerm], mask: Tensor | CausalMask | None = None) -> Pla
         return quick
     tables, segments, pieces, fold = [], [], [], []
     for term in terms:
-        _sort(term, tables, segments, pieces, fold)
+        for part in term.parts() or (term,):
+            _sort(part, tables, segments, pieces, fold)
     _check_runs(tables + pieces, mask)
     if len(segments) > 1 or (len(tables) > 1 and any(t.q_keep is not None for t in tables)):
         raise NotServed("attn_backend='fused' reads one segment table and one offset table with a keep; use "
@@ -211,20 +212,26 @@ def fused(q: Tensor, k: Tensor, v: Tensor, terms: LayerTerms, mask: Tensor | Cau
         q_ids, k_ids = segments.q_ids, segments.k_ids
         extras.q_segments = q_ids if q_ids.stride(-1) == 1 else q_ids.contiguous()
         extras.k_segments = k_ids if k_ids.stride(-1) == 1 else k_ids.contiguous()
-    values, pieces = (table.values if table is not None else None), None
+    values, pieces, packed = (table.values if table is not None else None), None, None
     if piecewise is not None:
         values = piecewise.numerator.unsqueeze(0)  # (1, Lq + Lk - 1): the heads share it
         pieces = (piecewise.den, piecewise.kinks, piecewise.slope, piecewise.intercept)
+        if not compiling:  # packed once for the layers that share the table (the operator packs its own)
+            packed = piecewise.derived.get("packed")
+            if packed is None:
+                packed = piecewise.derived["packed"] = kernels.pack_pieces(*pieces[1:])
     # compiling: the kernel as custom operators (dynamo cannot trace Triton's launcher)
-    call = fused_attention_op if compiling else kernels.fused_attention
-    return call(q, k, v, s, values, segments.table if segments is not None else None, extras, pieces, folded), None
+    args = (q, k, v, s, values, segments.table if segments is not None else None, extras, pieces, folded)
+    if compiling:
+        return fused_attention_op(*args), None
+    return kernels.fused_attention(*args, packed=packed), None
 
 
 def _folded(q: Tensor, fold: list[LogitTerm], s: float, head_parts) -> tuple[Tensor, Tensor] | None:
     """A low-rank term's factors (fq / s, fk) for the kernel to read as a second head part from their own tensors
     (shared by the batch: no copy of q and k per layer, no slices of their gradients), or None where they are
     concatenated to q and k instead: several terms, a head size the kernel loads in two parts already, or more
-    loaded channels than the concatenation (a rank just past a power of two: TUPE's Dh + 2)."""
+    loaded channels than the concatenation (a rank just past a power of two)."""
     if len(fold) != 1 or head_parts(q.shape[-1])[1]:
         return None
     term = fold[0]

@@ -80,7 +80,8 @@ class FireBias(PositionBias):
             numerator = torch.log1p(c * along.abs().to(dtype))  # (Lq + Lk - 1,)
             den = torch.log1p(c * torch.maximum(self.q_pos.to(dtype), fire.limit())) + EPS  # (Lq,) or (B, Lq)
             slope, intercept, kinks = fire.pieces()
-            return PiecewiseTable(numerator, den, kinks, slope, intercept, self.runs)
+            # float32, as the kernel reads them (autocast's matmul gives bf16): cast once a forward, not per layer
+            return PiecewiseTable(numerator, den, kinks, slope.float(), intercept.float(), self.runs)
 
         return self.per_forward("piecewise_table", build)
 

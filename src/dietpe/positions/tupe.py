@@ -13,7 +13,8 @@ b_→[CLS], which add to θ_1 and θ_2: the form of the authors' released code (
 b and the [CLS] buckets are stored over `logit_scale` (dietpe.positions.method).
 `tupe_reset=False` gives TUPE-A^tie-cls (and TUPE-R with b_{j-i} everywhere).
 Entry points: logit bias (the absolute part is low rank, with the reset as two extra rank-1 columns, so it
-can be folded into queries and keys), and score scale (1/√2 on the content term).
+can be folded into queries and keys; the fused kernel reads the reset as a 2 × 2 table per head instead:
+`ResetCorrelation`), and score scale (1/√2 on the content term).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from dietpe.positions.t5 import (
     t5_offset_bucket,
     t5_range,
 )
-from dietpe.positions.terms import LayerTerms, LowRankBias, SeparableKeep, TableBias
+from dietpe.positions.terms import LayerTerms, LogitTerm, LowRankBias, SegmentBias, SeparableKeep, TableBias
 
 # in a causal LM position 0 is an ordinary token, not [CLS]
 TUPE_RESET = Field("tupe_reset", True, boolean, "reset_θ on position 0 ([CLS]); false: TUPE^tie-cls",
@@ -49,6 +50,44 @@ def _not_cls(pos: Tensor) -> Tensor:
 #: whether neither position is [CLS]'s 0: where TUPE-R's relative buckets apply. One object for every model,
 #: so FlexAttention's kernel for it is one; separable, so the fused kernel reads it as two vectors
 off_cls = SeparableKeep(_not_cls, _not_cls)
+
+
+class ResetCorrelation(LowRankBias):
+    """reset_θ((p_i U_Q)(p_j U_K)ᵀ / √(2d)) as fq·fkᵀ (the correlation's factors fq, fk, zero at [CLS]) plus the
+    reset: θ_1 on [CLS]'s row, θ_2 on its column elsewhere. Its factors (rank d + 2, for sdpa and flex) append
+    the reset as two columns; its `parts`, for the fused kernel, are the rank-d product (read from its own
+    tensors as the head's second part, a power of two wide: no copy of q and k per layer) and the reset as a
+    2 × 2 table per head read at [CLS]'s 0/1 ids, Ŝ[h, [i = 0], [j = 0]] = ((0, θ_2), (θ_1, θ_1)).
+    theta (H, 2); q_cls (1|B, 1, Lq), k_cls (1|B, 1, Lk): 1 at position 0."""
+
+    def __init__(self, fq: Tensor, fk: Tensor, theta: Tensor, q_cls: Tensor, k_cls: Tensor):
+        super().__init__(fq, fk)
+        self.theta, self.q_cls, self.k_cls = theta, q_cls, k_cls
+
+    def factors(self) -> tuple[Tensor, Tensor]:
+        return self.per_forward("factors", self._factors)
+
+    def _factors(self) -> tuple[Tensor, Tensor]:
+        fq, fk, theta, q_cls, k_cls = self.fq, self.fk, self.theta, self.q_cls, self.k_cls
+        # row i = 0 gets θ_1 against every key; rows i != 0 get θ_2 against key 0
+        col_q = torch.stack((theta[:, :1] * q_cls, theta[:, 1:] * (1 - q_cls)), dim=-1)  # (1|B, H, Lq, 2)
+        col_k = torch.stack((torch.ones_like(k_cls), k_cls), dim=-1).expand(-1, fk.shape[1], -1, -1)
+        return torch.cat((fq, col_q), -1), torch.cat((fk, col_k), -1)
+
+    @property
+    def rank(self) -> int:
+        return self.fq.shape[-1] + 2
+
+    def parts(self) -> list[LogitTerm]:
+        return self.per_forward("parts", self._parts)
+
+    def _parts(self) -> list[LogitTerm]:
+        theta = self.theta
+        zero = theta.new_zeros(theta.shape[0])
+        # float32, as the kernel reads it: cast once a forward, not per layer
+        table = torch.stack((zero, theta[:, 1], theta[:, 0], theta[:, 0]), -1).view(-1, 2, 2).float()
+        ids = [x.squeeze(1).to(torch.int32) for x in (self.q_cls, self.k_cls)]  # (1|B, L): 1 at [CLS]
+        return [LowRankBias(self.fq, self.fk), SegmentBias(table, *ids)]
 
 
 class TUPE(PositionMethod):
@@ -110,6 +149,11 @@ class TUPE(PositionMethod):
         """(fq, fk), (1|B, H, Lq, r), (1|B, H, Lk, r): fq fkᵀ = reset_θ((p_i U_Q)(p_j U_K)ᵀ / √(2d)).
         Positions (L,) or per example (B, L); the reset applies where the position is 0 ([CLS]'s). starts:
         (q0, k0) where the positions are known to be the runs q0, q0 + 1, ... and k0, ... (`Context`)."""
+        return self.correlation(q_pos, k_pos, starts).factors()
+
+    def correlation(self, q_pos: Tensor, k_pos: Tensor,
+                    starts: tuple[int | None, int | None] = (None, None)) -> LowRankBias:
+        """The term reset_θ((p_i U_Q)(p_j U_K)ᵀ / √(2d)): `ResetCorrelation` with the reset, else the product."""
         scale = 1.0 / math.sqrt(2 * self.head_size)
         q_pos, k_pos = q_pos.view(-1, q_pos.shape[-1]), k_pos.view(-1, k_pos.shape[-1])  # (1|B, L)
         normed_q = self._normed(q_pos, starts[0])
@@ -117,30 +161,27 @@ class TUPE(PositionMethod):
         normed_k = normed_q if same else self._normed(k_pos, starts[1])  # self-attention: LN(p) once
         fq = self._heads(normed_q, self.u_q) * scale  # (1|B, H, Lq, Dh)
         fk = self._heads(normed_k, self.u_k)  # (1|B, H, Lk, Dh)
-        if self.reset:
-            theta_p = self.norm(self.p_theta)
-            tq, tk = self._heads(theta_p, self.u_q), self._heads(theta_p, self.u_k)  # (H, 2, Dh)
-            theta = (tq * tk).sum(-1) * scale  # (H, 2): θ_1, θ_2
-            if self.relative:
-                theta = theta + self.logit("cls_bias")
-            q_cls = (q_pos == 0).to(fq.dtype)[:, None, :]  # (1|B, 1, Lq)
-            k_cls = (k_pos == 0).to(fk.dtype)[:, None, :]  # (1|B, 1, Lk)
-            # the correlation no longer touches [CLS]
-            fq, fk = fq * (1 - q_cls[..., None]), fk * (1 - k_cls[..., None])
-            # row i = 0 gets θ_1 against every key; rows i != 0 get θ_2 against key 0
-            col_q = torch.stack((theta[:, :1] * q_cls, theta[:, 1:] * (1 - q_cls)), dim=-1)  # (1|B, H, Lq, 2)
-            col_k = torch.stack((torch.ones_like(k_cls), k_cls), dim=-1).expand(-1, self.num_heads, -1, -1)
-            fq, fk = torch.cat((fq, col_q), -1), torch.cat((fk, col_k), -1)
-        return fq, fk
+        if not self.reset:
+            return LowRankBias(fq, fk)
+        theta_p = self.norm(self.p_theta)
+        tq, tk = self._heads(theta_p, self.u_q), self._heads(theta_p, self.u_k)  # (H, 2, Dh)
+        theta = (tq * tk).sum(-1) * scale  # (H, 2): θ_1, θ_2
+        if self.relative:
+            theta = theta + self.logit("cls_bias")
+        q_cls = (q_pos == 0).to(fq.dtype)[:, None, :]  # (1|B, 1, Lq)
+        k_cls = (k_pos == 0).to(fk.dtype)[:, None, :]  # (1|B, 1, Lk)
+        # the correlation no longer touches [CLS]
+        return ResetCorrelation(fq * (1 - q_cls[..., None]), fk * (1 - k_cls[..., None]), theta, q_cls, k_cls)
 
     def position_table(self, length: int) -> Tensor:
         """LN(p_i): TUPE's positional embeddings as its attention uses them."""
         return self.norm(self.p[:length])
 
     def layer_terms(self, ctx: Context, layer: int) -> LayerTerms:
-        def correlation() -> tuple[Tensor, Tensor, Tensor]:
-            fq, fk = self.correlation_factors(ctx.q_pos, ctx.k_pos, (ctx.q_start, ctx.k_start))
-            return fq, fk, fq @ fk.transpose(-1, -2)
+        def correlation() -> tuple[LowRankBias, Tensor]:
+            term = self.correlation(ctx.q_pos, ctx.k_pos, (ctx.q_start, ctx.k_start))
+            fq, fk = term.factors()
+            return term, fq @ fk.transpose(-1, -2)
 
         def build():
             # factors and product kept between inference forwards (DIET §3.1's cache; TUPE's term is also
@@ -148,10 +189,11 @@ class TUPE(PositionMethod):
             kept = self.kept(ctx, "tupe", tuple(self.parameters()), self.num_heads * ctx.q_pos.shape[-1]
                              * ctx.k_pos.shape[-1], correlation)
             if kept is None:
-                terms = [LowRankBias(*self.correlation_factors(ctx.q_pos, ctx.k_pos, (ctx.q_start, ctx.k_start)))]
+                terms = [self.correlation(ctx.q_pos, ctx.k_pos, (ctx.q_start, ctx.k_start))]
             else:
-                fq, fk, product = kept()
-                terms = [LowRankBias(fq, fk, lambda: product)]
+                term, product = kept()
+                term.kept = lambda: product
+                terms = [term]
             if self.relative:
                 # on [CLS]'s row and column b_{j-i} gives way to the [CLS] buckets in θ
                 keep = off_cls if self.reset else None

@@ -122,11 +122,10 @@ def test_the_kernel_reads_the_segment_table_not_its_factors(device, monkeypatch)
     _assert_same(got, want)
 
 
-@pytest.mark.parametrize("position,head_size,copies", [("diet-abs", 16, 0), ("tupe-a", 64, 1)])
-def test_low_rank_factors_are_read_from_their_own_tensors(position, head_size, copies, device, monkeypatch):
-    """DIET-ABS's P_Q, P_K (rank = head size) reach the kernel as a second head part: q and k are never
-    concatenated with them. TUPE-A's correlation (rank Dh + 2, loaded as 128 channels that way, 80 after q's
-    64 concatenated) is concatenated."""
+@pytest.mark.parametrize("position,head_size", [("diet-abs", 16), ("tupe-a", 64), ("tupe-r", 64)])
+def test_low_rank_factors_are_read_from_their_own_tensors(position, head_size, device, monkeypatch):
+    """DIET-ABS's P_Q, P_K (rank = head size) and TUPE's correlation (rank Dh, its reset a table: below) reach
+    the kernel as a second head part: q and k are never concatenated with them."""
     import dietpe.attention.fused as F
 
     calls, fold = [], F.fold_low_rank
@@ -135,8 +134,31 @@ def test_low_rank_factors_are_read_from_their_own_tensors(position, head_size, c
                        num_hidden_layers=1)
     ids, mask, seg = batch(L, device=device)
     got = _step(fused, ids, mask, seg)
-    assert sum(calls) == copies
+    assert sum(calls) == 0
     _assert_same(got, _step(ref, ids, mask, seg))
+
+
+@pytest.mark.parametrize("position", ["tupe-a", "tupe-r"])
+def test_tupe_reset_reaches_the_kernel_as_a_table(position, device, monkeypatch):
+    """TUPE's [CLS] reset reaches the kernel as a 2 × 2 table per head read at [CLS]'s ids, beside the rank-Dh
+    correlation: the rank Dh + 2 factors that eager and sdpa read (θ as two more columns) are never built on the
+    fused path; eager builds them, and the two agree, gradients included."""
+    import dietpe.attention.fused as F
+    from dietpe.positions.tupe import ResetCorrelation
+
+    calls, segments = [], []
+    factors, plan = ResetCorrelation.factors, F.plan
+    monkeypatch.setattr(ResetCorrelation, "factors", lambda self: calls.append(1) or factors(self))
+    monkeypatch.setattr(F, "plan", lambda *a: (lambda p: segments.append(p.segments) or p)(plan(*a)))
+    ref, fused = _pair(lambda **kw: DietModel(tiny(64, **kw)), device, position=position, num_hidden_layers=2)
+    ids, mask, seg = batch(L, device=device)
+    got = _step(fused, ids, mask, seg)
+    assert calls == [] and len(segments) == 2
+    assert segments[0].table.shape == (fused.config.num_attention_heads, 2, 2)
+    assert segments[0].q_ids.tolist() == [[1] + [0] * (L - 1)]  # 1 at [CLS], shared by the batch
+    want = _step(ref, ids, mask, seg)
+    assert calls
+    _assert_same(got, want)
 
 
 @pytest.mark.parametrize("sharing,built", [("layer", 1), ("none", 3)])
@@ -153,6 +175,20 @@ def test_shared_factors_are_scaled_once_per_forward(sharing, built, device, monk
     ids, mask, seg = batch(L, device=device)
     got = _step(fused, ids, mask, seg)
     assert sum(name.startswith("folded") for name in builds) == built
+    _assert_same(got, _step(ref, ids, mask, seg))
+
+
+def test_fires_pieces_are_packed_once_per_forward(device, monkeypatch):
+    """FIRE's pieces, shared by every layer, reach the kernel packed (float32, the layout its tiles read) once per
+    forward, not once per layer; the model matches eager."""
+    from dietpe.attention.kernels import attention
+
+    packs, pack = [], attention.pack_pieces
+    monkeypatch.setattr(attention, "pack_pieces", lambda *a: packs.append(1) or pack(*a))
+    ref, fused = _pair(lambda **kw: DietModel(tiny(16, **kw)), device, position="fire", num_hidden_layers=3)
+    ids, mask, seg = batch(L, device=device)
+    got = _step(fused, ids, mask, seg)
+    assert len(packs) == 1
     _assert_same(got, _step(ref, ids, mask, seg))
 
 

@@ -1012,8 +1012,7 @@ class Extras:
     """What the kernel reads beside q, k, v and the two learned tables, none of it with a gradient.
 
     q_keep (Lq,), k_keep (Lk,) or per example (B, Lq), (B, Lk): 0/1 multipliers of the offset table (TUPE's
-    reset), or None; q_segments (B, Lq),
-    k_segments (B, Lk) int32, with the segment table; mask: additive (B|1, H|1, 1, Lk) per key or
+    reset), or None; q_segments (B|1, Lq), k_segments (B|1, Lk) integers, with the segment table; mask: additive (B|1, H|1, 1, Lk) per key or
     (B|1, H|1, Lq, Lk) dense, or None; causal: query i sees keys j <= i (Lq = Lk)."""
 
     q_keep: Tensor | None = None
@@ -1286,8 +1285,7 @@ def _aux_strides(table: Tensor | None, segments: Tensor | None, ex: Extras) -> t
     """The strides of `_pointers`' tensors the kernels take (0 along a broadcast dimension)."""
     stab = table.stride(0) if table is not None and table.shape[0] > 1 else 0
     sseg = segments.stride(0) if segments is not None and segments.shape[0] > 1 else 0
-    sqs = ex.q_segments.stride(0) if ex.q_segments is not None else 0
-    sks = ex.k_segments.stride(0) if ex.k_segments is not None else 0
+    sqs, sks = _batch_stride(ex.q_segments), _batch_stride(ex.k_segments)
     # broadcast dimensions (size 1) read the same entries for every index
     ms = tuple(0 if n == 1 else st for n, st in zip(ex.mask.shape, ex.mask.stride())) if ex.mask is not None \
         else (0, 0, 0, 0)
@@ -1825,7 +1823,7 @@ def folded_inputs(q: Tensor, folded: tuple[Tensor, Tensor] | None) -> tuple[Tens
 def fused_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, table: Tensor | None = None,
                     segments: Tensor | None = None, extras: Extras | None = None,
                     pieces: tuple[Tensor, Tensor, Tensor, Tensor] | None = None,
-                    folded: tuple[Tensor, Tensor] | None = None) -> Tensor:
+                    folded: tuple[Tensor, Tensor] | None = None, packed: tuple[Tensor, int] | None = None) -> Tensor:
     """The kernel on q (B, H, Lq, Dq), k (B, H, Lk, Dq), v (B, H, Lk, Dv): out (B, H, Lq, Dv).
 
     folded (q2 (B|1, H|1, Lq, r), k2 (B|1, H|1, Lk, r)): extra query/key channels read from their own tensors
@@ -1836,8 +1834,9 @@ def fused_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, table: Tensor
     `Extras`. pieces (den (Lq,) or per example (B, Lq), kinks (W,) sorted, slope (W + 1, H), intercept
     (W + 1, H)): the term at (i, j) is then slope[p, h]·x + intercept[p, h] with x = T[i - j + Lk - 1] / den_i
     and p the number of kinks below x (FIRE's f_θ, a ReLU layer of a scalar, as its linear pieces); no gradient
-    reaches the kinks, which move only where a piece begins. Tables are read as float32 (their gradients flow
-    back through the cast)."""
+    reaches the kinks, which move only where a piece begins; packed: `pack_pieces(kinks, slope, intercept)` where
+    the caller has it (once for the layers that share the pieces). Tables are read as float32 (their gradients
+    flow back through the cast)."""
     extras = extras or Extras()
     q, k, v, table, segments, pieces = kernel_inputs(q, k, v, table, segments, pieces)
     q2, k2 = folded_inputs(q, folded)
@@ -1845,7 +1844,7 @@ def fused_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, table: Tensor
     if pieces is not None:
         den, kinks, slope, intercept = pieces
         extras.den = den.detach()
-        extras.pieces, extras.slots = pack_pieces(kinks, slope, intercept)
+        extras.pieces, extras.slots = packed or pack_pieces(kinks, slope, intercept)
         extras.n_pieces = slope.shape[0]
     inputs = (q, k, v, table, segments, den, slope, intercept, q2, k2)
     if not torch.is_grad_enabled() or not any(x is not None and x.requires_grad for x in inputs):

@@ -7,7 +7,7 @@ a term's dense form is (1|B, H|1, Lq, Lk), 1 where it is shared by the batch or 
 from __future__ import annotations
 
 import abc
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, NamedTuple
 
 import torch
@@ -74,7 +74,8 @@ class PiecewiseTable:
 
     numerator (Lq + Lk - 1,), den (Lq,) or per example (B, Lq), slope and intercept (W + 1, H), differentiable in
     the method's parameters; kinks (W,) sorted (+inf for a piece that never begins), no gradient: a.e. the
-    pieces do not move. runs: as `OffsetTable`'s."""
+    pieces do not move. runs: as `OffsetTable`'s. derived: what a backend makes of the table, kept with it for
+    the layers of the forward that share it (the fused kernel's packed pieces)."""
 
     numerator: Tensor
     den: Tensor
@@ -82,6 +83,7 @@ class PiecewiseTable:
     slope: Tensor
     intercept: Tensor
     runs: Runs | None = None
+    derived: dict = field(default_factory=dict, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -134,6 +136,8 @@ class LogitTerm(abc.ABC):
         segment_table() -> SegmentTable | None: the term as a per-head table read at two tokens' ids
         piecewise_table() -> PiecewiseTable | None: the term as a piecewise-linear function per head of
             numerator[i - j] / den[i] (consecutive positions), which the fused kernel evaluates in its tile
+        parts() -> list[LogitTerm] | None: terms whose sum is this one, each of a form above, which the fused
+            kernel reads more cheaply than the whole (TUPE's correlation: a product and its reset's table)
     """
 
     #: "position" or "segment"
@@ -195,6 +199,10 @@ class LogitTerm(abc.ABC):
 
     def piecewise_table(self) -> PiecewiseTable | None:
         """The term as a `PiecewiseTable`, or None."""
+        return None
+
+    def parts(self) -> list["LogitTerm"] | None:
+        """Terms whose sum is this one, for the fused kernel, or None: read it whole."""
         return None
 
     def renew(self, keep: tuple[str, ...] = ()) -> None:
