@@ -43,7 +43,7 @@ def _fresh(model, ids, mask, seg):
 
 def _kept(model):
     kept = model.diet.positions.method.__dict__.get("_forward_kept")
-    return None if kept is None else kept[1]
+    return None if kept is None else kept.value
 
 
 def _same(model, ids, mask, seg):
@@ -177,8 +177,38 @@ def test_kept_per_head_segments_read_each_forwards_ids(backend, position):
             ids, mask, _ = batch(9, batch_size=size)
             seg = torch.randint(0, 2, (size, 9), generator=generator)
             _same(model, ids, mask, seg)
-            now = segments.__dict__["_forward_kept"][1]
+            now = segments.__dict__["_forward_kept"].value
             assert kept is None or now is kept
             kept = now
             segments.table.data.add_(0.25)  # read afresh from the refilled buffer
     assert all(layer.logits[0].q_segments is None for layer in kept.layers if layer is not None)  # let go
+
+
+@pytest.mark.parametrize("position", ["diet-rel", "diet-abs", "t5"])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_forward_inside_another_uses_its_own_objects(backend, position):
+    """Two forwards at once on one model (threads serving inference; here one run inside another's first layer):
+    the second finds the kept objects in use and builds its own, so neither reads the other's segment ids, nor
+    loses its objects when the other ends."""
+    model = _model(backend, position, segment="per-head")
+    ids, mask, seg = batch(9)
+    other_ids, other_seg = ids.flip(0), 1 - seg
+    layer, inner = model.diet.layers[0], []
+    forward = layer.forward
+
+    def interleaved(*args, **kwargs):
+        if not inner:
+            inner.append(None)  # the inner forward's own first layer runs as usual
+            inner[0] = model(other_ids, attention_mask=mask, token_type_ids=other_seg).logits
+        return forward(*args, **kwargs)
+
+    with torch.no_grad():
+        model(ids, attention_mask=mask, token_type_ids=seg)  # objects kept, now free
+        layer.forward = interleaved
+        out = model(ids, attention_mask=mask, token_type_ids=seg).logits
+        layer.forward = forward
+        torch.testing.assert_close(out, _fresh(model, ids, mask, seg), rtol=0, atol=0)
+        torch.testing.assert_close(inner[0], _fresh(model, other_ids, mask, other_seg), rtol=0, atol=0)
+        kept = _kept(model)
+        _same(model, ids, mask, seg)  # free again: reused
+        assert _kept(model) is kept

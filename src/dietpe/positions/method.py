@@ -21,6 +21,7 @@ registered method.
 from __future__ import annotations
 
 import math
+import threading
 import weakref
 from dataclasses import dataclass
 from typing import Callable, ClassVar, Protocol, TypeVar
@@ -204,8 +205,9 @@ class PositionMethod(nn.Module):
     def kept_forward(self, ctx: Context, sources: tuple[Tensor, ...], build: Callable[[], K],
                      unkept: object = _BUILD) -> K:
         """build(): what the method's layers share in a forward (its terms, and the tensors they read), kept from
-        the last forward where `forward_key` allows, then `start`ed for this one; it `drop`s what this forward
-        built on it when the forward ends (`Context.on_release`). The object's tensors must be views of
+        the last forward where `forward_key` allows and no other forward uses it (else built afresh), then
+        `start`ed for this one; it `drop`s what this forward built on it when the forward ends
+        (`Context.on_release`). The object's tensors must be views of
         `sources` (its parameters) or of buffers `start` refills from them, or functions of the positions and
         constants, so that it reads the current parameters however they changed (DIET §3.1 on any device: no
         comparison, no host sync). unkept: what to return where nothing may be kept (default: build())."""
@@ -213,14 +215,16 @@ class PositionMethod(nn.Module):
         if key is None:
             return build() if unkept is _BUILD else unkept
         kept = self.__dict__.get("_forward_kept")  # not state: never saved, nor moved by .to()
-        if kept is not None and kept[0] == key:
-            value = kept[1]
-            value.start(ctx)
+        if kept is not None and kept.key == key:
+            if not kept.claim(ctx):  # another forward is using it (threads serving one model)
+                return build() if unkept is _BUILD else unkept
+            kept.value.start(ctx)
         else:
-            value = build()
-            self.__dict__["_forward_kept"] = (key, value)
-        ctx.on_release(value.drop)
-        return value
+            kept = _KeptEntry(key, build())
+            kept.claim(ctx)
+            self.__dict__["_forward_kept"] = kept
+        ctx.on_release(kept.free)
+        return kept.value
 
     def keep(self, ctx: Context, name: str, tensors: tuple[Tensor, ...], term: LogitTerm) -> LogitTerm:
         """`term`, position-only, a function of `tensors` and the positions, with its dense form kept between
@@ -259,6 +263,30 @@ class PositionMethod(nn.Module):
         logit = getattr(self, "logit_parameters", ())
         for name, p in self.named_parameters(recurse=False):
             hf_init.normal_(p, std=std / self.logit_scale if name in logit else std)
+
+
+class _KeptEntry:
+    """`kept_forward`'s entry: its key, the kept objects, and the forward using them (a weak reference to its
+    context: a forward that raised before its end frees them when its context goes)."""
+
+    __slots__ = ("key", "value", "_user")
+    _lock = threading.Lock()  # claims are atomic, also without the GIL
+
+    def __init__(self, key: tuple, value: "KeptForward"):
+        self.key, self.value, self._user = key, value, None
+
+    def claim(self, ctx: Context) -> bool:
+        """Whether the objects were free and are now this forward's."""
+        with self._lock:
+            if self._user is not None and self._user() is not None:
+                return False
+            self._user = weakref.ref(ctx)
+            return True
+
+    def free(self) -> None:
+        """The forward has ended: it drops what it built on the objects, and they are free again."""
+        self.value.drop()
+        self._user = None
 
 
 class KeptForward(Protocol):
