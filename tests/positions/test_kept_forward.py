@@ -212,3 +212,22 @@ def test_a_forward_inside_another_uses_its_own_objects(backend, position):
         kept = _kept(model)
         _same(model, ids, mask, seg)  # free again: reused
         assert _kept(model) is kept
+
+
+def test_a_forward_that_raises_frees_the_kept_objects(monkeypatch):
+    """A layer that raises ends the forward: its context is released all the same, so the next forward reuses
+    the kept objects (rather than finding them claimed while the exception's traceback holds the context)."""
+    model = _model("eager", "diet-rel", segment="per-head")
+    ids, mask, seg = batch(9)
+    layer = model.diet.layers[1]
+    with torch.no_grad():
+        model(ids, attention_mask=mask, token_type_ids=seg)
+        kept = _kept(model)
+        monkeypatch.setattr(layer, "forward", lambda *a, **k: 1 / 0)
+        with pytest.raises(ZeroDivisionError) as raised:
+            model(ids, attention_mask=mask, token_type_ids=seg)
+        monkeypatch.undo()
+        starts, start = [], type(kept).start
+        monkeypatch.setattr(type(kept), "start", lambda self, ctx: starts.append(1) or start(self, ctx))
+        _same(model, ids, mask, seg)
+        assert raised.value is not None and _kept(model) is kept and starts  # reused while the traceback lives

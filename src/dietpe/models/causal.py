@@ -162,16 +162,18 @@ class DietCausalModel(DietPreTrainedModel):
         need_probs = bool(output_attentions)
         all_hidden, all_probs = [hidden] if output_hidden_states else None, [] if need_probs else None
         recompute = self.training and any(layer.gradient_checkpointing for layer in self.layers)
-        for i, layer in enumerate(self.layers):
-            terms = self.positions.layer_terms(ctx, i)
-            if recompute:
-                terms = terms.for_checkpointing()
-            hidden, probs = layer(hidden, terms, mask, cache, i, need_probs)
-            if need_probs:
-                all_probs.append(probs)
-            if output_hidden_states:
-                all_hidden.append(hidden)
-        ctx.release()
+        try:  # released even if a layer raises: kept objects are freed for the next forward
+            for i, layer in enumerate(self.layers):
+                terms = self.positions.layer_terms(ctx, i)
+                if recompute:
+                    terms = terms.for_checkpointing()
+                hidden, probs = layer(hidden, terms, mask, cache, i, need_probs)
+                if need_probs:
+                    all_probs.append(probs)
+                if output_hidden_states:
+                    all_hidden.append(hidden)
+        finally:
+            ctx.release()
         return with_cache(BaseModelOutputWithPast, cache, last_hidden_state=hidden,
                           hidden_states=tuple(all_hidden) if all_hidden is not None else None,
                           attentions=tuple(all_probs) if all_probs is not None else None)

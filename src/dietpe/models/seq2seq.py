@@ -262,17 +262,19 @@ class DietDecoder(nn.Module):
         all_hidden = [hidden] if output_hidden_states else None
         self_probs, cross_probs = [], []
         recompute = self.training and any(layer.gradient_checkpointing for layer in self.layers)
-        for i, layer in enumerate(self.layers):
-            terms = self.positions.layer_terms(ctx, i)
-            if recompute:
-                terms = terms.for_checkpointing()
-            hidden, p_self, p_cross = layer(hidden, terms, self_mask, memory,
-                                            memory_mask, cache, i, need_probs)
-            self_probs.append(p_self)
-            cross_probs.append(p_cross)
-            if output_hidden_states:
-                all_hidden.append(hidden)
-        ctx.release()
+        try:  # released even if a layer raises: kept objects are freed for the next forward
+            for i, layer in enumerate(self.layers):
+                terms = self.positions.layer_terms(ctx, i)
+                if recompute:
+                    terms = terms.for_checkpointing()
+                hidden, p_self, p_cross = layer(hidden, terms, self_mask, memory,
+                                                memory_mask, cache, i, need_probs)
+                self_probs.append(p_self)
+                cross_probs.append(p_cross)
+                if output_hidden_states:
+                    all_hidden.append(hidden)
+        finally:
+            ctx.release()
         return hidden, all_hidden, self_probs, cross_probs
 
 
