@@ -1012,8 +1012,9 @@ class Extras:
     """What the kernel reads beside q, k, v and the two learned tables, none of it with a gradient.
 
     q_keep (Lq,), k_keep (Lk,) or per example (B, Lq), (B, Lk): 0/1 multipliers of the offset table (TUPE's
-    reset), or None; q_segments (B|1, Lq), k_segments (B|1, Lk) integers, with the segment table; mask: additive (B|1, H|1, 1, Lk) per key or
-    (B|1, H|1, Lq, Lk) dense, or None; causal: query i sees keys j <= i (Lq = Lk)."""
+    reset), or None; q_segments (B|1, Lq), k_segments (B|1, Lk) integers, with the segment table; mask:
+    additive (B|1, H|1, 1, Lk) per key or (B|1, H|1, Lq, Lk) dense, or None; causal: query i sees keys j <= i
+    (Lq = Lk)."""
 
     q_keep: Tensor | None = None
     k_keep: Tensor | None = None
