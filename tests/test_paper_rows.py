@@ -93,3 +93,26 @@ def test_lists_combine_and_shared_rows_are_trained_once():
     assert len(names) == len(set(names)) == len(PAPERS) + len(TUPE) - 2  # absolute, tupe-r in both
     with pytest.raises(Exception, match="listed twice"):
         parse_methods("diet-rel,diet-rel")
+
+
+def test_a_bench_row_label_is_a_spec_of_the_same_model():
+    from dietpe.bench.cost import Variant, model_config
+    from dietpe.errors import ConfigError
+
+    # `dietpe bench` names rows diet-rel+seg@fused; training that label builds the model the bench timed
+    for label in ("diet-rel+seg", "diet-abs+seg@fused", "t5@sdpa", "alibi@eager"):
+        variant, method = Variant.parse(label), parse_method(label)
+        timed = model_config("bert-tiny", variant).to_dict()
+        trained = build_config(method, "bert-tiny", timed["vocab_size"], 512, 0).to_dict()
+        for key in ("position", "segment", "attn_backend"):
+            assert trained[key] == timed[key], (label, key)
+    assert parse_method("diet-rel+seg") == parse_method("diet-rel:segment=per-head")
+    # a bench row without +seg takes input segments; a spec takes the papers' row (per-head for DIET)
+    assert Variant.parse("diet-rel").segment == "input" and parse_method("diet-rel").segment == "per-head"
+    assert parse_method("diet-rel+seg:sharing=layer").name == "diet-rel:sharing=layer"
+    assert parse_method("diet-rel@fused").name == "diet-rel:attn_backend=fused"
+    for twice in ("diet-rel+seg:segment=input", "t5@fused:attn_backend=sdpa"):
+        with pytest.raises(ConfigError, match="twice"):
+            parse_method(twice)
+    with pytest.raises(ConfigError, match="attn_backend='nope'"):
+        parse_method("diet-rel@nope")

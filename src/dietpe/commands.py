@@ -553,8 +553,8 @@ def register_bench(subparsers) -> None:
                    help="batch size, one for all lengths or one per length (default: 8 at 128, 2 at 512, "
                         "so 1,024 tokens per step; elsewhere max(1, 1024 // length))")
     p.add_argument("--methods", type=V.names, default=None,
-                   help="position methods, `+seg` for per-head segments (default: all, with diet-abs+seg and "
-                        "diet-rel+seg); `none` is always added as the baseline")
+                   help="position methods, `+seg` for per-head segments, else input segments (default: all, with "
+                        "diet-abs+seg and diet-rel+seg); `none` is always added as the baseline")
     p.add_argument("--backends", type=V.names, default=["auto"],
                    help="attention backends to run each method on, e.g. fused,sdpa,flex (default: auto); each "
                         "row is method@backend, and `none` stays on sdpa (flash on a GPU); a method a backend "

@@ -3,7 +3,8 @@
 `diet-rel`, `diet-rel:segment=input:sharing=layer` and `diet-abs:position_rank=128` name a `DietConfig`'s
 position fields; the pipeline (`dietpe pretrain --method`, `dietpe compare --methods`, `dietpe translate train
 --method`) and the bench read them here. The papers' list of methods and each method's default segment mode
-come from the registry (`dietpe.positions.registry`).
+come from the registry (`dietpe.positions.registry`). The bench's row labels are specs too: `+seg` is
+segment=per-head and `@backend` attn_backend=backend.
 """
 
 from __future__ import annotations
@@ -159,6 +160,7 @@ def parse_method(spec: str, config_class: type = DietConfig, segment: str | None
     `run_fields`: config fields the run sets itself, refused in a spec (default RUN_FIELDS)."""
     run_fields = RUN_FIELDS if run_fields is None else run_fields
     position, *pairs = spec.strip().split(":")
+    position, pairs = _bench_label(spec, position, pairs)
     fields: dict[str, object] = {}
     for pair in pairs:
         key, eq, value = pair.partition("=")
@@ -184,6 +186,21 @@ def parse_method(spec: str, config_class: type = DietConfig, segment: str | None
     method = Method(position, segment, sharing, tuple(sorted(fields.items())))
     config_class.from_preset("bert-tiny", vocab_size=8, **method.config_fields())  # raises ConfigError
     return method
+
+
+def _bench_label(spec: str, head: str, pairs: list[str]) -> tuple[str, list[str]]:
+    """The bench's row labels as specs: `diet-rel+seg` is `diet-rel:segment=per-head`, `diet-rel@fused` is
+    `diet-rel:attn_backend=fused`, so a row of `dietpe bench` can be trained as it is named."""
+    head, at, backend = head.partition("@")
+    if at:
+        pairs = [f"attn_backend={backend}", *pairs]
+    if head.endswith("+seg"):
+        head, pairs = head[:-len("+seg")], ["segment=per-head", *pairs]
+    for key in ("segment", "attn_backend"):
+        if sum(p.partition("=")[0].strip().replace("-", "_") == key for p in pairs) > 1:
+            raise ConfigError(f"method {spec!r} sets {key} twice ('+seg' is segment=per-head, '@backend' is "
+                              f"attn_backend=backend)")
+    return head, pairs
 
 
 # DietConfig fields a run sets itself; a method spec may override any other field, the size preset's
