@@ -141,7 +141,7 @@ def steps() -> list[Step]:
         # where a step's time goes (host, kernels by kind, each kernel alone): run by name
         # inference on the GPU alone (a CUDA graph's replay), then the operator alone; the training step's
         # profile (`gpu_profile.py` without --no-steps) is the bench step's ratio taken apart
-        Step("profile", "time", 120, "profile.md",
+        Step("profile", "time", 180, "profile.md",
              (f"{PY} scripts/gpu_profile.py - --no-steps --graphs none,none@fused,diet-rel@fused,"
               "diet-rel+seg@fused,diet-abs@fused,t5@fused,alibi@fused,diet-rel@sdpa,diet-rel+seg@sdpa,t5@sdpa "
               "--ops",),

@@ -299,30 +299,42 @@ def host_table(labels: list[str], shape: str, length: int, batch: int) -> list[s
     return lines
 
 
-def ops_table(shapes: list[tuple[int, int, int, int]]) -> list[str]:
+def ops_table(shapes: list[tuple[int, int, int, int]], device: str = "cuda") -> list[str]:
     import torch.nn.functional as F
     from triton.testing import do_bench
 
-    from dietpe.attention.kernels.attention import chosen_configs, fused_attention, table_gradient, table_read
+    from dietpe.attention.kernels.attention import (Extras, causal_order, chosen_configs, fused_attention,
+                                                    table_gradient, table_read)
 
-    lines = ["", "## ops: the attention operator alone, bf16, median ms (do_bench)", "",
+    lines = ["", "## ops: the attention operator alone, bf16, median ms (do_bench); causal rows against flash's "
+             "causal, their query blocks the longest first (the default) or in index order", "",
              "| B x H x L x d | op | fwd ms | fwd+bwd ms | x flash fwd | x flash fwd+bwd |",
              "|---|---|--:|--:|--:|--:|"]
     for b, h, n, d in shapes:
-        g = torch.Generator(device="cuda").manual_seed(0)
-        q, k, v, do = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(4))
+        g = torch.Generator(device=device).manual_seed(0)
+        q, k, v, do = (torch.randn(b, h, n, d, device=device, dtype=torch.bfloat16, generator=g) for _ in range(4))
         for x in (q, k, v):
             x.requires_grad_(True)
-        table = (0.1 * torch.randn(h, 2 * n - 1, device="cuda", generator=g)).requires_grad_(True)
+        table = (0.1 * torch.randn(h, 2 * n - 1, device=device, generator=g)).requires_grad_(True)
         scale = d ** -0.5
         with_table = lambda: fused_attention(q, k, v, scale, table)  # noqa: E731
+        causal = lambda: fused_attention(q, k, v, scale, None, None, Extras(causal=True))  # noqa: E731
+        causal_table = lambda: fused_attention(q, k, v, scale, table, None, Extras(causal=True))  # noqa: E731
         ops = {"sdpa flash": (lambda: F.scaled_dot_product_attention(q, k, v), contextlib.nullcontext),
                "fused, no term": (lambda: fused_attention(q, k, v, scale), contextlib.nullcontext),
                "fused, offset table": (with_table, contextlib.nullcontext),
                "fused, offset table, per score": (with_table, lambda: table_read("score")),
-               "fused, offset table, gradient in dQ": (with_table, lambda: table_gradient("rows"))}
+               "fused, offset table, gradient in dQ": (with_table, lambda: table_gradient("rows")),
+               "sdpa flash, causal": (lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+                                      contextlib.nullcontext),
+               "fused, causal, no term": (causal, contextlib.nullcontext),
+               "fused, causal, no term, index order": (causal, lambda: causal_order("index")),
+               "fused, causal, offset table": (causal_table, contextlib.nullcontext),
+               "fused, causal, offset table, index order": (causal_table, lambda: causal_order("index"))}
         base = None
         for name, (call, setting) in ops.items():
+            if name == "sdpa flash, causal":
+                base = None  # the causal rows against flash's causal
             def op(call=call, setting=setting):
                 with setting():
                     return call()

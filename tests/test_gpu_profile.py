@@ -74,3 +74,34 @@ def test_the_graphs_table_times_each_call_and_its_replay(profile_script, monkeyp
     assert [rows[0][i].strip() for i in (2, 4, 6)] == ["1.000"] * 3  # the first divides by itself
     assert all(float(r[1]) > 0 and float(r[2]) > 0 and float(r[3]) >= 0 and float(r[4]) > 0 for r in rows)
     assert all(0 < float(r[5]) <= float(r[1]) + 0.01 for r in rows)  # the host's part of the call
+
+
+def test_the_ops_table_times_causal_rows_against_flashs_causal_in_both_orders(profile_script, monkeypatch):
+    """Its plumbing on the CPU, with a stand-in for Triton's timer (each op run once, then a time by its row): the
+    causal rows divide by flash's causal row, and the index-order rows run under that setting."""
+    pytest.importorskip("triton")
+    import triton.testing
+
+    from dietpe.attention.kernels import attention
+
+    times, calls = [], []
+    real = attention.fused_attention
+
+    def fused_attention(*args):
+        calls.append((len(args) > 6 and args[6].causal, attention.ORDER.current()))
+        return real(*args)
+
+    def do_bench(fn, warmup=0, rep=0, return_mode="median", grad_to_none=None):
+        fn()
+        times.append(float(len(times) + 1))
+        return times[-1]
+    monkeypatch.setattr(triton.testing, "do_bench", do_bench)
+    monkeypatch.setattr(attention, "fused_attention", fused_attention)
+    lines = profile_script.ops_table([(1, 2, 24, 16)], device="cpu")
+    rows = {r[1].strip(): r for r in (line.split("|")[1:-1] for line in lines if line.startswith("| 1x2x24x16"))}
+    assert len(rows) == 10 and len(times) == 20
+    assert rows["sdpa flash"][4].strip() == rows["sdpa flash, causal"][4].strip() == "1.00"
+    # times are 1, 2, 3, ...: the seventh op's forward is the 13th call, each ratio to its own group's first row
+    assert float(rows["fused, causal, no term"][4]) == pytest.approx(13 / 11, abs=0.01)
+    assert [c for c in calls if c[0]] == [(True, "longest")] * 2 + [(True, "index")] * 2 + \
+        [(True, "longest")] * 2 + [(True, "index")] * 2

@@ -191,6 +191,44 @@ def test_the_table_gradient_under_dropout(path, device):
     assert all(torch.equal(a, b) for a, b in zip(first[1], again[1]))
 
 
+@pytest.mark.parametrize("name", ["fp32-32-shared-table-3segments-causal", "fp32-16-shared-table-causal-even",
+                                  "fp32-24in2parts-table-causal-half-even", "fp32-16-table-keep-segments-padding"])
+@pytest.mark.parametrize("path", ["bands", "rows"])
+def test_a_causal_grid_in_either_order_gives_the_same_bits(name, path, device):
+    """The forward's and dQ kernel's query blocks run the longest first under causality (the last block first)
+    or in index order: each block computes and writes the same, so the same bits, and the equation's; the order
+    is the call's (the launches' LONGEST), only where attention is causal."""
+    from dietpe.attention.kernels import attention as A
+
+    inputs, ex = _case(device, **CASES[name])
+    runs = {}
+    for order in ("longest", "index"):
+        with A.table_gradient(path), A.causal_order(order):
+            runs[order] = _run(inputs, ex)
+            sig = A.signature(*inputs[:3], 0.3, *inputs[3:], ex)
+        call = A._specs[sig]
+        dq_specs = [kept.specs[0] for kept in call.backward.values()]
+        assert [call.forward.constants["LONGEST"]] + [s.constants["LONGEST"] for s in dq_specs] == \
+            [ex.causal and order == "longest"] * (1 + len(dq_specs)) and dq_specs
+    _assert_matches(*runs["longest"], *_reference_run(inputs, ex))
+    assert torch.equal(runs["longest"][0], runs["index"][0])
+    for a, b in zip(runs["longest"][1], runs["index"][1], strict=True):
+        assert torch.equal(a, b)
+
+
+def test_the_causal_order_setting_names_its_values(monkeypatch):
+    from dietpe.attention.kernels import attention as A
+    from dietpe.errors import ConfigError
+
+    monkeypatch.setattr(A.ORDER, "stack", [])
+    monkeypatch.setenv("DIETPE_FUSED_ORDER", "reverse")
+    with pytest.raises(ConfigError, match="DIETPE_FUSED_ORDER='reverse': allowed values are longest, index"):
+        A.ORDER.current()
+    with pytest.raises(ConfigError, match="allowed values are longest, index"):
+        with A.causal_order("backwards"):
+            pass
+
+
 def test_two_runs_give_the_same_bits(device):
     inputs, ex = _case(device, torch.float32, b=2, h=2, lq=L + 6, lk=L, dq=24, dv=16, table_heads=2, nseg=2,
                        keep=True, mask="padding")

@@ -326,6 +326,17 @@ def _open_keys(MASK, b, h, LK, smb, smh, smn, BN: tl.constexpr):
 
 
 @triton.jit
+def _query_block(LONGEST: tl.constexpr):
+    """This program's query block. LONGEST (causal attention, where block m reads m + 1 key blocks): the last
+    block first, so the grid's last wave holds the shortest programs, not the longest (FlashAttention-3's
+    longest-processing-time-first order for causal attention); each block's results are the same bits."""
+    pid = tl.program_id(0)
+    if LONGEST:
+        pid = tl.num_programs(0) - 1 - pid
+    return pid
+
+
+@triton.jit
 def _key_range(MASK, b, h, LK, smb, smh, smn, lo_query, hi, full, BN: tl.constexpr, CAUSAL: tl.constexpr):
     """(lo, hi, full) of a query block's key loop under a padding mask: from the first open key's block to the
     last's, where every query of the block (from lo_query on) sees an open key; unchanged where one sees none."""
@@ -453,11 +464,11 @@ def _forward_kernel(Q, K, V, O, LSE, TAB, KEEPQ, KEEPK, SEGT, QSEG, KSEG, MASK, 
                     HAS_TAB: tl.constexpr, HAS_KEEP: tl.constexpr, NSEG: tl.constexpr,
                     MASK_KIND: tl.constexpr, PIECES: tl.constexpr, LOGKP: tl.constexpr, CAUSAL: tl.constexpr,
                     DROPOUT: tl.constexpr, PREC: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr,
-                    EVEN_D: tl.constexpr):
+                    EVEN_D: tl.constexpr, LONGEST: tl.constexpr = False):
     """One block of BM queries of one (batch row, head) against every key block: FlashAttention-2's forward.
     With a mask, key blocks it wholly blocks are skipped; if a query then saw nothing (every key blocked), the
     block runs again without skipping, as the equation has it (softmax over the blocked scores)."""
-    pid_m = tl.program_id(0)
+    pid_m = _query_block(LONGEST)
     bh = tl.program_id(1)
     b = (bh // H).to(tl.int64)
     h = (bh % H).to(tl.int64)
@@ -637,10 +648,11 @@ def _backward_q_kernel(Q, K, V, O, DO, LSE, DELTA, DQ_, PART, SPART, DPART, PWPA
                        DVP: tl.constexpr, HAS_TAB: tl.constexpr, HAS_KEEP: tl.constexpr, NSEG: tl.constexpr,
                        NSEG2P: tl.constexpr, MASK_KIND: tl.constexpr, PIECES: tl.constexpr, LOGKP: tl.constexpr,
                        CAUSAL: tl.constexpr, DROPOUT: tl.constexpr, PREC: tl.constexpr, TAB_GRAD: tl.constexpr,
-                       SEG_GRAD: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, EVEN_D: tl.constexpr):
+                       SEG_GRAD: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, EVEN_D: tl.constexpr,
+                       LONGEST: tl.constexpr = False):
     """rowsum(dO ∘ O) and dQ of one query block of one (batch row, head) by FlashAttention-2's second backward
     loop, and its rows of the tables' partial sums. Runs before the dK/dV kernel, which reads the row sums."""
-    pid_m = tl.program_id(0)
+    pid_m = _query_block(LONGEST)
     bh = tl.program_id(1)
     b = (bh // H).to(tl.int64)
     h = (bh % H).to(tl.int64)
@@ -1150,6 +1162,22 @@ TABLE_READ = _Setting("DIETPE_FUSED_TABLE", tuple(TABLE_READS), "window", "table
 TABLE_GRAD = _Setting("DIETPE_FUSED_TABLE_GRAD", ("bands", "rows"), "bands", "table_gradient")
 
 
+#: the order of a causal grid's query blocks in the forward and dQ kernels: "longest", the last block (the
+#: longest key loop) first; "index", block 0 first. The dK/dV kernel's key block n reads the queries from n on,
+#: so its index order is already the longest first. DIETPE_FUSED_ORDER chooses; `causal_order` within a block
+ORDER = _Setting("DIETPE_FUSED_ORDER", ("longest", "index"), "longest", "causal_order")
+
+
+def causal_order(name: str):
+    """Within it a causal grid's query blocks run in the order `name` says ("longest" or "index"): for timing
+    both. The results are the same bits."""
+    return ORDER.using(name)
+
+
+def _longest(flags: dict) -> bool:
+    return flags["CAUSAL"] and ORDER.current() == "longest"
+
+
 def current_table_read() -> str:
     """How the kernels read an offset table now (a key of TABLE_READS)."""
     return TABLE_READ.current()
@@ -1405,7 +1433,7 @@ def signature(q: Tensor, k: Tensor, v: Tensor, scale: float, table: Tensor | Non
     return (q.shape, q.stride(), q.dtype, k.shape, k.stride(), k.dtype, v.shape, v.stride(), v.dtype, q.device,
             scale, tuple([None if x is None else (x.shape, x.stride(), x.dtype) for x in optional]),
             ex.pieces is not None, ex.slots, ex.n_pieces, ex.causal, ex.dropout, ex.token_major,
-            TABLE_READ.current(), TABLE_GRAD.current(), _tuning(), _precision(q))
+            TABLE_READ.current(), TABLE_GRAD.current(), ORDER.current(), _tuning(), _precision(q))
 
 
 def _record(sig: tuple, q: Tensor, k: Tensor, v: Tensor, ex: Extras) -> _Call:
@@ -1497,7 +1525,8 @@ def _forward_spec(config: tuple, q: Tensor, k: Tensor, v: Tensor, scale: float, 
               pt.dq2, dv, scale * LOG2E)
     return _Spec((_cdiv(lq, bm), b * h), before, _dropout_args(ex),
                  dict(BM=bm, BN=bn, D1=pt.d1, D2=pt.d2, DVP=pt.dvp, EVEN_M=lq % bm == 0, EVEN_N=lk % bn == 0,
-                      EVEN_D=pt.even_d, num_warps=warps, num_stages=stages, **flags), next(_tokens))
+                      EVEN_D=pt.even_d, LONGEST=_longest(flags), num_warps=warps, num_stages=stages, **flags),
+                 next(_tokens))
 
 
 def attention_forward(q: Tensor, k: Tensor, v: Tensor, scale: float, table: Tensor | None,
@@ -1558,7 +1587,8 @@ def _backward_specs(configs: tuple, q: Tensor, k: Tensor, v: Tensor, out: Tensor
                   *parts, *second[0].stride()[:3], *tail)
         specs[0] = _Spec((nm, b * h), before, (*after, nn, w),
                          dict(BM=bm, BN=bn, NSEG2P=nseg2p, EVEN_M=lq % bm == 0, EVEN_N=lk % bn == 0,
-                              num_warps=warps, num_stages=stages, **fixed, **grads), next(_tokens), sizes)
+                              LONGEST=_longest(flags), num_warps=warps, num_stages=stages, **fixed, **grads),
+                         next(_tokens), sizes)
     if configs[1] is not None:
         bm, bn, warps, stages = configs[1]
         before = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3], *dense_k, *dense_v, *parts,
