@@ -49,7 +49,7 @@ def test_pretrain_init_from_bert_logs_what_was_loaded(data, tmp_path, capsys):
     assert json.loads((kept / "model" / "config.json").read_text())["input_positions"] is True
 
 
-def test_lm_trains_each_method_and_writes_the_length_table(data, tmp_path):
+def test_lm_trains_each_method_and_writes_the_length_table(data, tmp_path, capsys):
     out = tmp_path / "lm"
     assert cli(["lm", str(data["corpus"]), "--methods", "alibi,absolute", "--steps", "3", "--max-length", "8",
                 "--vocab-size", "100", "--batch-size", "4", "--lengths", "1,2", "-o", str(out)]) == 0
@@ -62,6 +62,7 @@ def test_lm_trains_each_method_and_writes_the_length_table(data, tmp_path):
     assert cli(["lengths", str(out / "alibi"), "--data", str(data["corpus"]), "--lengths", "1,2",
                 "-o", str(tmp_path / "again")]) == 0
     again = json.loads((tmp_path / "again" / "lengths.json").read_text())[0]
+    assert f"[lengths] {out / 'alibi'}: 1L " in capsys.readouterr().err  # its own command's name, not lm's
     assert again["ppl"]["2"] == pytest.approx(rows["alibi"]["ppl"]["2"], rel=1e-5)
     # --data may be a file, as its help says: that file is the held-out text
     valid = next(p for p in Path(data["corpus"]).iterdir() if "valid" in p.name)

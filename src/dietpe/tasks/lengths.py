@@ -63,7 +63,8 @@ def main(args) -> int:
         ppl = length_perplexities(model, tokenizer, stream, length, args.lengths, args.eval_tokens)
         rows.append(dict(method=method, kind="causal" if causal else "masked", train_length=length, ppl=ppl))
         lengths.add(length)
-        log(f"{run}: " + ", ".join(f"{m}L {'n/a' if v is None else f'{v:.2f}'}" for m, v in ppl.items()))
+        log(f"{run}: " + ", ".join(f"{m}L {'n/a' if v is None else f'{v:.2f}'}" for m, v in ppl.items()),
+            "lengths")
     title = f"trained at L = {', '.join(map(str, sorted(lengths)))}"
     print(write_report(rows, args.lengths, Path(args.output_dir), title))
     return 0

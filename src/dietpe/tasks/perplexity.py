@@ -193,5 +193,5 @@ def write_report(rows: list[dict], multiples, out: Path, title: str) -> str:
     return md
 
 
-def log(message: str) -> None:
-    print(f"[lm] {message}", file=sys.stderr)
+def log(message: str, command: str = "lm") -> None:
+    print(f"[{command}] {message}", file=sys.stderr)
