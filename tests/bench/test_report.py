@@ -33,3 +33,21 @@ def test_markdown_groups_by_shape_and_length_and_marks_partial_runs():
     text = markdown(rows, long, {"torch": "2.x", "threads": 1, "repeats": 3, "warmup": 1, "partial": "1 of 2"})
     assert text.count("### bert-small, length 128") == 1 and text.count("### bert-small, length 512") == 1
     assert "**Partial results**: 1 of 2" in text and long_table(long) in text
+
+
+def test_the_fused_kernels_settings_are_written_with_the_figures(monkeypatch):
+    import argparse
+
+    import torch
+
+    from dietpe.bench.cli import _Tables
+
+    args = argparse.Namespace(threads=1, repeats=3, warmup=1, compile=None, precision="fp32")
+    for name in [k for k in __import__("os").environ if k.startswith("DIETPE_FUSED_")]:
+        monkeypatch.delenv(name)
+    assert "Kernel settings" not in markdown([], [], _Tables(args, torch.device("cpu"), 1).settings)
+    monkeypatch.setenv("DIETPE_FUSED_ORDER", "index")
+    monkeypatch.setenv("DIETPE_FUSED_AUTOTUNE", "0")
+    monkeypatch.setenv("DIETPE_DATA", "/elsewhere")  # not the kernel's
+    text = markdown([], [], _Tables(args, torch.device("cpu"), 1).settings)
+    assert "Kernel settings: `DIETPE_FUSED_AUTOTUNE=0`, `DIETPE_FUSED_ORDER=index`\n" in text

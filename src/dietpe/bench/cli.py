@@ -90,7 +90,8 @@ class _Tables:
             "machine": platform.machine(), "cpus": os.cpu_count(),
             "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
             "precision": args.precision, "compile": args.compile or "no (eager)",
-            "command": "dietpe bench " + " ".join(sys.argv[2:]) if sys.argv[1:2] == ["bench"] else None}
+            "command": "dietpe bench " + " ".join(sys.argv[2:]) if sys.argv[1:2] == ["bench"] else None,
+            "kernel settings": {k: v for k, v in sorted(os.environ.items()) if k.startswith("DIETPE_FUSED_")}}
 
     def add(self, rows: list[cost.Row], mode: str) -> None:
         for row in rows:

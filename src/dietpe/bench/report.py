@@ -60,6 +60,9 @@ def markdown(rows: list[Row], long_rows: list[LongRow], settings: dict) -> str:
         parts[-1] += f" Every candidate timed as torch.compile ({compiled}); peak memory is the eager step's."
     if settings.get("command"):
         parts += ["", f"`{settings['command']}`"]
+    if settings.get("kernel settings"):  # the fused kernel's DIETPE_FUSED_* choices: its speed, or with
+        # DIETPE_FUSED_AUTOTUNE its tiles and so its bits, depend on them
+        parts += ["", "Kernel settings: " + ", ".join(f"`{k}={v}`" for k, v in settings["kernel settings"].items())]
     if settings.get("partial"):
         parts += ["", f"**Partial results**: {settings['partial']} (the run was still going, or was stopped)."]
     groups: dict[tuple[str, int], list[Row]] = {}
