@@ -115,12 +115,13 @@ def steps() -> list[Step]:
                  "--repeats 6 --warmup 3 --no-memory --markdown {work}/infer.md")
               + "; rc=$?; [ $rc = 0 ] || cat {work}/infer.md; exit $rc",),
              _dietpe("bench --help"), default=False),
-        # the methods of the kernel's targets never timed on it with their current paths (TUPE's reset as a table,
-        # FIRE's piecewise table): training and inference, run by name
-        Step("others", "time", 150, "others.md",
-             ("timeout -s INT 140 " + _dietpe(
+        # the methods of the kernel's targets never timed with their current paths (TUPE's reset as a table,
+        # FIRE's piecewise table, rotary's kernel on the fused kernel and, as `auto` runs it, beside flash):
+        # training and inference, run by name
+        Step("others", "time", 180, "others.md",
+             ("timeout -s INT 170 " + _dietpe(
                  "bench --device cuda --precision bf16 --shapes bert-base --lengths 512 --batch 8 "
-                 "--methods none@fused,tupe-a,tupe-r,fire --backends fused --modes train,infer "
+                 "--methods none@fused,tupe-a,tupe-r,fire,rotary,rotary@auto --backends fused --modes train,infer "
                  "--repeats 6 --warmup 3 --no-memory --markdown {work}/others.md")
               + "; rc=$?; [ $rc = 0 ] || cat {work}/others.md; exit $rc",),
              _dietpe("bench --help"), default=False),

@@ -557,8 +557,9 @@ def register_bench(subparsers) -> None:
                         "diet-abs+seg and diet-rel+seg); `none` is always added as the baseline")
     p.add_argument("--backends", type=V.names, default=["auto"],
                    help="attention backends to run each method on, e.g. fused,sdpa,flex (default: auto); each "
-                        "row is method@backend, and `none` stays on sdpa (flash on a GPU); a method a backend "
-                        "refuses is left out with a log line")
+                        "row is method@backend, and `none` stays on sdpa (flash on a GPU); a method named with "
+                        "its own (rotary@auto) runs on that one only; a method a backend refuses is left out "
+                        "with a log line")
     p.add_argument("--attention-dropout", type=float, default=None,
                    help="attention_probs_dropout_prob of every model (default: the preset's 0.1; flex has "
                         "no dropout: give 0 to time it)")

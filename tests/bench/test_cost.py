@@ -251,3 +251,17 @@ def test_cli_refuses_the_fused_backend_off_cuda(capsys):
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "--device cuda" in err
     assert main(["bench", "--attention-dropout", "1.5", "--no-memory"]) == 2
+
+
+def test_a_method_named_with_its_backend_runs_there_alone():
+    import argparse
+
+    from dietpe.bench.cli import _parse
+
+    args = argparse.Namespace(repeats=1, warmup=0, threads=1, attention_dropout=None, json=None, markdown=None,
+                              modes=["train"], backends=["fused", "sdpa"], long=False, long_methods=[],
+                              shapes=["bert-tiny"], peers=False,
+                              methods=["none@fused", "rotary@auto", "diet-rel", "t5@sdpa"])
+    variants = _parse(args)[0]
+    assert [(v.position, v.backend) for v in variants] == [
+        ("none", "fused"), ("rotary", "auto"), ("diet-rel", "fused"), ("diet-rel", "sdpa"), ("t5", "sdpa")]

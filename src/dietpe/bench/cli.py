@@ -52,8 +52,9 @@ def _parse(args) -> tuple[list[cost.Variant], list[cost.Variant], list[str]]:
             raise ConfigError(f"--modes: {mode!r} is not one of 'train', 'infer'")
     for backend in args.backends:
         cost.Variant.parse(f"none@{backend}")  # the backend's name checked before any timing
-    variants = list(dict.fromkeys(cost.Variant.parse(m).on(b) for m in (args.methods or cost.DEFAULT_METHODS)
-                                  for b in args.backends))
+    # a method named with its own backend (rotary@auto) runs there alone; --backends applies to the others
+    variants = list(dict.fromkeys(cost.Variant.parse(m) if "@" in m else cost.Variant.parse(m).on(b)
+                                  for m in (args.methods or cost.DEFAULT_METHODS) for b in args.backends))
     long_variants = [cost.Variant.parse(m) for m in args.long_methods] if args.long else []
     for v in long_variants:
         if v.label not in cost.LENGTH_FREE:
