@@ -108,8 +108,8 @@ def steps() -> list[Step]:
              _dietpe("bench --help")),
         # inference alone, for the methods whose per-forward objects are kept between inference forwards
         # (`PositionMethod.kept_forward`), DIET-ABS among them: run by name
-        Step("infer", "time", 150, "infer.md",
-             ("timeout -s INT 140 " + _dietpe(
+        Step("infer", "time", 120, "infer.md",
+             ("timeout -s INT 110 " + _dietpe(
                  "bench --device cuda --precision bf16 --shapes bert-base --lengths 512 --batch 8 "
                  "--methods none@fused,diet-rel,diet-abs,t5,alibi,kerple --backends fused --modes infer "
                  "--repeats 6 --warmup 3 --no-memory --markdown {work}/infer.md")
