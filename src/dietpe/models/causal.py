@@ -48,6 +48,7 @@ from dietpe.models.modeling import (
     cache_argument,
     cache_of,
     check_kwargs,
+    run_layers,
     with_cache,
 )
 from dietpe.models.seq2seq import ensure_layers, step_mask, step_positions
@@ -160,20 +161,10 @@ class DietCausalModel(DietPreTrainedModel):
         mask = step_mask(b, past, length, attention_mask, attention_dtype(hidden), device,
                          heads=self.config.num_attention_heads)
         need_probs = bool(output_attentions)
-        all_hidden, all_probs = [hidden] if output_hidden_states else None, [] if need_probs else None
-        recompute = self.training and any(layer.gradient_checkpointing for layer in self.layers)
-        try:  # released even if a layer raises: kept objects are freed for the next forward
-            for i, layer in enumerate(self.layers):
-                terms = self.positions.layer_terms(ctx, i)
-                if recompute:
-                    terms = terms.for_checkpointing()
-                hidden, probs = layer(hidden, terms, mask, cache, i, need_probs)
-                if need_probs:
-                    all_probs.append(probs)
-                if output_hidden_states:
-                    all_hidden.append(hidden)
-        finally:
-            ctx.release()
+        hidden, all_hidden, probs = run_layers(
+            self, ctx, hidden, lambda layer, i, h, terms: layer(h, terms, mask, cache, i, need_probs),
+            output_hidden_states)
+        all_probs = [p for p, in probs] if need_probs else None
         return with_cache(BaseModelOutputWithPast, cache, last_hidden_state=hidden,
                           hidden_states=tuple(all_hidden) if all_hidden is not None else None,
                           attentions=tuple(all_probs) if all_probs is not None else None)

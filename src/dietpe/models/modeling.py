@@ -67,6 +67,26 @@ def cache_of(output):
     return getattr(output, "cache" if "cache" in names else "past_key_values", None)
 
 
+def run_layers(model: nn.Module, ctx, hidden: Tensor, call, output_hidden_states: bool
+               ) -> tuple[Tensor, list[Tensor] | None, list[list]]:
+    """hidden through `model.layers`, each given its terms from the forward's position context (made ready for
+    recomputation under activation checkpointing): call(layer, i, hidden, terms) -> (hidden, *probs). Returns
+    the last hidden states, every layer's after the input's where asked (else None), and each layer's probs.
+    The context is released even if a layer raises, so the objects it kept are free for the next forward."""
+    all_hidden, probs = [hidden] if output_hidden_states else None, []
+    recompute = model.training and any(layer.gradient_checkpointing for layer in model.layers)
+    try:
+        for i, layer in enumerate(model.layers):
+            terms = model.positions.layer_terms(ctx, i)
+            hidden, *layer_probs = call(layer, i, hidden, terms.for_checkpointing() if recompute else terms)
+            probs.append(layer_probs)
+            if all_hidden is not None:
+                all_hidden.append(hidden)
+    finally:
+        ctx.release()
+    return hidden, all_hidden, probs
+
+
 def check_like(name: str, value: Tensor | None, shape: tuple[int, ...]) -> None:
     """A per-token input (attention_mask, token_type_ids) must have the input's (batch, length) shape."""
     if value is None:
@@ -288,20 +308,10 @@ class DietModel(DietPreTrainedModel):
         mask = attention_bias(attention_mask, attention_dtype(hidden))
         key_padding = None if is_4d(attention_mask) else attention_mask  # Linformer's (B, L) only
         need_probs = bool(output_attentions)
-        all_hidden, all_probs = [hidden] if output_hidden_states else None, [] if need_probs else None
-        recompute = self.training and any(layer.gradient_checkpointing for layer in self.layers)
-        try:  # released even if a layer raises: kept objects are freed for the next forward
-            for i, layer in enumerate(self.layers):
-                terms = self.positions.layer_terms(ctx, i)
-                if recompute:
-                    terms = terms.for_checkpointing()
-                hidden, probs = layer(hidden, terms, mask, key_padding, need_probs)
-                if need_probs:
-                    all_probs.append(probs)
-                if output_hidden_states:
-                    all_hidden.append(hidden)
-        finally:
-            ctx.release()
+        hidden, all_hidden, probs = run_layers(
+            self, ctx, hidden, lambda layer, i, h, terms: layer(h, terms, mask, key_padding, need_probs),
+            output_hidden_states)
+        all_probs = [p for p, in probs] if need_probs else None
         pooled = torch.tanh(self.pooler(hidden[:, 0])) if self.pooler is not None else None
         return BaseModelOutputWithPooling(
             last_hidden_state=hidden, pooler_output=pooled,

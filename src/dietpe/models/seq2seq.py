@@ -45,7 +45,7 @@ from dietpe.config import PRESETS, DietConfig, _check
 from dietpe.errors import ConfigError, InputError, may_read, value_range
 from dietpe.models.beam import GnmtBeamSearch
 from dietpe.models.modeling import (
-    DietModel, DietPreTrainedModel, cache_argument, check_kwargs, padding_mask, with_cache,
+    DietModel, DietPreTrainedModel, cache_argument, check_kwargs, padding_mask, run_layers, with_cache,
 )
 from dietpe.positions.context import Context
 from dietpe.positions.encoding import PositionEncoding
@@ -259,23 +259,11 @@ class DietDecoder(nn.Module):
         hidden = self.dropout(self.LayerNorm(x))
         self_mask = step_mask(batch, past, length, attention_mask, attention_dtype(hidden), input_ids.device,
                               "decoder_attention_mask", self.layers[0].self_attention.num_heads)
-        all_hidden = [hidden] if output_hidden_states else None
-        self_probs, cross_probs = [], []
-        recompute = self.training and any(layer.gradient_checkpointing for layer in self.layers)
-        try:  # released even if a layer raises: kept objects are freed for the next forward
-            for i, layer in enumerate(self.layers):
-                terms = self.positions.layer_terms(ctx, i)
-                if recompute:
-                    terms = terms.for_checkpointing()
-                hidden, p_self, p_cross = layer(hidden, terms, self_mask, memory,
-                                                memory_mask, cache, i, need_probs)
-                self_probs.append(p_self)
-                cross_probs.append(p_cross)
-                if output_hidden_states:
-                    all_hidden.append(hidden)
-        finally:
-            ctx.release()
-        return hidden, all_hidden, self_probs, cross_probs
+        hidden, all_hidden, probs = run_layers(
+            self, ctx, hidden,
+            lambda layer, i, h, terms: layer(h, terms, self_mask, memory, memory_mask, cache, i, need_probs),
+            output_hidden_states)
+        return hidden, all_hidden, [p for p, _ in probs], [p for _, p in probs]
 
 
 # what generate() and Trainer may pass that carries nothing here
