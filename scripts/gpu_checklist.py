@@ -147,6 +147,12 @@ def steps() -> list[Step]:
               "diet-rel+seg@fused,diet-abs@fused,t5@fused,alibi@fused,diet-rel@sdpa,diet-rel+seg@sdpa,t5@sdpa "
               "--ops",),
              f"{PY} scripts/gpu_profile.py --help", default=False),
+        # each kernel at every tile of its list and of a wider sweep (`gpu_profile.py --tiles`), bert-base's
+        # attention at 512 and 2,048 tokens, without a term and with an offset table: whether another tile serves
+        # the forward (the kernel's gap to flash at inference) or the backward better; the rows print as each
+        # kernel is tuned, so a stopped step keeps what it finished; run by name
+        Step("tiles", "time", 240, "tiles.md", (f"{PY} scripts/gpu_profile.py - --no-steps --tiles",),
+             f"{PY} scripts/gpu_profile.py --help", default=False),
         # peak memory and time at 8,192 tokens (one fresh process per memory row) on the kernel, beside the
         # meta device's model (`dietpe.bench.footprint`, docs/kernels.md): whether the model's ratios hold on a
         # GPU; run by name. Not sdpa's rows: its blocks kept for the backward, (L, L) a layer, ran the H200 out of

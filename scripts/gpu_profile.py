@@ -1,8 +1,8 @@
 """Where a step's time goes on the GPU, for the fused kernel's tuning (docs/gpu.md, docs/kernels.md).
 
-    python scripts/gpu_profile.py OUT.md [--methods none,diet-rel@fused,...] [--ops] [--host none@fused,...]
+    python scripts/gpu_profile.py OUT.md [--methods none,diet-rel@fused,...] [--ops] [--tiles] [--host none@fused,...]
 
-Two parts, each a table in OUT.md:
+Its parts, each a table in OUT.md:
 
 * **steps** (bert-base, 512 x 8, bf16, the training step of `dietpe bench`): per method the wall time of a
   step between two synchronisations, the host's time to queue it (the step's Python and launches: when it is
@@ -18,7 +18,10 @@ Two parts, each a table in OUT.md:
   the host column is the call's time to return (its Python and launches, the GPU still running);
 * **ops** (`--ops`): the attention operator alone, forward and forward + backward (`triton.testing.do_bench`,
   median), SDPA's flash kernel against the fused kernel without a term and with a per-head offset table (read
-  by window, per score, and with its gradient summed in the dQ kernel).
+  by window, per score, and with its gradient summed in the dQ kernel);
+* **tiles** (`--tiles`): each kernel tuned afresh over its shipped tiles and `TILE_SWEEP`'s (the autotuner's own
+  timing, `TILE_REPEATS` launches a tile), bert-base's attention at 512 and 2,048 tokens, without a term and with
+  an offset table: the best shipped tile against the best of all, kernel by kernel.
 
 After a method, `/jit` launches its kernels through Triton's `kernel[grid]` every time, `/score` reads its
 offset table with a load per score (`DIETPE_FUSED_TABLE=score`) instead of one window per tile, and `/rows` sums
@@ -355,6 +358,91 @@ def ops_table(shapes: list[tuple[int, int, int, int]], device: str = "cuda") -> 
     return lines
 
 
+#: tiles (BM, BN, warps, stages) `--tiles` times beside the shipped lists' at head size 64 in bf16 (the tables
+#: `attention.FORWARD_CONFIGS` ... hold): the Hopper shapes of the FlashAttention tutorial's sweep not shipped
+TILE_SWEEP = {"FORWARD_CONFIGS": [(128, 64, 4, 3), (128, 128, 8, 2), (128, 32, 4, 3), (64, 128, 4, 3),
+                                  (64, 64, 4, 2), (64, 64, 4, 4), (128, 64, 8, 4), (128, 64, 8, 2), (64, 32, 4, 3)],
+              "BACKWARD_Q_CONFIGS": [(64, 64, 4, 3), (128, 64, 8, 2), (64, 128, 8, 2), (64, 32, 4, 3)],
+              "BACKWARD_KV_CONFIGS": [(64, 128, 8, 2), (32, 128, 4, 3), (64, 64, 4, 3), (128, 64, 8, 2)]}
+TILE_REPEATS = 20
+
+
+@contextlib.contextmanager
+def _swept_tiles(attention, repeats: int):
+    """Within it the kernels tune every key afresh over the shipped tiles and `TILE_SWEEP`'s at head size 64 in
+    bf16, timing each over `repeats` launches; after it the shipped lists and what was chosen before return."""
+    saved = {name: getattr(attention, name) for name in TILE_SWEEP}
+    state = (attention.TUNE_REPEATS, dict(attention._chosen), dict(attention._timings), dict(attention._specs))
+    for name, extra in TILE_SWEEP.items():
+        lists = {size: dict(by_width) for size, by_width in saved[name].items()}
+        lists[2][64] = [*lists[2][64], *(c for c in extra if c not in lists[2][64])]
+        setattr(attention, name, lists)
+    attention.TUNE_REPEATS = repeats
+    for kept in (attention._chosen, attention._timings, attention._specs):
+        kept.clear()
+    try:
+        yield saved
+    finally:
+        for name, lists in saved.items():
+            setattr(attention, name, lists)
+        attention.TUNE_REPEATS = state[0]
+        for kept, before in zip((attention._chosen, attention._timings, attention._specs), state[1:]):
+            kept.clear()
+            kept.update(before)
+
+
+def tiles_table(shapes: list[tuple[int, int, int, int]], device: str = "cuda", repeats: int = TILE_REPEATS
+                ) -> list[str]:
+    """Each kernel's time at every tile of the shipped lists and of `TILE_SWEEP` (the autotuner's own timing,
+    `repeats` launches each), per shape, without a term and with an offset table: whether another tile would
+    serve a call better than the shipped ones, kernel by kernel."""
+    from dietpe.attention.kernels import attention
+
+    lines = ["", f"## tiles: each kernel at every tile (BM, BN, warps, stages), bf16, µs a launch ({repeats} "
+             "launches); shipped: the best of the kernels' own lists", "",
+             "| B x H x L x d | term | kernel | shipped best | µs | swept best | µs | x shipped |",
+             "|---|---|---|---|--:|---|--:|--:|"]
+    details = ["", "every tile tried (µs):"]
+    with _swept_tiles(attention, repeats) as shipped_lists:
+        for b, h, n, d in shapes:
+            g = torch.Generator(device=device).manual_seed(0)
+            q, k, v, do = (torch.randn(b, h, n, d, device=device, dtype=torch.bfloat16, generator=g)
+                           for _ in range(4))
+            table = 0.1 * torch.randn(h, 2 * n - 1, device=device, generator=g)
+            for term, tab in (("none", None), ("offset table", table)):
+                before = set(attention._chosen)
+                xs = [x.detach().requires_grad_(True) for x in (q, k, v, *([tab] if tab is not None else []))]
+                attention.fused_attention(*xs[:3], d ** -0.5, *xs[3:]).backward(do)  # tunes each kernel's key
+                if device == "cuda":
+                    torch.cuda.synchronize()
+                for key in (key for key in attention._chosen if key not in before):
+                    times = attention._timings.get(key)
+                    if not times:
+                        continue
+                    lists = shipped_lists.get(_LISTS.get(key[0]), attention.BAND_CONFIGS)
+                    shipped = attention._configs(lists, key[4], max(key[1:4]))
+                    lines.append(_tiles_row(f"{b}x{h}x{n}x{d}", term, key[0], times, shipped))
+                    details.append(f"    {b}x{h}x{n}x{d} {term} {key[0]}: " + ", ".join(
+                        f"{c}{'*' if c in shipped else ''} {t * 1e6:.1f}"
+                        for c, t in sorted(times.items(), key=lambda item: item[1])))
+                    print(lines[-1], flush=True)
+    return lines + details + ["", "(* a shipped tile)"]
+
+
+def _tiles_row(shape: str, term: str, kernel: str, times: dict, shipped: list) -> str:
+    own = {c: t for c, t in times.items() if c in shipped}
+    best = min(times, key=times.get)
+    if not own:
+        return f"| {shape} | {term} | {kernel} | - | - | {best} | {times[best] * 1e6:.1f} | - |"
+    mine = min(own, key=own.get)
+    return (f"| {shape} | {term} | {kernel} | {mine} | {own[mine] * 1e6:.1f} | {best} | {times[best] * 1e6:.1f} | "
+            f"{times[best] / own[mine]:.2f} |")
+
+
+#: the list each kernel's key tunes over (`_key`'s first element)
+_LISTS = {"fwd": "FORWARD_CONFIGS", "dq": "BACKWARD_Q_CONFIGS", "dkdv": "BACKWARD_KV_CONFIGS", "band": "BAND_CONFIGS"}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out", type=Path, help="the report (markdown); - prints it")
@@ -366,6 +454,8 @@ def main(argv=None) -> int:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=8)
     parser.add_argument("--ops", action="store_true", help="also time the attention operator alone")
+    parser.add_argument("--tiles", action="store_true", help="also time each kernel at every tile of its list "
+                        "and of a wider sweep (TILE_SWEEP), bert-base's attention at 512 and 2,048 tokens")
     parser.add_argument("--host", help="comma-separated methods whose training step's host side to profile")
     parser.add_argument("--graphs", help="comma-separated methods whose inference to time called and as a CUDA "
                         "graph's replay (the first is what the ratios divide by)")
@@ -386,6 +476,8 @@ def main(argv=None) -> int:
     if args.ops:
         parts.append(("ops", lambda: ops_table([(8, 12, 512, 64), (4, 12, 2048, 64), (1, 12, 8192, 64),
                                                 (8, 12, 512, 128)])))
+    if args.tiles:
+        parts.append(("tiles", lambda: tiles_table([(8, 12, 512, 64), (4, 12, 2048, 64)])))
     lines, failed, report = [], [], "\n"
     for name, part in parts:  # one part's failure leaves the others' tables
         try:

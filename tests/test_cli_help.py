@@ -48,6 +48,20 @@ def test_help_explains_every_option_once(name, capsys):
         assert p.description.rstrip().endswith((".", ")", ":")), f"dietpe {name}: {p.description!r}"
 
 
+def test_a_default_added_by_the_action_itself_is_shown_once_or_not_at_all():
+    """Python 3.10's BooleanOptionalAction appends " (default: %(default)s)" to its help (3.11 does not): the
+    formatter drops it where the default is no value (False, None) and shows a real one once, on any Python."""
+    from dietpe.cli import DietArgumentParser
+
+    p = DietArgumentParser(prog="x")
+    p.add_argument("--off", action="store_true", help="flag" + " (default: %(default)s)")
+    p.add_argument("--on", action=argparse.BooleanOptionalAction, default=True, help="flag on")
+    p.add_argument("--steps", type=int, default=3, help="steps")
+    text = " ".join(p.format_help().split())
+    assert "(default: False)" not in text and "flag (default" not in text
+    assert text.count("(default: True)") == 1 and text.count("(default: 3)") == 1
+
+
 CANONICAL = {"--output-dir": "-o", "--lr": None, "--size": None, "--seed": None}
 OLD = ("--out", "--learning-rate", "--preset", "--position")
 

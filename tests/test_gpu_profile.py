@@ -105,3 +105,56 @@ def test_the_ops_table_times_causal_rows_against_flashs_causal_in_both_orders(pr
     assert float(rows["fused, causal, no term"][4]) == pytest.approx(13 / 11, abs=0.01)
     assert [c for c in calls if c[0]] == [(True, "longest")] * 2 + [(True, "index")] * 2 + \
         [(True, "longest")] * 2 + [(True, "index")] * 2
+
+
+def test_the_tiles_table_tunes_every_kernel_over_shipped_and_swept_tiles_then_restores_them(profile_script,
+                                                                                           monkeypatch):
+    """Its plumbing on the CPU: the kernels run under the interpreter but tune as on a GPU, with a stand-in for
+    the tuner's timer (a time by tile); each kernel's row gives the best shipped tile and the best of all, and
+    afterwards the shipped lists, the tuner's repeats and what it had chosen are back."""
+    pytest.importorskip("triton")
+    from dietpe.attention.kernels import attention
+
+    monkeypatch.setattr(profile_script, "TILE_SWEEP", {"FORWARD_CONFIGS": [(32, 16, 4, 2)],
+                                                        "BACKWARD_Q_CONFIGS": [(16, 16, 8, 1)],
+                                                        "BACKWARD_KV_CONFIGS": [(16, 16, 4, 3)]})
+    swept = {c for extra in profile_script.TILE_SWEEP.values() for c in extra}
+    timed = []
+
+    def seconds(launch):
+        timed.append(attention.TUNE_REPEATS)
+        launch()
+        return 1e-6 * (1 + timed_config[-1][1] / 100) if timed_config[-1] not in swept else 1e-7
+
+    timed_config = []
+    real_run = attention._run
+
+    def run(kernel, spec, tensors, seed):
+        c = spec.constants
+        blk = c.get("BLK")  # the band kernel's square tile
+        timed_config.append((c.get("BM", blk), c.get("BN", blk), c["num_warps"], c["num_stages"]))
+        return real_run(kernel, spec, tensors, seed)
+    monkeypatch.setattr(attention, "_seconds", seconds)
+    monkeypatch.setattr(attention, "_run", run)
+    monkeypatch.setattr(attention, "interpreting", lambda: False)
+    monkeypatch.setattr(attention, "_tuning", lambda: True)
+    shipped = {name: getattr(attention, name) for name in ("FORWARD_CONFIGS", "BACKWARD_Q_CONFIGS",
+                                                           "BACKWARD_KV_CONFIGS")}
+    attention._chosen[("kept",)] = (1, 2, 3, 4)
+    lines = profile_script.tiles_table([(1, 2, 32, 16)], device="cpu", repeats=7)
+    rows = [line.split("|")[1:-1] for line in lines if line.startswith("| 1x2x32x16")]
+    kernels = [(r[1].strip(), r[2].strip()) for r in rows]
+    assert kernels == [("none", "fwd"), ("none", "dq"), ("none", "dkdv"),
+                       ("offset table", "fwd"), ("offset table", "dq"), ("offset table", "dkdv"),
+                       ("offset table", "band")]
+    assert timed and set(timed) == {7}
+    for r in rows:
+        if r[2].strip() == "band":  # no tile swept: the best is a shipped one
+            assert r[3].strip() == r[5].strip() and r[7].strip() == "1.00"
+        else:  # the swept tile timed quickest, against the shipped list's best
+            assert eval(r[5]) in swept and eval(r[3]) not in swept
+            assert float(r[7]) < 1
+    assert any("(32, 16, 4, 2) 0.1" in line for line in lines)  # the details list every tile tried
+    assert {name: getattr(attention, name) for name in shipped} == shipped
+    assert attention.TUNE_REPEATS == 3 and attention._chosen.pop(("kept",)) == (1, 2, 3, 4)
+    attention._chosen.clear()

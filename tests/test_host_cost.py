@@ -22,5 +22,6 @@ def test_it_prints_a_row_per_method_with_the_cost_above_the_floor():
     for row in rows:
         cells = [float(x) for x in row.strip("|").split("|")[1:]]
         assert len(cells) == 6 and all(c > 0 for c in cells[:4])  # each call took some time
-        assert cells[4] == pytest.approx(cells[0] + cells[1] - cells[2] - cells[3], abs=0.2)
+        # each cell is printed to 0.1: the four it is made of and itself differ from the exact by up to 0.05 each
+        assert cells[4] == pytest.approx(cells[0] + cells[1] - cells[2] - cells[3], abs=0.25 + 1e-9)
         assert cells[5] > 20  # the fused path makes more Python calls than an empty Function

@@ -5,12 +5,16 @@ import ast
 import re
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
 
 from dietpe.extras import EXTRAS, MissingExtra, need
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10, the floor: its backport (the test extra)
+    import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())

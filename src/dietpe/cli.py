@@ -43,9 +43,14 @@ KEPT = {
 class DietHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """Defaults shown once: not for options without one (None, False), nor where the help already says it."""
 
+    #: what Python 3.10's BooleanOptionalAction appends to its help itself (3.11 leaves it to the formatter)
+    ADDED = " (default: %(default)s)"
+
     def _get_help_string(self, action):
         text = action.help or ""
-        if action.default in (None, False, argparse.SUPPRESS) or "default" in text:
+        if action.default in (None, False, argparse.SUPPRESS):
+            return text.removesuffix(self.ADDED)
+        if "default" in text:
             return text
         return super()._get_help_string(action)
 
