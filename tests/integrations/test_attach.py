@@ -4,6 +4,7 @@ cached = uncached decoding, save_pretrained / from_pretrained restoring the meth
 
 import copy
 import functools
+import inspect
 
 import pytest
 import torch
@@ -137,14 +138,20 @@ def test_relative_methods_ignore_a_shift(family, spec):
     torch.testing.assert_close(model(x, position_ids=shift).logits, model(x).logits, atol=2e-5, rtol=0)
 
 
+def cache_keyword(model) -> str:
+    """The name transformers' forward takes the decoding cache by: `cache` from 5.24 (where `past_key_values` is
+    deprecated, to be removed in 5.40), `past_key_values` before."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
 def assert_cached_equals_full(model, x, prefix=6):
     """The prompt's first `prefix` tokens in one call, then one token a call through a DynamicCache: the logits of
     the full forward."""
     full = model(x).logits
-    cache = DynamicCache(config=model.config)
-    steps = [model(x[:, :prefix], past_key_values=cache, use_cache=True).logits]
+    given = {cache_keyword(model): DynamicCache(config=model.config)}
+    steps = [model(x[:, :prefix], **given, use_cache=True).logits]
     for t in range(prefix, x.shape[1]):
-        steps.append(model(x[:, t:t + 1], past_key_values=cache, use_cache=True).logits)
+        steps.append(model(x[:, t:t + 1], **given, use_cache=True).logits)
     torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=1e-4)
 
 

@@ -10,7 +10,8 @@ from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralFo
 
 import dietpe
 from dietpe.errors import ConfigError
-from tests.integrations.test_attach import LLAMA_LIKE, V, assert_cached_equals_full, build, ids, method_params
+from tests.integrations.test_attach import (LLAMA_LIKE, V, assert_cached_equals_full, build, cache_keyword, ids,
+                                           method_params)
 
 # every rope_type transformers defines besides "default", with its factors (head size 8: 4 frequencies)
 ROPE = {
@@ -94,12 +95,12 @@ def test_full_graph_compile_of_the_forward_and_of_static_decoding(spec):
     compiled = torch.compile(model, fullgraph=True, backend="eager")
     torch.testing.assert_close(compiled(x).logits, model(x).logits, atol=1e-5, rtol=0)
     torch._dynamo.reset()
-    cache = StaticCache(config=model.config, max_cache_len=16)
+    given = {cache_keyword(model): StaticCache(config=model.config, max_cache_len=16)}
     step = torch.compile(model.forward, fullgraph=True, backend="eager")
-    logits = [model(x[:, :5], past_key_values=cache, use_cache=True).logits]
+    logits = [model(x[:, :5], **given, use_cache=True).logits]
     for t in range(5, 8):
         pos = torch.tensor([[t]])
-        logits.append(step(x[:, t:t + 1], past_key_values=cache, position_ids=pos, use_cache=True).logits)
+        logits.append(step(x[:, t:t + 1], **given, position_ids=pos, use_cache=True).logits)
     torch.testing.assert_close(torch.cat(logits, 1), model(x).logits, atol=1e-5, rtol=1e-4)
     torch._dynamo.reset()
 
