@@ -410,17 +410,17 @@ def tiles_table(shapes: list[tuple[int, int, int, int]], device: str = "cuda", r
                            for _ in range(4))
             table = 0.1 * torch.randn(h, 2 * n - 1, device=device, generator=g)
             for term, tab in (("none", None), ("offset table", table)):
-                before = set(attention._chosen)
+                before = set(attention.chosen_configs())
                 xs = [x.detach().requires_grad_(True) for x in (q, k, v, *([tab] if tab is not None else []))]
                 attention.fused_attention(*xs[:3], d ** -0.5, *xs[3:]).backward(do)  # tunes each kernel's key
                 if device == "cuda":
                     torch.cuda.synchronize()
-                for key in (key for key in attention._chosen if key not in before):
-                    times = attention._timings.get(key)
-                    if not times:
+                for key, (_, times) in attention.chosen_configs().items():
+                    if key in before or not times:
                         continue
-                    lists = shipped_lists.get(_LISTS.get(key[0]), attention.BAND_CONFIGS)
-                    shipped = attention._configs(lists, key[4], max(key[1:4]))
+                    name = _LISTS[key[0]]  # the band kernel's list is not swept: its own
+                    shipped = attention._configs(shipped_lists.get(name) or getattr(attention, name), key[4],
+                                                 max(key[1:4]))
                     lines.append(_tiles_row(f"{b}x{h}x{n}x{d}", term, key[0], times, shipped))
                     details.append(f"    {b}x{h}x{n}x{d} {term} {key[0]}: " + ", ".join(
                         f"{c}{'*' if c in shipped else ''} {t * 1e6:.1f}"

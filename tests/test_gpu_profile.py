@@ -113,6 +113,8 @@ def test_the_tiles_table_tunes_every_kernel_over_shipped_and_swept_tiles_then_re
     the tuner's timer (a time by tile); each kernel's row gives the best shipped tile and the best of all, and
     afterwards the shipped lists, the tuner's repeats and what it had chosen are back."""
     pytest.importorskip("triton")
+    import ast
+
     from dietpe.attention.kernels import attention
 
     monkeypatch.setattr(profile_script, "TILE_SWEEP", {"FORWARD_CONFIGS": [(32, 16, 4, 2)],
@@ -152,7 +154,7 @@ def test_the_tiles_table_tunes_every_kernel_over_shipped_and_swept_tiles_then_re
         if r[2].strip() == "band":  # no tile swept: the best is a shipped one
             assert r[3].strip() == r[5].strip() and r[7].strip() == "1.00"
         else:  # the swept tile timed quickest, against the shipped list's best
-            assert eval(r[5]) in swept and eval(r[3]) not in swept
+            assert ast.literal_eval(r[5]) in swept and ast.literal_eval(r[3]) not in swept
             assert float(r[7]) < 1
     assert any("(32, 16, 4, 2) 0.1" in line for line in lines)  # the details list every tile tried
     assert {name: getattr(attention, name) for name in shipped} == shipped
