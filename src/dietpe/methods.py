@@ -158,6 +158,9 @@ def parse_method(spec: str, config_class: type = DietConfig, segment: str | None
     whose fields such as num_decoder_layers a spec may then set), so a mistake is reported before any data is
     read. `segment`: the segment mode when the spec names none (default: the method's row in the papers);
     `run_fields`: config fields the run sets itself, refused in a spec (default RUN_FIELDS)."""
+    if not isinstance(spec, str):
+        raise ConfigError(f"a method spec is a string such as 'diet-rel' or 'diet-abs:position_rank=16', got "
+                          f"{type(spec).__name__} {spec!r}")
     run_fields = RUN_FIELDS if run_fields is None else run_fields
     position, *pairs = spec.strip().split(":")
     position, pairs = _bench_label(spec, position, pairs)

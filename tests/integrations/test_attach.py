@@ -96,8 +96,9 @@ def test_matrix(family, spec):
     if params:
         model.train()
         model(x, **extra).logits.float().pow(2).mean().backward()
-        unused = ("p_theta",) if family in CAUSAL else ()  # TUPE's [CLS] reset is off in a causal model
-        idle = [n for n, p in model.named_parameters() if "diet_positions" in n and not n.endswith(unused)
+        # every parameter of the method, TUPE's without its reset too: DistributedDataParallel refuses one
+        # that no loss reaches
+        idle = [n for n, p in model.named_parameters() if "diet_positions" in n
                 and (p.grad is None or not p.grad.any())]
         assert not idle
     if info.entry:  # the method contributes something: the output differs from no position at all
@@ -224,6 +225,34 @@ def test_refusals():
         dietpe.attach(build("llama"), "diet-rel:nonsense=1")
     with pytest.raises(ConfigError, match="already has a method"):
         dietpe.attach(dietpe.attach(build("llama"), "t5"), "alibi")
+    with pytest.raises(ConfigError, match="a method spec is a string"):
+        dietpe.attach(build("llama"), None)
+
+
+@pytest.mark.parametrize("family", ["llama", "bert"])
+@pytest.mark.parametrize("field, error", [
+    ("hidden_size=64", "hidden_size is a field of the model.*takes the model's own.*may set .*position_rank"),
+    ("num_hidden_layers=1", "num_hidden_layers is a field of the model"),
+    ("attention_probs_dropout_prob=0.5", "attention_probs_dropout_prob is a field of the model"),
+    ("attention=linformer", "Linformer"),  # a decoder's config refuses it first: it cannot be causal
+    ("attn_backend=eager", "attn_backend is a field of the model.*pass backend= instead")])
+def test_a_spec_may_not_describe_the_model(family, field, error):
+    """attach takes the model's sizes, dropout and attention as they are: a spec setting them (accepted and
+    ignored, or failing deep in the first forward, otherwise) is refused, naming what a spec may set."""
+    with pytest.raises(ConfigError, match=error):
+        dietpe.attach(build(family), f"diet-abs:{field}")
+    model = dietpe.attach(build(family), "diet-abs:position_rank=4:logit_scale=2:max_position_embeddings=32")
+    assert model.base_model.diet_positions.config.position_rank == 4
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2", "bert"])
+@pytest.mark.parametrize("spec", ["diet-rel", "rotary", "absolute"])
+def test_position_ids_of_one_dimension(family, spec):
+    """position_ids (L,), as README allows, is (1, L) for every family (Llama's own RoPE module needs a batch)."""
+    model = dietpe.attach(build(family), spec).eval()
+    x = ids()
+    pos = torch.arange(3, 3 + x.shape[1])
+    torch.testing.assert_close(model(x, position_ids=pos).logits, model(x, position_ids=pos[None]).logits)
 
 
 @pytest.mark.parametrize("spec", ["diet-rel", "t5", "diet-abs"])

@@ -143,6 +143,19 @@ def test_deepcopy_gives_an_independent_model():
     assert model.model.diet_positions.state.q_ids.shape[-1] == 20
 
 
+@pytest.mark.parametrize("family", ["llama", "gpt2", "bert"])
+def test_deepcopy_after_a_training_step(family):
+    """The last forward's state (its autograd graph) is not copied: a copy taken after `backward` (an EMA, the
+    best model so far) is an independent model with the same outputs."""
+    model = dietpe.attach(build(family), "diet-rel")
+    x = ids()
+    model(x, labels=x).loss.backward()
+    twin = copy.deepcopy(model).eval()
+    assert twin.base_model.diet_positions.state is None
+    model.eval()
+    torch.testing.assert_close(twin(x).logits, model(x).logits)
+
+
 def test_output_attentions_as_transformers_offers_them():
     """Under eager the probabilities come back (rows sum to 1, causal), from the call or from the config."""
     model = dietpe.attach(build("llama", "eager"), "diet-rel").eval()
@@ -177,6 +190,24 @@ def test_the_method_follows_the_models_dtype():
     model = dietpe.attach(build("llama"), "diet-rel").to(torch.bfloat16).eval()
     assert {p.dtype for p in method_params(model)} == {torch.bfloat16}
     assert model(ids()).logits.dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("family", ["gpt2", "bert"])
+@pytest.mark.parametrize("spec", ["none", "alibi", "sinusoidal", "diet-rel"])
+def test_an_input_term_takes_the_dtype_of_the_table_it_replaces(tmp_path, family, spec):
+    """Where a learned input table was (GPT-2, BERT), a method's input term (zeros or sinusoids for methods
+    without parameters) comes in the model's dtype, however the model got it: cast before `attach`, after it,
+    or loaded with `dtype=`; a float32 term would promote the embeddings and fail in the next bf16 layer."""
+    x = ids()
+    before = dietpe.attach(build(family).to(torch.bfloat16), spec).eval()
+    after = dietpe.attach(build(family), spec).to(torch.bfloat16).eval()
+    after.save_pretrained(tmp_path)
+    loaded = type(after).from_pretrained(tmp_path, dtype=torch.bfloat16).eval()
+    for model in (before, after, loaded):
+        assert model(x).logits.dtype == torch.bfloat16
+    torch.testing.assert_close(loaded(x).logits, after(x).logits)
+    double = dietpe.attach(build(family), spec).to(torch.float64).eval()
+    assert double(x).logits.dtype == torch.float64
 
 
 def test_auto_takes_no_backend_that_declines_the_call():

@@ -4,9 +4,10 @@ and trains an attached Llama, the standalone form equals diet's own model."""
 import importlib.util
 from pathlib import Path
 
+import pytest
 import torch
 
-from dietpe import Positions
+from dietpe import ConfigError, InputError, Positions
 from dietpe.tasks.lm import causal_config, length_perplexities, train_lm
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -51,3 +52,21 @@ def test_standalone_positions_follow_the_mask_and_positions():
     a = masked.attend(q, k, v, masked.context(torch.arange(6)), mask=keep)
     b = masked.attend(q, k[:, :, :4], v[:, :, :4], masked.context(torch.arange(6), torch.arange(4)))
     torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
+
+
+def test_standalone_positions_refuse_what_they_were_not_built_for():
+    """Shapes, layers and fields a Positions was not built for: one error naming the limit, not torch's."""
+    pos = Positions("diet-rel", num_layers=2, num_heads=4, head_size=8)
+    q = torch.randn(2, 4, 6, 8)
+    ctx = pos.context(torch.arange(6))
+    assert pos.attend(q, q, q, ctx, layer=1).shape == q.shape
+    for layer in (2, -1, "0"):
+        with pytest.raises(InputError, match=r"built for 2 layers \(0 to 1\)"):
+            pos.attend(q, q, q, ctx, layer=layer)
+    grouped = torch.randn(2, 2, 6, 8)
+    with pytest.raises(InputError, match=r"k has shape \(2, 2, 6, 8\); this Positions was built for 4 heads"):
+        pos.attend(q, grouped, grouped, ctx)
+    with pytest.raises(InputError, match="the batch sizes must match"):
+        pos.attend(q, q[:1], q[:1], ctx)
+    with pytest.raises(ConfigError, match="attention is a field of the model"):
+        Positions("diet-abs:attention=linformer", num_layers=1, num_heads=4, head_size=8)

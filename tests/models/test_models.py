@@ -176,3 +176,27 @@ def test_position_terms_are_built_once_per_forward(monkeypatch):
     ids, mask, seg = batch(6, batch_size=3)
     model(ids, mask, seg)
     assert len(calls) == 4 and sum(calls) == 1  # four layers read it, one built it
+
+
+RESET_OFF = [p for p in POSITIONS if p.startswith("tupe")]
+
+
+@pytest.mark.parametrize("position, fields", [(p, {}) for p in POSITIONS] + [(p, {"tupe_reset": False})
+                                                                          for p in RESET_OFF])
+def test_every_parameter_gets_a_gradient(position, fields):
+    """The loss reaches every parameter (TUPE's without its [CLS] reset too): DistributedDataParallel refuses a
+    parameter no loss reaches, unless told to search the graph for it every step."""
+    from dietpe import DietForCausalLM
+    from dietpe.models.causal import CAUSAL_POSITIONS
+    from tests.models.test_causal import tiny_lm
+
+    ids, mask, seg = batch()
+    model = DietForMaskedLM(tiny(position=position, **fields))
+    model(ids, attention_mask=mask, token_type_ids=seg, labels=ids).loss.backward()
+    models = [model]
+    if position in CAUSAL_POSITIONS:
+        lm = DietForCausalLM(tiny_lm(position, **fields))  # TUPE's reset is off there
+        lm(ids % 40, labels=ids % 40).loss.backward()
+        models.append(lm)
+    for m in models:
+        assert [n for n, p in m.named_parameters() if p.grad is None] == []

@@ -405,7 +405,7 @@ def flex(q: Tensor, k: Tensor, v: Tensor, terms: LayerTerms, mask: Tensor | Caus
                           "attn_backend='sdpa'")
     if torch.is_grad_enabled() and q.requires_grad and not q.is_cuda:
         raise ConfigError("FlexAttention's backward needs CUDA; on CPU use attn_backend='sdpa' for training "
-                          "(flex runs forward-only there)")
+                          "(attach(..., backend='sdpa'); flex runs forward-only there, under torch.no_grad())")
     s = scale * terms.score_scale
     from torch.nn.attention.flex_attention import BlockMask
 

@@ -19,7 +19,8 @@ def _attention(base):
 
 def _replace(base, attached, keep: bool) -> None:
     if not keep:
-        base.embeddings.position_embeddings = InputPositions(attached, base.config.hidden_size)
+        base.embeddings.position_embeddings = InputPositions(attached, base.config.hidden_size,
+                                                              base.embeddings.position_embeddings.weight.dtype)
 
 
 def _table(base):

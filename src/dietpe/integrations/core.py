@@ -31,7 +31,7 @@ from transformers import PreTrainedModel
 from dietpe.attention.registry import ALL_BACKENDS, serving_backend
 from dietpe.errors import ConfigError
 from dietpe.integrations import dispatch
-from dietpe.integrations.common import own_base
+from dietpe.integrations.common import method_fields, own_base
 from dietpe.integrations.forward import ForwardState, pre_hook
 from dietpe.positions.registry import REGISTRY
 
@@ -83,6 +83,12 @@ class AttachedPositions(nn.Module):
 
     def extra_repr(self) -> str:
         return f"spec={self.spec!r}, backend={self.backend or 'auto'!r}"
+
+    def __getstate__(self) -> dict:
+        # the last forward's state holds its autograd graph: deepcopy and pickling of the model leave it
+        state = super().__getstate__()
+        state["state"] = None
+        return state
 
     @property
     def acts_in_attention(self) -> bool:
@@ -151,7 +157,7 @@ def position_config(model_config, spec: str, causal: bool, heads: int, head_dim:
 
     cls = DietCausalConfig if causal else DietConfig
     method = parse_method(spec, cls, segment="none", run_fields={"vocab_size": "the model"})
-    fields = method.config_fields()
+    fields = method_fields(method, "attach")
     keep = bool(fields.pop("input_positions", False))
     if fields["segment"] == "input":
         fields["segment"] = "none"  # the model's own token types stay where they are

@@ -135,16 +135,18 @@ def pre_hook(module: nn.Module, args: tuple, kwargs: dict):
         record = q_ids  # no cache: the keys are the queries
     segments = bound.get("token_type_ids") if attached.family.segments else None
     attached.start(ForwardState(q_ids, past + length, record, segments), length, past)
+    new = None
+    if custom and bound["position_ids"].dim() == 1:  # (L,) as (1, L): the families' RoPE modules need a batch
+        new = {**bound, "position_ids": q_ids}
     if attached.family.embed_in_hook:
         extra = attached.input_term(q_ids)
         if extra is not None:
             if embeds is None:
                 embeds = module.get_input_embeddings()(input_ids)
-            new = dict(bound)
+            new = dict(new or bound)
             new.pop("input_ids", None)
             new["inputs_embeds"] = embeds + extra.to(embeds.dtype)
-            return (), new
-    return None
+    return None if new is None else ((), new)
 
 
 def key_positions(state: ForwardState, lk: int, device: torch.device) -> tuple[Tensor, int | None]:

@@ -15,7 +15,7 @@ def _attention(base):
 
 def _replace(base, attached, keep: bool) -> None:
     if not keep:
-        base.wpe = InputPositions(attached, base.config.hidden_size)
+        base.wpe = InputPositions(attached, base.config.hidden_size, base.wpe.weight.dtype)
 
 
 def _check(config) -> None:

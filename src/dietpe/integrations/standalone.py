@@ -10,12 +10,14 @@ adds to the token embeddings.
 from __future__ import annotations
 
 import math
+import operator
 
 import torch
 from torch import Tensor, nn
 
 from dietpe.attention.registry import ALL_BACKENDS, serving_backend
 from dietpe.errors import ConfigError, InputError
+from dietpe.integrations.common import method_fields
 from dietpe.positions.context import Context
 from dietpe.positions.registry import REGISTRY
 
@@ -41,12 +43,13 @@ class Positions(nn.Module):
             raise ConfigError(f"backend={backend!r}; use one of {', '.join(map(repr, ALL_BACKENDS))}")
         cls = DietCausalConfig if causal else DietConfig
         method = parse_method(spec, cls, segment="none", run_fields={})
-        fields = {k: v for k, v in method.config_fields().items() if k != "input_positions"}
+        fields = {k: v for k, v in method_fields(method, "Positions").items() if k != "input_positions"}
         config = cls(**{"vocab_size": 8, "hidden_size": num_heads * head_size, "num_attention_heads": num_heads,
                         "num_hidden_layers": num_layers, "max_position_embeddings": max_length,
                         "type_vocab_size": num_segments, **fields})
         self.encoding = PositionEncoding(config)
         self.causal, self.scale = causal, 1.0 / math.sqrt(head_size)
+        self.sizes = (num_layers, num_heads, head_size)
         self.backend = serving_backend(backend, value_terms=REGISTRY[config.position].probabilities).name
         from dietpe.integrations.core import init_encoding
 
@@ -64,11 +67,29 @@ class Positions(nn.Module):
             self.encoding.check(positions.shape[-1], segments, k)
         return self.encoding.context(positions, k, segments)
 
+    def _check(self, q: Tensor, k: Tensor, v: Tensor, layer: int) -> None:
+        layers, heads, size = self.sizes
+        try:
+            index = None if isinstance(layer, bool) else operator.index(layer)
+        except TypeError:
+            index = None
+        if index is None or not 0 <= index < layers:
+            raise InputError(f"layer={layer!r}: this Positions was built for {layers} layers (0 to {layers - 1})")
+        for name, x in (("q", q), ("k", k), ("v", v)):
+            if x.dim() != 4 or x.shape[1] != heads or (name != "v" and x.shape[-1] != size):
+                want = f"(B, {heads}, L, {size})" if name != "v" else f"(B, {heads}, L, Dv)"
+                raise InputError(f"{name} has shape {tuple(x.shape)}; this Positions was built for {heads} heads of "
+                                 f"size {size}: give {want} (repeat grouped keys and values per head)")
+        if k.shape[2] != v.shape[2] or q.shape[0] != k.shape[0] or k.shape[0] != v.shape[0]:
+            raise InputError(f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}: the batch sizes must "
+                             f"match, and k and v must have the same length")
+
     def attend(self, q: Tensor, k: Tensor, v: Tensor, ctx: Context, layer: int = 0, mask: Tensor | None = None,
                dropout_p: float = 0.0) -> Tensor:
         """Attention of layer `layer` with the method's terms: q (B, H, Lq, Dh), k and v (B, H, Lk, Dh) ->
         (B, H, Lq, Dh). mask: (B, Lk) or (B|1, 1, Lq, Lk), boolean (True = attend) or additive; the causal
         mask is added when built with causal=True."""
+        self._check(q, k, v, layer)
         lq, lk = q.shape[2], k.shape[2]
         add = None
         if mask is not None:

@@ -126,7 +126,8 @@ class TUPE(PositionMethod):
         self.num_buckets, self.max_distance = num_buckets, max_distance
         self.head_size = hidden_size // num_heads
         self.p = normal_parameter(max_length, hidden_size)  # p_i
-        self.p_theta = normal_parameter(2, hidden_size)  # p_θ1, p_θ2
+        if reset:  # p_θ1, p_θ2 (without the reset, a parameter no loss reaches: DDP refuses it)
+            self.p_theta = normal_parameter(2, hidden_size)
         self.norm = nn.LayerNorm(hidden_size, eps=eps)
         self.u_q = nn.Linear(hidden_size, hidden_size)
         self.u_k = nn.Linear(hidden_size, hidden_size)
