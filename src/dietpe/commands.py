@@ -65,8 +65,9 @@ def hidden_alias(parser, *names: str, dest: str, **kwargs) -> None:
 
 # -- runtime ---------------------------------------------------------------------------------------------
 def add_threads_option(p, default: int | None = None) -> None:
+    said = "torch's choice" if default is None else default
     p.add_argument("--threads", type=V.positive_int, default=default,
-                   help="CPU threads per process (default: torch's choice); 1 is much faster for small models "
+                   help=f"CPU threads per process (default: {said}); 1 is much faster for small models "
                         "on a busy machine, where more threads than free cores stall each other")
 
 
@@ -324,8 +325,8 @@ def register_compare(subparsers) -> None:
                         "--ft-recipe study-full), 5 pre-training seeds from N = 3")
     p.add_argument("--plan", choices=sorted(STUDY_PLANS),
                    help="a study sized for a machine on your --corpus and --tasks: 'gpu-hour' is one H100-class GPU "
-                        "for about an hour (bert-small, 4 methods x 3 seeds, lr grid x median of 5 fine-tuning "
-                        "seeds; docs/recipes.md); options given here win")
+                        "for about an hour (bert-small, 4 methods x 3 seeds, lr grid x median of 3 fine-tuning "
+                        "seeds, 2 epochs; docs/recipes.md); options given here win")
     add_pretrain_options(p, recipe_default=None)
     add_finetune_options(p, recipe_default=None)
     add_threads_option(p, default=1)

@@ -130,3 +130,14 @@ def test_tupes_reset_adds_no_wider_q_and_k(method):
     the d_h + 2 factors they were 1.15 × `none`'s step)."""
     none = step_footprint("bert-mini", "none", 1024, 2)
     assert step_footprint("bert-mini", method, 1024, 2).step_mib <= 1.05 * none.step_mib
+
+
+def test_diet_abs_adds_one_table_not_its_scaled_copies():
+    """DIET-ABS's P_Q, P_K are as large as a layer's keys per layer at long lengths. The kernel reads P_K's rows
+    as stored and P_Q's scaled once (`ScaledLowRank.folded`): the step's peak holds one table's bytes beyond
+    `none`'s, where scaling both tables whole every forward, and keeping both copies, held two."""
+    none = step_footprint(SHAPE, "none", L, 1)
+    diet = step_footprint(SHAPE, "diet-abs", L, 1)
+    layers, heads, dh = 4, 4, 64  # bert-mini
+    table_mib = layers * heads * L * dh * 2 / MIB  # one of P_Q, P_K in bf16
+    assert diet.step_mib - none.step_mib <= 1.05 * table_mib

@@ -28,7 +28,7 @@ from dietpe.positions.fields import Field, optional_positive_int
 from dietpe.positions.functional import take_rows
 from dietpe.positions.method import (PositionMethod, Traits, normal_parameter, refill_logit, shared_layer,
                                     sharing_shape)
-from dietpe.positions.terms import LayerTerms, LowRankBias, TableBias
+from dietpe.positions.terms import LayerTerms, LowRankBias, ScaledLowRank, TableBias
 
 POSITION_RANK = Field("position_rank", None, optional_positive_int, "d_p, the rank of P_Q P_Kᵀ (None: the head size)")
 DIET_REL_MAX_DISTANCE = Field("diet_rel_max_distance", None, optional_positive_int,
@@ -76,23 +76,26 @@ class DietAbs(PositionMethod):
             return kept.layer(self, ctx, table)
 
         def build():
-            fq = take_rows(self.layer_table(ctx, "p_q", table), ctx.q_pos, ctx.q_start)  # (1|B, H|1, Lq, r)
+            # the rows as stored: the term applies logit_scale (on the query side alone for the fused kernel)
+            fq = take_rows(self.layer_table(ctx, "p_q", table, stored=True), ctx.q_pos, ctx.q_start)
             # Linformer's keys are its k projected slots, not positions
-            p_k = self.layer_table(ctx, "p_k", table)
+            p_k = self.layer_table(ctx, "p_k", table, stored=True)
             fk = p_k.unsqueeze(0) if ctx.projected_keys else take_rows(p_k, ctx.k_pos, ctx.k_start)
+            c = self.logit_scale
             # P_Q P_Kᵀ, kept between inference forwards (DIET §3.1)
             product = self.kept(ctx, f"diet_abs_{table}", (fq, fk), fq.shape[-3] * fq.shape[-2] * fk.shape[-2],
-                                lambda: fq @ fk.transpose(-1, -2))
-            return LowRankBias(fq, fk, product)
+                                lambda: ScaledLowRank(fq, fk, c).build(None, None))
+            return ScaledLowRank(fq, fk, c, product)
 
         return LayerTerms(logits=[ctx.cached(Built(self, table), build)])
 
 
 class _AbsFactors:
     """P_Q's and P_K's rows at a forward's default positions, for every table at once: × logit_scale (views of P
-    where the scale is 1, else a buffer), and folded as the fused kernel reads them (fq / s, fk in q's dtype,
-    one buffer per (s, dtype)), each refilled by one op for all tables at most once a forward, when first read
-    (`forward` counts the forwards). The same elementwise ops as the per-forward path, so the same bits."""
+    where the scale is 1, else a buffer), and folded as the fused kernel reads them (P_Q · c² / s in q's dtype,
+    P_K as stored where it has q's dtype; one buffer per (s, dtype)), each refilled by one op for all tables at
+    most once a forward, when first read (`forward` counts the forwards). The same elementwise ops as the
+    per-forward path, so the same bits."""
 
     def __init__(self, p_q: Tensor, p_k: Tensor, scale: float, q_rows: slice, k_rows: slice):
         self.p, self.scale, self._rows = (p_q, p_k), scale, (q_rows, k_rows)
@@ -124,13 +127,15 @@ class _AbsFactors:
     def folded(self, table: int, s: float, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         entry = self._folded.get((s, dtype))
         if entry is None or entry[0] != self.forward:
-            fq, fk = self.logit()[-4:-2] if self.scale != 1 else self.rows()
+            fq, fk = self.rows()  # as `ScaledLowRank.folded`: P_Q · c² / s, and P_K as stored (a view in its dtype)
+            c = self.scale * self.scale / s
             if entry is None:
-                q2, k2 = (fq / s).to(dtype), fk.to(dtype)
+                q2, k2 = (fq * c).to(dtype), fk.to(dtype)
                 entry = self._folded[(s, dtype)] = [self.forward, q2, k2, *self._views(q2, k2)]
             else:
-                torch.div(fq, s, out=entry[1])  # computed in float32, then cast, as (fq / s).to(dtype)
-                entry[2].copy_(fk)
+                torch.mul(fq, c, out=entry[1])  # computed in float32, then cast, as (fq * c).to(dtype)
+                if fk.dtype != dtype:
+                    entry[2].copy_(fk)
                 entry[0] = self.forward
         return entry[-2][table], entry[-1][table]
 

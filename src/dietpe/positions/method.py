@@ -236,10 +236,13 @@ class PositionMethod(nn.Module):
         term.kept = self.kept(ctx, name, tensors, term.heads * lq * lk, lambda: ref().build(None, None))
         return term
 
-    def layer_table(self, ctx: Context, name: str, layer: int) -> Tensor:
-        """Layer `layer`'s slice of the per-layer parameter `name` (n_layers, ...). The slices are taken by one
-        `unbind` per forward, so the backward writes each layer's gradient straight into one stacked gradient
-        instead of a zero-filled copy of the whole parameter per layer, added up."""
+    def layer_table(self, ctx: Context, name: str, layer: int, stored: bool = False) -> Tensor:
+        """Layer `layer`'s slice of the per-layer parameter `name` (n_layers, ...), as the equations read it (×
+        logit_scale), or as `stored` (a view of the parameter, for a term that applies the scale itself). The
+        slices are taken by one `unbind` per forward, so the backward writes each layer's gradient straight into
+        one stacked gradient instead of a zero-filled copy of the whole parameter per layer, added up."""
+        if stored:
+            return ctx.cached(LayerSlices(self, f"{name} stored"), lambda: getattr(self, name).unbind(0))[layer]
         return ctx.cached(LayerSlices(self, name), lambda: self.logit(name).unbind(0))[layer]
 
     def layer_terms(self, ctx: Context, layer: int) -> LayerTerms:

@@ -219,7 +219,7 @@ TRANSLATION_RECIPES = {
 # states its sizing and time). Any option given on the command line wins.
 STUDY_PLANS = {
     # one H100-class GPU for about an hour: DIET's BERT_SMALL, 3 pre-training seeds of the claims' main rows, the
-    # papers' fine-tuning protocol (a learning-rate grid, the median of 5 fine-tuning seeds)
+    # papers' fine-tuning protocol (a learning-rate grid, the median over fine-tuning seeds: 3 here, the papers' 5)
     "gpu-hour": dict(recipe="gpu-hour", ft_recipe="gpu-hour", methods="gpu-hour", pretrain_seeds=3,
                      max_validation=1000),
 }

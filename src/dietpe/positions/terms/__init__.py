@@ -28,11 +28,11 @@ the methods build terms from is `dietpe.positions.context`.
 from dietpe.positions.terms.layer import EMPTY, LayerTerms, QKTerm
 from dietpe.positions.terms.logit import (LogitTerm, OffsetTable, PiecewiseTable, ScoreMod, SegmentTable, head_at,
                                          position_at, row_span)
-from dietpe.positions.terms.low_rank import LowRankBias, SegmentBias
+from dietpe.positions.terms.low_rank import LowRankBias, ScaledLowRank, SegmentBias
 from dietpe.positions.terms.position import DistanceBias, PositionBias
 from dietpe.positions.terms.relative import Band, LazyIndex, QueryRelativeBias, SeparableKeep, TableBias
 from dietpe.positions.terms.values import ValueTerm
 
-__all__ = ["EMPTY", "Band", "DistanceBias", "LayerTerms", "LazyIndex", "LogitTerm", "LowRankBias", "OffsetTable",
+__all__ = ["EMPTY", "Band", "DistanceBias", "LayerTerms", "LazyIndex", "LogitTerm", "LowRankBias", "ScaledLowRank", "OffsetTable",
            "PiecewiseTable", "PositionBias", "QKTerm", "QueryRelativeBias", "ScoreMod", "SegmentBias", "SegmentTable",
            "TableBias", "ValueTerm", "head_at", "position_at", "row_span"]

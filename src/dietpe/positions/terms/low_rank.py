@@ -43,6 +43,27 @@ class LowRankBias(LogitTerm):
         return self.fq.shape[-1]
 
 
+class ScaledLowRank(LowRankBias):
+    """(c·fq)·(c·fk)ᵀ, with fq, fk a logit-unit table's rows as stored (views of its parameters) and c its
+    logit_scale (DIET-ABS's P_Q P_Kᵀ). `factors` scales both sides, as the equation reads them; `folded` puts c²
+    and the kernel's 1/s on the query side alone, so that the key side the fused kernel reads, and keeps for
+    its backward, is the stored rows themselves: no copy the size of the table per forward (P_K at 8,192
+    positions is as large as a layer's keys)."""
+
+    def __init__(self, fq: Tensor, fk: Tensor, scale: float, kept: Callable[[], Tensor] | None = None):
+        super().__init__(fq, fk, kept)
+        self.scale = scale
+
+    def factors(self) -> tuple[Tensor, Tensor]:
+        if self.scale == 1:
+            return self.fq, self.fk
+        return self.per_forward("factors", lambda: (self.fq * self.scale, self.fk * self.scale))
+
+    def folded(self, s: float, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        c = self.scale * self.scale / s
+        return self.per_forward(f"folded {s} {dtype}", lambda: ((self.fq * c).to(dtype), self.fk.to(dtype)))
+
+
 def one_hot_keys(segments: Tensor, k: int, dtype: torch.dtype) -> Tensor:
     """(B, 1, Lk, k) one-hot rows of the keys' segments, by comparison: `F.one_hot` reads the ids' range back to
     the host (two syncs on a GPU; the ids are checked once per forward where they may be read)."""
