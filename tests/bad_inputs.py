@@ -574,6 +574,7 @@ case("bench --lengths text", f"{BENCH} --lengths long", "--lengths", "long", "in
 case("bench --lengths empty", f"{BENCH} --lengths ,", "--lengths", "','")
 case("bench --batch 0", f"{BENCH} --batch 0", "--batch", "'0'", "positive")
 case("bench --batch count", f"{BENCH} --batch 1,2", "--batch", "2 sizes", "1 lengths")
+case("bench --batch beyond memory", f"{BENCH} --batch 10000000", "--batch 10000000", "GiB available", "lower --batch")
 case("bench --methods nope", f"{BENCH} --methods rope", "rope", "absolute")
 case("bench --methods empty", f"{BENCH} --methods ,", "--methods", "','")
 case("bench --modes nope", f"{BENCH} --modes fly", "--modes", "fly", "infer")

@@ -57,9 +57,10 @@ def test_a_default_added_by_the_action_itself_is_shown_once_or_not_at_all():
     p.add_argument("--off", action="store_true", help="flag" + " (default: %(default)s)")
     p.add_argument("--on", action=argparse.BooleanOptionalAction, default=True, help="flag on")
     p.add_argument("--steps", type=int, default=3, help="steps")
+    p.add_argument("--no-memory", dest="memory", action="store_false", help="skip memory")
     text = " ".join(p.format_help().split())
     assert "(default: False)" not in text and "flag (default" not in text
-    assert text.count("(default: True)") == 1 and text.count("(default: 3)") == 1
+    assert text.count("(default: True)") == 1 and text.count("(default: 3)") == 1  # --on's, not --no-memory's
 
 
 CANONICAL = {"--output-dir": "-o", "--lr": None, "--size": None, "--seed": None}

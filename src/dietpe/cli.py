@@ -50,6 +50,8 @@ class DietHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         text = action.help or ""
         if action.default in (None, False, argparse.SUPPRESS):
             return text.removesuffix(self.ADDED)
+        if action.nargs == 0 and action.const is False:  # store_false's `--no-x`: "(default: True)" reads as on
+            return text
         if "default" in text:
             return text
         return super()._get_help_string(action)

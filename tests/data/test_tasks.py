@@ -70,6 +70,17 @@ def test_malformed_lines_and_values(tmp_path):
         T.read_tsv(tmp_path / "missing.tsv", T.GLUE["sst-2"])
 
 
+def test_a_tab_inside_a_text_is_an_error_not_a_shorter_sentence(tmp_path):
+    """A row wider than the header (or, in a file without one such as CoLA's, than its first row) has a tab in a
+    text: reading the cells by index would keep the text up to the tab and drop the rest without a word."""
+    cola = _write(tmp_path / "cola.tsv", "gj04\t1\t\tOne sentence.\ngj04\t1\t\tA sentence\twith a tab.\n")
+    with pytest.raises(DataError, match=rf"{cola}:2: 5 tab-separated columns where line 1 has 4"):
+        T.read_tsv(cola, T.GLUE["cola"])
+    sst = _write(tmp_path / "sst.tsv", "sentence\tlabel\ngood .\t1\ngood\t.\t1\n")
+    with pytest.raises(DataError, match=rf"{sst}:3: 3 tab-separated columns where the header has 2"):
+        T.read_tsv(sst, T.GLUE["sst-2"])
+
+
 def test_xnli_zero_shot_layout(tmp_path):
     d = tmp_path / "xnli"
     for lang in ("en", "de", "fr"):

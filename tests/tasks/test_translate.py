@@ -4,6 +4,7 @@ writes detokenised output and a SacreBLEU score, and cached decoding gives what 
 
 import json
 import random
+import re
 import shutil
 
 import pytest
@@ -134,6 +135,28 @@ def test_eval_refuses_a_source_longer_than_a_learned_table(tmp_path, capsys):
     assert main(["translate", "eval", str(model_dir), "--source", str(tmp_path / "src"), "--max-new-tokens",
                  "9"]) == 2
     assert "--max-new-tokens 9 exceeds max_position_embeddings=8" in capsys.readouterr().err
+
+
+def test_eval_refuses_to_write_over_its_inputs(tmp_path, capsys):
+    """--output or --report naming the source or the reference file (or each other) is refused before decoding:
+    the translations would replace the file they were read from."""
+    tokenizer = train_joint_bpe(["w1 w2 w3 v1 v2 v3"] * 3, vocab_size=40, min_frequency=1)
+    config = DietSeq2SeqConfig(vocab_size=len(tokenizer), hidden_size=16, num_hidden_layers=1, num_decoder_layers=1,
+                               num_attention_heads=2, intermediate_size=32, position="diet-rel")
+    model_dir = tmp_path / "model"
+    DietForConditionalGeneration(config).save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    src, ref = tmp_path / "src", tmp_path / "ref"
+    src.write_text("w1 w2\n")
+    ref.write_text("v1 v2\n")
+    base = ["translate", "eval", str(model_dir), "--source", str(src), "--reference", str(ref)]
+    for extra, message in [(["--output", str(ref)], "--output .* is the --reference file"),
+                           (["--output", str(tmp_path / "." / "src")], "--output .* is the --source file"),
+                           (["--report", str(src)], "--report .* is the --source file"),
+                           (["--output", str(tmp_path / "o"), "--report", str(tmp_path / "o")], "both")]:
+        assert main(base + extra) == 2
+        assert re.search(message, capsys.readouterr().err)
+    assert (src.read_text(), ref.read_text()) == ("w1 w2\n", "v1 v2\n")
 
 
 def test_the_collator_leaves_out_the_source_mask_only_when_nothing_is_padded():

@@ -72,6 +72,30 @@ def _parse(args) -> tuple[list[cost.Variant], list[cost.Variant], list[str]]:
     return variants, long_variants, peers
 
 
+def _check_memory(args, device: torch.device) -> None:
+    """On the CPU, where running out of memory kills the process without a word, refuse before any timing a size
+    that cannot fit even without attention's (L, L) terms (which flash-style kernels never hold): the lower bound
+    of a step's memory (Korthikanti et al. 2022's 34·s·b·h bytes a layer in 16 bits, twice in 32; parameters
+    with AdamW's moments in training). A GPU raises its out-of-memory error itself."""
+    from dietpe.tasks.runtime import GiB, available_memory
+
+    available = available_memory("cpu") if device.type == "cpu" else None
+    if available is None:
+        return
+    train = "train" in args.modes
+    for shape in args.shapes:
+        config = cost.model_config(shape, cost.BASELINE)
+        with torch.device("meta"):
+            n_params = sum(p.numel() for p in cost.build_model(config).parameters())
+        layers = config.num_hidden_layers if train else 1  # a forward without a backward keeps one layer's
+        for length, batch in zip(args.lengths, _batches(args)):
+            need = (16 if train else 4) * n_params + layers * 68 * batch * length * config.hidden_size
+            if need > available:
+                raise ConfigError(f"{shape} at --batch {batch} × {length} tokens needs at least {need / GiB:.1f} GiB "
+                                  f"({'training' if train else 'inference'}, without attention's (L, L) terms), this "
+                                  f"machine has {available / GiB:.1f} GiB available; lower --batch or --lengths")
+
+
 def _log(msg: str) -> None:
     print(f"[bench] {msg}", file=sys.stderr, flush=True)
 
@@ -148,6 +172,7 @@ def run(args) -> int:
         raise ConfigError("--precision fp16 needs CUDA; use bf16 or fp32 on the CPU")
     if "fused" in args.backends and device.type != "cuda":
         raise ConfigError("--backends fused: the fused kernel runs on CUDA; give --device cuda")
+    _check_memory(args, device)
     cost.available_memory(device)  # read before any model exists: the memory groups of every phase use it
     overrides = {} if args.attention_dropout is None else {"attention_probs_dropout_prob": args.attention_dropout}
     on = {"device": device.type, "precision": args.precision, "overrides": overrides}

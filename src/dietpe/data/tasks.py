@@ -105,6 +105,8 @@ def read_tsv(path: str | Path, spec: TaskSpec, with_labels: bool = True) -> list
     needed = max(i for i in (ia, ib, il) if i is not None) + 1
     label_ids = {name: i for i, name in enumerate(spec.labels)}
     examples = []
+    # every row as wide as the header (or, without one, the first row): a tab inside a text shifts the cells
+    width, widest = (len(header), "the header has") if header is not None else (None, "")
     for lineno, line in enumerate(lines[start:], start + 1):
         line = line.rstrip("\r")
         if not line.strip():
@@ -113,6 +115,11 @@ def read_tsv(path: str | Path, spec: TaskSpec, with_labels: bool = True) -> list
         where = f"{path}:{lineno}"
         if len(cells) < needed:
             raise DataError(f"{where}: {len(cells)} tab-separated columns, {spec.name} needs at least {needed}")
+        if width is None:
+            width, widest = len(cells), f"line {lineno} has"
+        if len(cells) != width:
+            raise DataError(f"{where}: {len(cells)} tab-separated columns where {widest} {width} (a tab inside a "
+                            f"text?)")
         text_a = cells[ia].strip()
         text_b = cells[ib].strip() if ib is not None else None
         if not text_a or (ib is not None and not text_b):

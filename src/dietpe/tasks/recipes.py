@@ -53,7 +53,7 @@ def check_model_length(config: DietConfig, max_length: int, where: str) -> None:
     from dietpe.positions.encoding import check_length
 
     check_length(config.position, max_length, config.max_position_embeddings, "max_length=",
-                 f"the model in {where}; use --max-length {config.max_position_embeddings} or less", ConfigError)
+                 f"the model in {where}; use --ft-max-length {config.max_position_embeddings} or less", ConfigError)
 
 
 @dataclass(frozen=True)

@@ -509,8 +509,17 @@ def train_main(args) -> int:
 
 
 def eval_outputs(args, model_dir: Path) -> tuple[Path, Path]:
+    """The translations' and the report's paths, refused where they would overwrite an input or each other."""
     output = Path(args.output) if args.output else model_dir / f"translations.{Path(args.source).name}"
     report = Path(args.report) if args.report else output.with_name(output.name + ".json")
+    inputs = [("--source", args.source), ("--reference", getattr(args, "reference", None))]
+    for option, path in (("--output", output), ("--report", report)):
+        for name, given in inputs:
+            if given and path.resolve() == Path(given).resolve():
+                raise ConfigError(f"{option} {path} is the {name} file, which writing it would overwrite; name "
+                                  f"another file")
+    if output.resolve() == report.resolve():
+        raise ConfigError(f"--output and --report are both {output}; name two files")
     return V.check_output_file(output, "--output"), V.check_output_file(report, "--report")
 
 
