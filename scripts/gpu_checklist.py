@@ -157,10 +157,10 @@ def steps() -> list[Step]:
         # meta device's model (`dietpe.bench.footprint`, docs/kernels.md): whether the model's ratios hold on a
         # GPU; run by name. Not sdpa's rows: its blocks kept for the backward, (L, L) a layer, ran the H200 out of
         # its 139 GiB with the other candidates' models in the same timing process (fifth window)
-        Step("memory", "time", 210, "memory.md",
-             ("timeout -s INT 190 " + _dietpe(
+        Step("memory", "time", 240, "memory.md",
+             ("timeout -s INT 220 " + _dietpe(
                  "bench --device cuda --precision bf16 --shapes lm-bert-base --lengths 8192 --batch 2 "
-                 "--methods none@fused,diet-rel,t5 --backends fused --modes train --repeats 2 "
+                 "--methods none@fused,diet-abs,diet-rel,t5 --backends fused --modes train --repeats 2 "
                  "--warmup 1 --markdown {work}/memory.md") + "; cat {work}/memory.md",
               f"{PY} -m dietpe.bench.footprint --methods none,diet-rel,t5,alibi,diet-abs"),
              f"{PY} -m dietpe.bench.footprint --help", default=False),
