@@ -597,9 +597,11 @@ def register_analysis(subparsers) -> None:
     p = subparsers.add_parser(
         "analyze", help="rank and attention pictures of a checkpoint (DIET Fig. 2, 4-8; TUPE Fig. 2, 6)",
         description=_doc("dietpe.analysis.cli"))
-    p.add_argument("checkpoint", help="a save_pretrained directory (or a pretrain run directory with model/)")
+    p.add_argument("checkpoint", help="a save_pretrained directory, or a run directory: a pretrain run's model/ or a "
+                                      "translate train run's final/ is analysed")
     p.add_argument("--data", required=True, help="text file (one paragraph per line) to sample the batch from")
-    p.add_argument("-o", "--output-dir", dest="out", metavar="DIR", help="output directory (default: CHECKPOINT/analysis)")
+    p.add_argument("-o", "--output-dir", dest="out", metavar="DIR",
+                   help="output directory (default: the analysed model's analysis/, e.g. RUN/model/analysis)")
     hidden_alias(p, "--out", dest="out")
     p.add_argument("--tokenizer", help="tokenizer directory or tokenizer.json (default: the checkpoint's)")
     p.add_argument("--batch-size", type=V.positive_int, default=8, help="sequences in the sampled batch (default 8)")

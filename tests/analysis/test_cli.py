@@ -90,14 +90,17 @@ def test_a_seq2seq_checkpoint_is_analysed_through_its_encoder(tmp_path):
     assert position_pattern(loaded, 8)[0][0, 5, 3].item() == expected
 
 
-def test_analyze_defaults_to_the_training_length_and_says_when_asked_beyond(tmp_path, capsys):
+def test_analyze_without_a_recorded_training_length_names_the_position_limit(tmp_path, capsys):
     data = tmp_path / "text.txt"
     data.write_text("\n".join(TEXT * 8) + "\n")
-    ckpt, _ = checkpoint(tmp_path, "diet-rel")  # max_position_embeddings=24: trained on 24-token blocks
+    ckpt, _ = checkpoint(tmp_path, "diet-rel")  # max_position_embeddings=24, no run folder recording a length
     assert main(["analyze", str(ckpt), "--data", str(data), "-o", str(tmp_path / "a"), "--batch-size", "2"]) == 0
     err = capsys.readouterr().err
     assert json.loads((tmp_path / "a" / "summary.json").read_text())["length"] == 24
-    assert "24-token inputs (the training length)" in err
+    assert "2 sequences of 24 tokens (the model's position limit, max_position_embeddings" in err
+    assert "(the training length)" not in err
     assert main(["analyze", str(ckpt), "--data", str(data), "-o", str(tmp_path / "b"), "--batch-size", "2",
-                 "--length", "40"]) == 0
-    assert "beyond the training length 24" in capsys.readouterr().err
+                 "--length", "40"]) == 0  # diet-rel has no table to cap it
+    err = capsys.readouterr().err
+    assert json.loads((tmp_path / "b" / "summary.json").read_text())["length"] == 40
+    assert "40 tokens is beyond the model's max_position_embeddings 24" in err

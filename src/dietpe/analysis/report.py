@@ -252,7 +252,7 @@ def _rank_table(a: Analysis) -> list[str]:
         for n in names:
             r = a.ranks[n][layer]
             cells.append("—" if np.isnan(r).all() else
-                         f"{np.nanmean(r):.1f} ({np.nanmin(r):.0f}–{np.nanmax(r):.0f})")
+                         f"{np.nanmean(r):.1f} ({np.nanmin(r):.1f}–{np.nanmax(r):.1f})")
         lines.append(f"| {layer} | " + " | ".join(cells) + " |")
     return lines
 
@@ -264,12 +264,12 @@ def _observations(a: Analysis) -> list[str]:
     above = int(np.sum(full > a.head_size + 0.5))
     out.append(f"- {above} of {full.size} heads have full-logit rank above d_h = {a.head_size} "
                f"(mean rank {np.nanmean(full):.1f} on {a.length} × {a.length} matrices; the token-to-token term "
-               f"alone: {np.nanmean(content):.1f}, at most {np.nanmax(content):.0f}).")
+               f"alone: {np.nanmean(content):.1f}, at most {np.nanmax(content):.1f}).")
     pos = a.ranks["position term"]
     if not np.isnan(pos).all():
         extra = f" (d_p = {a.position_rank})" if a.position_rank else ""
         out.append(f"- Position term rank{extra}: mean {np.nanmean(pos):.1f}, range "
-                   f"{np.nanmin(pos):.0f}–{np.nanmax(pos):.0f}.")
+                   f"{np.nanmin(pos):.1f}–{np.nanmax(pos):.1f}.")
     if a.toeplitz is not None:
         out.append(f"- Toeplitz deviation (largest spread along a diagonal / range of the pattern): median "
                    f"{np.median(a.toeplitz):.3f}, max {np.max(a.toeplitz):.3f} — 0 means the pattern depends on "
@@ -365,17 +365,18 @@ def report(model: nn.Module, tokenizer_or_batch, out_dir: str | Path, *, data: s
     """Analyse `model` and write PNGs, `summary.json` and `index.md` into `out_dir`; returns the index's path.
 
     tokenizer_or_batch: a batch (dict with input_ids (B, L), or an input_ids tensor), or a tokenizer, with
-    `data` (a text file or a list of texts) to sample `batch_size` windows of `length` tokens from.
+    `data` (a text file or a list of texts) to sample `batch_size` windows of `length` tokens from. With a batch,
+    `data` only names where the batch came from.
     """
     encoder = encoder_of(model)
+    source = "" if data is None else f"`{data}`" if isinstance(data, (str, Path)) else "the given texts"
     if isinstance(tokenizer_or_batch, (dict, Tensor)):
-        batch, source = tokenizer_or_batch, ""
+        batch = tokenizer_or_batch
     else:
         if data is None:
             raise DataError("report() was given a tokenizer but no data to sample a batch from; pass data=FILE")
         limit = encoder.positions.max_length
         batch = sample_batch(tokenizer_or_batch, data, batch_size, min(length, limit or length), seed)
-        source = f"`{data}`" if isinstance(data, (str, Path)) else "the given texts"
     if isinstance(batch, Tensor):
         batch = {"input_ids": batch}
     device = next(encoder.parameters()).device
