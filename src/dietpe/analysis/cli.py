@@ -103,13 +103,16 @@ def load_tokenizer_near(checkpoint: Path, explicit: str | None):
     def load(path):
         try:
             return load_tokenizer(path)
-        except DataError:  # not BERT's special tokens (a translation vocabulary): whatever HF makes of it
+        except DataError:  # not BERT's special tokens: a `dietpe translate` vocabulary, else whatever HF makes of it
             from transformers import AutoTokenizer
 
-            try:
-                return AutoTokenizer.from_pretrained(str(path))
-            except Exception:
-                pass
+            from dietpe.data.parallel import load_joint_tokenizer
+
+            for other in (load_joint_tokenizer, lambda p: AutoTokenizer.from_pretrained(str(p))):
+                try:
+                    return other(path)
+                except Exception:
+                    pass
             raise
 
     if explicit:
