@@ -183,8 +183,10 @@ def run(args: argparse.Namespace) -> int:
     config = encoder_of(model).config
     length, why, notes = choose_length(args.length, trained, config, encoder_of(model).positions.max_length)
     batch = sample_batch(tokenizer, args.data, args.batch_size, length, args.seed)
-    notes += describe_batch(tuple(batch["input_ids"].shape), args.batch_size, length, why, trained,
-                            getattr(config, "max_position_embeddings", None))
+    said = describe_batch(tuple(batch["input_ids"].shape), args.batch_size, length, why, trained,
+                          getattr(config, "max_position_embeddings", None))
+    as_asked = args.length == length and tuple(batch["input_ids"].shape) == (args.batch_size, length)
+    notes += said[1:] if as_asked else said  # the batch --length asked for, whole: nothing to tell
     for line in notes:
         print(f"dietpe analyze: {line}", file=sys.stderr)
     index = report(model, batch, out, data=args.data, title=args.title or model.config.position, rtol=args.rtol)

@@ -216,7 +216,11 @@ def plan(corpus: str, validation: str | None, max_documents: int | None, tokeniz
     n = min(total, max_documents) if max_documents else total
     if val_fp is None:
         if n < 2:
-            raise DataError(f"{train_fp['origin']}: one document only; give a --validation corpus")
+            # worded for every command that reaches here: lm, compare and xtreme have no --validation
+            raise DataError(f"{train_fp['origin']}: " + (f"--max-documents {max_documents} leaves" if total > n else
+                                                         "the corpus has") + " one document only, none to hold out "
+                            "for validation; give more documents, a corpus folder with a valid file, or "
+                            "--validation where the command has it")
         cut = max(1, n // HOLDOUT)
         train = Split(corpus, "train", cut, n)
         val = Split(corpus, "train", 0, cut)

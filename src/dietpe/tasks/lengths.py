@@ -13,14 +13,17 @@ from pathlib import Path
 
 import torch
 
+from dietpe import validate as V
 from dietpe.errors import ConfigError, DataError
 from dietpe.tasks.lm import RESULT
-from dietpe.tasks.perplexity import length_perplexities, log, position_config, read_stream, write_report
+from dietpe.tasks.perplexity import (check_windows, length_perplexities, log, position_config, read_stream,
+                                     write_report)
 from dietpe.tasks.runtime import resolve_device
 
 
 def _run_info(path: Path, train_length: int | None) -> tuple[Path, str, int]:
-    """(model folder, method name, training length) of a `dietpe lm` or `dietpe pretrain` run folder."""
+    """(model folder, method name, training length) of a `dietpe lm` or `dietpe pretrain` run folder. The
+    length a run records wins: --train-length is for runs that record none, and one that differs is refused."""
     model_dir = path / "model" if (path / "model" / "config.json").is_file() else path
     if not (model_dir / "config.json").is_file():
         raise DataError(f"{path}: no model (config.json) found")
@@ -29,7 +32,10 @@ def _run_info(path: Path, train_length: int | None) -> tuple[Path, str, int]:
         for folder in (path, model_dir.parent):
             if (folder / name).is_file():
                 method, length = read(json.loads((folder / name).read_text()))
-                return model_dir, method, train_length or length
+                if train_length is not None and train_length != length:
+                    raise ConfigError(f"{path}: the run records training length {length}, but --train-length is "
+                                      f"{train_length}; --train-length is only for runs that record none")
+                return model_dir, method, length
     if train_length is None:
         raise ConfigError(f"{path}: the run does not record its training length; give --train-length")
     config = json.loads((model_dir / "config.json").read_text())
@@ -45,9 +51,14 @@ def main(args) -> int:
 
     torch.set_num_threads(args.threads)
     device = resolve_device(args.device)
+    out = V.check_output_dir(args.output_dir, "-o")
+    infos = [(run, *_run_info(Path(run), args.train_length)) for run in args.runs]  # every run checked first
+    for run, model_dir, _, length in infos:
+        config = AutoConfig.from_pretrained(model_dir)  # an attached method (`dietpe` field) is a causal LM
+        causal = bool(getattr(config, "dietpe", None) or getattr(config, "causal", False))
+        check_windows(length, args.lengths, causal, tokens=args.eval_tokens)
     rows, lengths = [], set()
-    for run in args.runs:
-        model_dir, method, length = _run_info(Path(run), args.train_length)
+    for run, model_dir, method, length in infos:
         config = AutoConfig.from_pretrained(model_dir)
         if getattr(config, "dietpe", None):  # a Hugging Face model with a method attached (`--arch llama`)
             from transformers import AutoModelForCausalLM
@@ -66,5 +77,5 @@ def main(args) -> int:
         log(f"{run}: " + ", ".join(f"{m}L {'n/a' if v is None else f'{v:.2f}'}" for m, v in ppl.items()),
             "lengths")
     title = f"trained at L = {', '.join(map(str, sorted(lengths)))}"
-    print(write_report(rows, args.lengths, Path(args.output_dir), title))
+    print(write_report(rows, args.lengths, out, title, "lengths"))
     return 0

@@ -31,7 +31,7 @@ from dietpe.config import PRESETS
 from dietpe.errors import ConfigError, DataError
 from dietpe.methods import Method
 from dietpe.positions.registry import names
-from dietpe.tasks.perplexity import length_perplexities, read_stream, token_stream, write_report
+from dietpe.tasks.perplexity import check_windows, length_perplexities, read_stream, token_stream, write_report
 from dietpe.tasks.perplexity import log as _log
 from dietpe.tasks.runtime import resolve_device
 
@@ -129,38 +129,85 @@ def train_lm(config, stream: list[int], steps: int, batch_size: int, length: int
 
 
 def method_specs(text: str) -> list[str]:
-    """`--methods`: comma-separated specs; `all` stands for every registered method a causal LM takes."""
+    """`--methods`: comma-separated specs; `all` stands for every registered method a causal LM takes. A method
+    written twice (`absolute,absolute`, or two spellings of one spec) is refused, as `parse_methods` does."""
+    from dietpe.methods import parse_method
+    from dietpe.models.causal import DietCausalConfig
+
+    def canonical(spec: str) -> str:
+        return parse_method(spec, DietCausalConfig, segment="none").name
+
     specs = [s.strip() for s in text.split(",") if s.strip()]
-    if ALL_CAUSAL in specs:  # in registry order, without the specs named beside it
+    if ALL_CAUSAL in specs:  # in registry order, without the methods named beside it
         at = specs.index(ALL_CAUSAL)
-        specs[at:at + 1] = [n for n in names(causal_ok=True) if n not in specs]
+        given = {canonical(s) for s in specs if s != ALL_CAUSAL}
+        specs[at:at + 1] = [n for n in names(causal_ok=True) if canonical(n) not in given]
     if not specs:
         raise ConfigError(f"--methods {text!r} names no method; e.g. --methods alibi,rotary")
+    seen, dupes = set(), set()
+    for spec in specs:
+        name = canonical(spec)
+        if name in seen:
+            dupes.add(spec)  # as written: the canonical name spells out causal defaults (segment=none)
+        seen.add(name)
+    if dupes:
+        raise ConfigError(f"methods listed twice: {sorted(dupes)}")
     return specs
 
 
+def run_record(args) -> dict:
+    """What every result in the output folder depends on, recorded there before any work (`check_run_settings`):
+    a rerun with other settings is refused, one with the same reuses the methods it finished. --methods and
+    --arch are not in it: each method (and arch) has its own folder, so a rerun may add methods."""
+    from dietpe.tasks.checkpoints import local_path
+
+    return dict(task="lm", corpus=local_path(args.corpus), max_documents=args.max_documents,
+                vocab_size=args.vocab_size, size=args.size, max_length=args.max_length, steps=args.steps,
+                batch_size=args.batch_size, lr=args.lr, seed=args.seed, lengths=list(args.lengths),
+                eval_tokens=args.eval_tokens, precision=args.precision, compile=args.compile)
+
+
 def main_lm(args) -> int:
-    from dietpe.data import shards
-    from dietpe.data.tokenizer import load_tokenizer, save_tokenizer
+    from dietpe import validate as V
 
     torch.set_num_threads(args.threads)
     resolve_device(args.device)  # a missing CUDA is refused before any work
-    out = Path(args.output_dir)
+    out = V.check_output_dir(args.output_dir, "-o")
+    if args.cache_dir:
+        V.check_output_dir(args.cache_dir, "--cache-dir")
     specs = method_specs(args.methods)
     # each spec parsed and its config built (so validated) once, before reading any data; the tokenizer then
     # sets the vocabulary and pad id
     configs = {spec: causal_config(spec, args.size, 100, args.max_length, 0) for spec in specs}
+    check_windows(args.max_length, args.lengths, True, tokens=args.eval_tokens)
+    with V.created_only_on_success(out):
+        return _main_lm(args, out, specs, configs)
+
+
+def _main_lm(args, out: Path, specs: list[str], configs: dict) -> int:
+    from dietpe.data import shards
+    from dietpe.data.tokenizer import load_tokenizer
+    from dietpe.tasks.checkpoints import check_run_settings
+
+    check_run_settings(out, run_record(args), "another -o (or delete the folder)",
+                       products=("tokenizer", "*/" + RESULT, "*/model", "lengths.*"))
     tok_dir = out / "tokenizer"
     # the token streams from the shared cache (`dietpe.data.shards`), memory-mapped
     tokenizer = load_tokenizer(tok_dir) if (tok_dir / "tokenizer.json").is_file() else None
     prepared = shards.prepare(args.corpus, tokenizer=tokenizer, vocab_size=args.vocab_size, max_length=0,
                               packing="stream", max_documents=args.max_documents, cache_dir=args.cache_dir,
                               log=_log)
-    if tokenizer is None:
-        tokenizer = prepared.tokenizer
-        tokenizer.save_pretrained(tok_dir)
-    train, valid = prepared.train.tokens, prepared.validation.tokens
+    # the tokenizer given to prepare, else the one it trained
+    tokenizer, train, valid = prepared.tokenizer, prepared.train.tokens, prepared.validation.tokens
     _log(f"{len(train):,} training tokens, {len(valid):,} held-out tokens, vocabulary {len(tokenizer):,}")
+    # refused before anything is saved (the folder then goes again) and before training, not after
+    if len(train) <= args.max_length:
+        raise DataError(f"the training text has {len(train)} tokens, fewer than one window of --max-length "
+                        f"{args.max_length}; give more text" + (", a larger --max-documents" if args.max_documents
+                                                                else "") + " or a smaller --max-length")
+    check_windows(args.max_length, args.lengths, True, text=len(valid))
+    if not (tok_dir / "tokenizer.json").is_file():
+        tokenizer.save_pretrained(tok_dir)
     rows = []
     for spec in specs:
         run = out / ((f"{args.arch}-" if args.arch != "diet" else "") + spec.replace(":", "_"))
@@ -169,23 +216,32 @@ def main_lm(args) -> int:
             result = json.loads(done.read_text())
             _log(f"{spec}: finished earlier, reusing it")
         else:
-            config = copy.deepcopy(configs[spec])
-            config.vocab_size, config.pad_token_id = len(tokenizer), tokenizer.pad_token_id
-            model, seconds, losses = train_lm(config, train, args.steps, args.batch_size, args.max_length, args.lr,
-                                              args.seed, log=lambda m, s=spec: _log(f"{s}: {m}"), device=args.device,
-                                              precision=args.precision, deterministic=args.deterministic,
-                                              arch=args.arch, spec=spec, compile=args.compile)
-            ppl = length_perplexities(model, tokenizer, valid, args.max_length, args.lengths, args.eval_tokens)
-            model.save_pretrained(run / "model")
-            save_tokenizer(tokenizer, run / "model")
-            result = dict(method=spec if args.arch == "diet" else f"{spec} ({args.arch})", kind="causal",
-                          train_length=args.max_length, steps=args.steps,
-                          seconds=seconds, final_train_loss=sum(losses[-20:]) / len(losses[-20:]),
-                          ppl={str(m): v for m, v in ppl.items()}, compile=args.compile)
-            done.write_text(json.dumps(result, indent=1))
-            _log(f"{spec}: {seconds:.0f}s; perplexity " + ", ".join(
-                f"{m}L {'n/a' if v is None else f'{v:.2f}'}" for m, v in ppl.items()))
+            result = _train_method(args, spec, configs[spec], tokenizer, train, valid, run)
         rows.append(dict(method=result["method"], kind="causal", train_length=result["train_length"],
                          ppl={m: result["ppl"].get(str(m)) for m in args.lengths}))
     print(write_report(rows, args.lengths, out, f"causal LM, trained at L = {args.max_length}"))
     return 0
+
+
+def _train_method(args, spec: str, config, tokenizer, train, valid, run: Path) -> dict:
+    """Train and evaluate one method, save its model and write its result (last: it marks the method done)."""
+    from dietpe.data.tokenizer import save_tokenizer
+    from dietpe.tasks.checkpoints import write_json_atomic
+
+    config = copy.deepcopy(config)
+    config.vocab_size, config.pad_token_id = len(tokenizer), tokenizer.pad_token_id
+    model, seconds, losses = train_lm(config, train, args.steps, args.batch_size, args.max_length, args.lr,
+                                      args.seed, log=lambda m, s=spec: _log(f"{s}: {m}"), device=args.device,
+                                      precision=args.precision, deterministic=args.deterministic,
+                                      arch=args.arch, spec=spec, compile=args.compile)
+    ppl = length_perplexities(model, tokenizer, valid, args.max_length, args.lengths, args.eval_tokens)
+    model.save_pretrained(run / "model")
+    save_tokenizer(tokenizer, run / "model")
+    result = dict(method=spec if args.arch == "diet" else f"{spec} ({args.arch})", kind="causal",
+                  train_length=args.max_length, steps=args.steps,
+                  seconds=seconds, final_train_loss=sum(losses[-20:]) / len(losses[-20:]),
+                  ppl={str(m): v for m, v in ppl.items()}, compile=args.compile)
+    write_json_atomic(run / RESULT, result)  # whole or absent: a killed run never leaves half a result
+    _log(f"{spec}: {seconds:.0f}s; perplexity " + ", ".join(
+        f"{m}L {'n/a' if v is None else f'{v:.2f}'}" for m, v in ppl.items()))
+    return result

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from dietpe.errors import DataError
+from dietpe.errors import ConfigError, DataError
 from dietpe.positions.registry import REGISTRY
 
 MASK_SEED = 1234
@@ -61,6 +61,40 @@ def position_config(model):
     return attached.config if attached is not None else model.config
 
 
+def window_text(length: int, causal: bool) -> int:
+    """Tokens of the text one window of `length` holds: a masked LM's window adds [CLS] and [SEP]."""
+    return length if causal else length - 2
+
+
+def _of_text(length: int, need: int) -> str:
+    return "" if need == length else f" ({need} of text, besides [CLS] and [SEP])"
+
+
+def _too_few(text: int, tokens: int, length: int, causal: bool) -> str:
+    """Why not one window of `length` fits: the text is shorter, or --eval-tokens is."""
+    need = window_text(length, causal)
+    if text < need:
+        return f"the evaluation text has {text} tokens, fewer than one window of {length}{_of_text(length, need)}"
+    return (f"--eval-tokens {tokens} is fewer than one window of {length} tokens{_of_text(length, need)}; give "
+            f"--eval-tokens {need} or more")
+
+
+def check_windows(train_length: int, multiples, causal: bool, tokens: int | None = None,
+                  text: int | None = None) -> None:
+    """Refuse, before any work, an --eval-tokens (`tokens`) or a held-out text (`text` tokens long) without
+    one window of the longest length, which every length must score."""
+    longest = max(multiples)
+    length = longest * train_length
+    need = window_text(length, causal)
+    if tokens is not None and tokens < need:
+        raise ConfigError(f"--eval-tokens {tokens} is fewer than one window of the longest length, {longest}L = "
+                          f"{length} tokens{_of_text(length, need)}; give --eval-tokens {need} or more")
+    if text is not None and text < need:
+        raise DataError(f"the held-out text has {text} tokens, fewer than one window of the longest length, "
+                        f"{longest}L = {length} tokens{_of_text(length, need)}; give more held-out text, or smaller "
+                        f"--lengths")
+
+
 def beyond_table(config, length: int) -> bool:
     """A learned position table (the registry's `learned_table`) cannot serve `length` positions."""
     return REGISTRY[config.position].learned_table and length > config.max_position_embeddings
@@ -74,7 +108,7 @@ def causal_loss(model, stream: list[int], length: int, tokens: int, batch_size: 
         return None
     n = min(tokens, len(stream)) // length
     if n < 1:
-        raise DataError(f"the evaluation text has {len(stream)} tokens, fewer than one window of {length}")
+        raise DataError(_too_few(len(stream), tokens, length, True))
     windows = torch.tensor(stream[:n * length], dtype=torch.long).view(n, length).to(model.device)
     total, count = 0.0, 0
     for i in range(0, n, batch_size):
@@ -103,7 +137,7 @@ def masked_loss(model, tokenizer, stream: list[int], length: int, tokens: int, b
     inner = length - 2
     n = masked.shape[1] // inner
     if n < 1:
-        raise DataError(f"the evaluation text has {masked.shape[1]} tokens, fewer than one window of {length}")
+        raise DataError(_too_few(len(stream), tokens, length, False))
     cls = torch.full((n, 1), tokenizer.cls_token_id)
     sep = torch.full((n, 1), tokenizer.sep_token_id)
     none = torch.full((n, 1), -100)
@@ -124,8 +158,9 @@ def length_perplexities(model, tokenizer, stream: list[int], train_length: int, 
     """{multiple: perplexity at multiple × train_length, or None beyond a learned table}; causal LMs by next
     token, masked LMs by masked token. `tokens`: how much of the stream every length scores (default: 8
     windows of the longest length)."""
-    tokens = tokens or 8 * max(multiples) * train_length
     causal = bool(getattr(position_config(model), "causal", False))
+    check_windows(train_length, multiples, causal, tokens, len(stream))  # before scoring any length
+    tokens = tokens or 8 * max(multiples) * train_length
     out = {}
     for m in multiples:
         n = m * train_length
@@ -169,8 +204,9 @@ def plot(rows: list[dict], multiples, path: Path, title: str) -> None:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for i, r in enumerate(rows):
         xs = [m for m in multiples if r["ppl"][m] is not None]
+        label = f"{r['method']} ({r['kind']})" if len({x["kind"] for x in rows}) > 1 else r["method"]
         ax.plot(xs, [r["ppl"][m] for m in xs], marker=markers[i % len(markers)], color=colours[i % len(colours)],
-                label=f"{r['method']} ({r['kind']})" if len({x["kind"] for x in rows}) > 1 else r["method"])
+                label=label if xs else f"{label}: n/a (beyond the table)")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xticks(list(multiples), [f"{m}L" for m in multiples])
@@ -183,13 +219,22 @@ def plot(rows: list[dict], multiples, path: Path, title: str) -> None:
     plt.close(fig)
 
 
-def write_report(rows: list[dict], multiples, out: Path, title: str) -> str:
+def write_report(rows: list[dict], multiples, out: Path, title: str, command: str = "lm") -> str:
+    """lengths.md, .csv, .json and .png in `out`; without a single perplexity (every cell n/a) there is nothing
+    to plot on log scales: no .png (an old one removed, so none misleads), and a note says why."""
     out.mkdir(parents=True, exist_ok=True)
     md = table_markdown(rows, multiples, title)
-    (out / "lengths.md").write_text(md + "\n![perplexity by length](lengths.png)\n", encoding="utf-8")
+    drawn = any(r["ppl"][m] is not None for r in rows for m in multiples)
+    (out / "lengths.md").write_text(md + ("\n![perplexity by length](lengths.png)\n" if drawn else ""),
+                                    encoding="utf-8")
     (out / "lengths.csv").write_text(table_csv(rows, multiples), encoding="utf-8")
     (out / "lengths.json").write_text(json.dumps(rows, indent=1), encoding="utf-8")
-    plot(rows, multiples, out / "lengths.png", title)
+    if drawn:
+        plot(rows, multiples, out / "lengths.png", title)
+    else:
+        (out / "lengths.png").unlink(missing_ok=True)
+        log(f"no plot: every perplexity is n/a (beyond a learned position table), so {out / 'lengths.png'} "
+            f"is not drawn", command)
     return md
 
 
