@@ -422,7 +422,8 @@ def _translate_train(sub) -> None:
     t.add_argument("--warmup-steps", type=V.non_negative_int, help="linear warm-up steps (default: the recipe's)")
     t.add_argument("--label-smoothing", type=V.fraction, help="label smoothing of the loss, in [0, 1) (default: 0.1)")
     t.add_argument("--dropout", type=V.fraction, default=None, help="hidden and attention dropout (preset: 0.1)")
-    t.add_argument("--max-grad-norm", type=V.non_negative_float, default=1.0, help="gradient clipping norm (0: off)")
+    t.add_argument("--max-grad-norm", type=V.non_negative_float, default=None,
+                   help="gradient clipping norm, 0: off (default: the recipe's, 1.0; 'paper' 0, as tensor2tensor)")
     t.add_argument("--epochs", type=V.positive_int, help="passes over the training pairs (default: the recipe's, 10)")
     t.add_argument("--max-steps", type=V.positive_int, default=None,
                    help="optimizer steps; overrides --epochs (default: the recipe's, 'paper' 250k)")

@@ -153,6 +153,15 @@ def test_every_claim_compares_rows_of_the_named_lists():
     assert parse_method("diet-abs:sharing=layer:position_rank=16").name in XS.method_list("xtreme", 8, 128)
 
 
+def test_table_3s_rows_at_the_papers_length():
+    """At 512 tokens: Shaw as `papers` has it (±1024, Table 6's count), the Linformer rows "(dp=256)": k = d_p =
+    256 for both, DIET-ABS-LIN's rank included."""
+    rows = {parse_method(s).name for s in XS.method_list("xtreme-all", 64, 512)}
+    for spec in ("shaw:shaw_max_distance=1024", "absolute:attention=linformer:linformer_k=256",
+                 "diet-abs:segment=input:attention=linformer:linformer_k=256:position_rank=256"):
+        assert parse_method(spec).name in rows, spec
+
+
 def write_suite_data(root):
     corpus = root / "corpus"
     corpus.mkdir(parents=True)

@@ -47,6 +47,35 @@ def test_diet_finetuning_is_table_7():
     assert ft("paper", epochs=3).epochs_for("MNLI") == 3  # --epochs: every task
 
 
+def test_diet_multilingual_recipes_are_table_7s_other_column():
+    s = pre("paper-multilingual")
+    # MaxSteps 125K, Learning Rate 0.0018, Warmup 0.025, Sequence Length 512, Batch Size 4096; 120k pieces
+    assert (s.steps, s.lr, s.warmup, s.max_length, s.batch_size, s.vocab_size) == \
+        (125_000, 0.0018, 0.025, 512, 4096, 120_000)
+    # the optimizer settings Table 7 gives both columns: the English recipe's choices where the paper is silent
+    assert (s.optimizer, s.logit_scale) == (pre("paper").optimizer, pre("paper").logit_scale) == ("lamb", 1.0)
+    f = ft("paper-multilingual")
+    # lr {1,2,3,4}e-5, warm-up 0.1, batch 32, 3 epochs, length 512, Checkpoint Interval 3.5k, 5 trials
+    assert (f.lrs, f.warmup, f.batch_size, f.max_length, f.eval_steps, f.seeds) == \
+        ((1e-5, 2e-5, 3e-5, 4e-5), 0.1, 32, 512, 3500, 5)
+    assert f.epochs_for("XNLI") == 3 and f.adam_epsilon == ft("paper").adam_epsilon == 1e-6
+
+
+def test_the_translation_paper_recipe_clips_no_gradient_as_tensor2tensor():
+    from dietpe.cli import build_parser
+    from dietpe.tasks.translate import apply_recipe
+
+    def parsed(*extra):
+        args = build_parser().parse_args(["translate", "train", "--data", "d", "--source", "de", "--target", "en",
+                                          "-o", "o", *extra])
+        apply_recipe(args)
+        return args
+
+    # transformer_base's clip_grad_norm = 0 ("i.e. no gradient clipping"); the CPU recipe keeps 1.0
+    assert parsed("--recipe", "paper").max_grad_norm == 0.0
+    assert parsed().max_grad_norm == 1.0 and parsed("--recipe", "paper", "--max-grad-norm", "2").max_grad_norm == 2.0
+
+
 def test_tupe_pretraining_is_its_table_2():
     s = pre("tupe")
     assert (s.steps, s.batch_size, s.max_length, s.lr, s.warmup) == (1_000_000, 256, 512, 1e-4, 0.01)

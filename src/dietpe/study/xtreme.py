@@ -31,10 +31,14 @@ from dietpe.tasks.checkpoints import write_json_atomic
 SHORT = {"accuracy": "acc", "f1": "F1", "exact_match": "EM"}
 
 
+#: Shaw's row as `papers` has it: ±1024, the range Table 6's parameter count implies (docs/recipes.md)
+SHAW = "shaw:shaw_max_distance=1024"
+
+
 def table3_methods(d_h: int) -> tuple[str, ...]:
-    """DIET Table 3's rows: BERT's input positions, Shaw, T5, TUPE, DIET-REL with input and per-head segments,
-    DIET-ABS with d_p = 2 d_h shared across layers."""
-    return ("absolute", "shaw", "t5", "tupe-r", "diet-rel:segment=input", "diet-rel",
+    """DIET Table 3's rows: BERT's input positions, Shaw (±1024, as `papers`: Table 6's count), T5, TUPE, DIET-REL
+    with input and per-head segments, DIET-ABS with d_p = 2 d_h shared across layers."""
+    return ("absolute", SHAW, "t5", "tupe-r", "diet-rel:segment=input", "diet-rel",
             f"diet-abs:sharing=layer:position_rank={2 * d_h}")
 
 
@@ -48,9 +52,10 @@ def table5_methods(d_h: int) -> tuple[str, ...]:
 
 
 def linformer_methods(max_length: int) -> tuple[str, ...]:
-    k = max(1, max_length // 4)
+    """Table 3's Linformer rows, "(dp=256)" at 512 tokens: k = d_p = half the length (docs/recipes.md)."""
+    k = max(1, max_length // 2)
     return (f"absolute:attention=linformer:linformer_k={k}",
-            f"diet-abs:segment=input:attention=linformer:linformer_k={k}")
+            f"diet-abs:segment=input:attention=linformer:linformer_k={k}:position_rank={k}")
 
 
 def core_methods(d_h: int) -> tuple[str, ...]:
@@ -82,7 +87,7 @@ def xtreme_claims(d_h: int, max_length: int) -> tuple[Claim, ...]:
     n = (lambda spec: parse_method(spec).name)
     absolute, rel, rel_in = n("absolute"), n("diet-rel"), n("diet-rel:segment=input")
     abs_share = n(f"diet-abs:sharing=layer:position_rank={2 * d_h}")
-    others = [n(s) for s in ("shaw", "t5", "tupe-r")] + [rel]
+    others = [n(s) for s in (SHAW, "t5", "tupe-r")] + [rel]
     lin_abs, lin_diet = (n(s) for s in linformer_methods(max_length))
     return (
         Claim("xtreme-per-head", "Per-head position beats input position (every per-head row over BERT's)",

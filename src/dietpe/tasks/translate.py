@@ -81,7 +81,7 @@ def apply_recipe(args) -> None:
     for dest, value in (("preset", r.size), ("vocab_size", r.vocab_size), ("max_length", r.max_length),
                         ("grad_accum", r.grad_accum), ("learning_rate", r.learning_rate),
                         ("warmup_steps", r.warmup_steps), ("label_smoothing", r.label_smoothing),
-                        ("epochs", r.epochs), ("max_steps", r.max_steps)):
+                        ("epochs", r.epochs), ("max_steps", r.max_steps), ("max_grad_norm", r.max_grad_norm)):
         if getattr(args, dest, None) is None:
             setattr(args, dest, value)
     if args.batch_tokens is not None and args.batch_tokens < args.max_length:
