@@ -74,10 +74,10 @@ def _parse(args) -> tuple[list[cost.Variant], list[cost.Variant], list[str]]:
 
 def _check_memory(args, device: torch.device) -> None:
     """On the CPU, where running out of memory kills the process without a word, refuse before any timing a size
-    that cannot fit even without attention's (L, L) terms (which flash-style kernels never hold): the lower bound
-    of a step's memory (Korthikanti et al. 2022's 34·s·b·h bytes a layer in 16 bits, twice in 32; parameters
-    with AdamW's moments in training). A GPU raises its out-of-memory error itself."""
-    from dietpe.tasks.runtime import GiB, available_memory
+    that cannot fit even without attention's scores (which flash-style kernels never hold): parameters (with
+    AdamW's moments in training) and the activations `layer_activations` counts. A GPU raises its out-of-memory
+    error itself."""
+    from dietpe.tasks.runtime import GiB, available_memory, layer_activations
 
     available = available_memory("cpu") if device.type == "cpu" else None
     if available is None:
@@ -89,10 +89,10 @@ def _check_memory(args, device: torch.device) -> None:
             n_params = sum(p.numel() for p in cost.build_model(config).parameters())
         layers = config.num_hidden_layers if train else 1  # a forward without a backward keeps one layer's
         for length, batch in zip(args.lengths, _batches(args)):
-            need = (16 if train else 4) * n_params + layers * 68 * batch * length * config.hidden_size
+            need = (16 if train else 4) * n_params + layers * layer_activations(config, batch, length, scores=False)
             if need > available:
                 raise ConfigError(f"{shape} at --batch {batch} × {length} tokens needs at least {need / GiB:.1f} GiB "
-                                  f"({'training' if train else 'inference'}, without attention's (L, L) terms), this "
+                                  f"({'training' if train else 'inference'}, without attention's scores), this "
                                   f"machine has {available / GiB:.1f} GiB available; lower --batch or --lengths")
 
 

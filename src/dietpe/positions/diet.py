@@ -82,7 +82,8 @@ class DietAbs(PositionMethod):
             p_k = self.layer_table(ctx, "p_k", table, stored=True)
             fk = p_k.unsqueeze(0) if ctx.projected_keys else take_rows(p_k, ctx.k_pos, ctx.k_start)
             c = self.logit_scale
-            # P_Q P_Kᵀ, kept between inference forwards (DIET §3.1)
+            # P_Q P_Kᵀ, kept between inference forwards (DIET §3.1); built by a term of its own, so that the
+            # returned term holds no closure over itself (a reference cycle)
             product = self.kept(ctx, f"diet_abs_{table}", (fq, fk), fq.shape[-3] * fq.shape[-2] * fk.shape[-2],
                                 lambda: ScaledLowRank(fq, fk, c).build(None, None))
             return ScaledLowRank(fq, fk, c, product)

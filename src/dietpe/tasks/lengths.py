@@ -53,13 +53,13 @@ def main(args) -> int:
     device = resolve_device(args.device)
     out = V.check_output_dir(args.output_dir, "-o")
     infos = [(run, *_run_info(Path(run), args.train_length)) for run in args.runs]  # every run checked first
-    for run, model_dir, _, length in infos:
-        config = AutoConfig.from_pretrained(model_dir)  # an attached method (`dietpe` field) is a causal LM
+    configs = [AutoConfig.from_pretrained(model_dir) for _, model_dir, _, _ in infos]
+    for (_, _, _, length), config in zip(infos, configs):
+        # an attached method (`dietpe` field: `dietpe lm --arch llama`) is in a causal LM
         causal = bool(getattr(config, "dietpe", None) or getattr(config, "causal", False))
         check_windows(length, args.lengths, causal, tokens=args.eval_tokens)
     rows, lengths = [], set()
-    for run, model_dir, method, length in infos:
-        config = AutoConfig.from_pretrained(model_dir)
+    for (run, model_dir, method, length), config in zip(infos, configs):
         if getattr(config, "dietpe", None):  # a Hugging Face model with a method attached (`--arch llama`)
             from transformers import AutoModelForCausalLM
 

@@ -70,15 +70,6 @@ def _of_text(length: int, need: int) -> str:
     return "" if need == length else f" ({need} of text, besides [CLS] and [SEP])"
 
 
-def _too_few(text: int, tokens: int, length: int, causal: bool) -> str:
-    """Why not one window of `length` fits: the text is shorter, or --eval-tokens is."""
-    need = window_text(length, causal)
-    if text < need:
-        return f"the evaluation text has {text} tokens, fewer than one window of {length}{_of_text(length, need)}"
-    return (f"--eval-tokens {tokens} is fewer than one window of {length} tokens{_of_text(length, need)}; give "
-            f"--eval-tokens {need} or more")
-
-
 def check_windows(train_length: int, multiples, causal: bool, tokens: int | None = None,
                   text: int | None = None) -> None:
     """Refuse, before any work, an --eval-tokens (`tokens`) or a held-out text (`text` tokens long) without
@@ -108,7 +99,7 @@ def causal_loss(model, stream: list[int], length: int, tokens: int, batch_size: 
         return None
     n = min(tokens, len(stream)) // length
     if n < 1:
-        raise DataError(_too_few(len(stream), tokens, length, True))
+        raise DataError(f"the evaluation text has {len(stream)} tokens, fewer than one window of {length}")
     windows = torch.tensor(stream[:n * length], dtype=torch.long).view(n, length).to(model.device)
     total, count = 0.0, 0
     for i in range(0, n, batch_size):
@@ -137,7 +128,7 @@ def masked_loss(model, tokenizer, stream: list[int], length: int, tokens: int, b
     inner = length - 2
     n = masked.shape[1] // inner
     if n < 1:
-        raise DataError(_too_few(len(stream), tokens, length, False))
+        raise DataError(f"the evaluation text has {masked.shape[1]} tokens, fewer than one window of {length}")
     cls = torch.full((n, 1), tokenizer.cls_token_id)
     sep = torch.full((n, 1), tokenizer.sep_token_id)
     none = torch.full((n, 1), -100)

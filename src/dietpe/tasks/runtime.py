@@ -225,17 +225,23 @@ def available_memory(device: str | None) -> float | None:
         return None
 
 
+def layer_activations(config, batch: int, length: int, scores: bool = True) -> float:
+    """Bytes one layer keeps for the backward in fp32: Korthikanti et al. (2022)'s 34·s·b·h + 5·a·s²·b bytes in
+    16 bits, doubled; `scores=False` leaves out the attention scores, which flash-style kernels never hold."""
+    h, heads = config.hidden_size, config.num_attention_heads
+    return 68.0 * batch * length * h + (10.0 * heads * length * length * batch if scores else 0.0)
+
+
 def training_memory(config, batch: int, length: int) -> tuple[float, float]:
     """Bytes an fp32 masked-LM training step needs: (parameters, gradients and Adam's two moments: 16 bytes a
     parameter; activations kept for the backward pass). Activations per layer follow Korthikanti et al. (2022,
     34sbh + 5as^2b bytes in 16 bits), doubled for fp32, plus the logits over the vocabulary and their gradient.
     An estimate for refusing sizes far beyond memory, not a budget."""
-    h, layers, heads = config.hidden_size, config.num_hidden_layers, config.num_attention_heads
+    layers = config.num_hidden_layers
     with torch.device("meta"):
         from dietpe.models import DietForMaskedLM
         n_params = sum(p.numel() for p in DietForMaskedLM(config).parameters())
-    activations = layers * (68 * batch * length * h + 10 * heads * length * length * batch) \
-        + 8 * batch * length * config.vocab_size
+    activations = layers * layer_activations(config, batch, length) + 8 * batch * length * config.vocab_size
     return 16.0 * n_params, float(activations)
 
 

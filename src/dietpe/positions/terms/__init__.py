@@ -33,6 +33,6 @@ from dietpe.positions.terms.position import DistanceBias, PositionBias
 from dietpe.positions.terms.relative import Band, LazyIndex, QueryRelativeBias, SeparableKeep, TableBias
 from dietpe.positions.terms.values import ValueTerm
 
-__all__ = ["EMPTY", "Band", "DistanceBias", "LayerTerms", "LazyIndex", "LogitTerm", "LowRankBias", "ScaledLowRank", "OffsetTable",
-           "PiecewiseTable", "PositionBias", "QKTerm", "QueryRelativeBias", "ScoreMod", "SegmentBias", "SegmentTable",
-           "TableBias", "ValueTerm", "head_at", "position_at", "row_span"]
+__all__ = ["EMPTY", "Band", "DistanceBias", "LayerTerms", "LazyIndex", "LogitTerm", "LowRankBias", "OffsetTable",
+           "PiecewiseTable", "PositionBias", "QKTerm", "QueryRelativeBias", "ScaledLowRank", "ScoreMod", "SegmentBias",
+           "SegmentTable", "TableBias", "ValueTerm", "head_at", "position_at", "row_span"]
