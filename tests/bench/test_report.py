@@ -21,10 +21,18 @@ def test_ratios_and_missing_modes():
     assert "✓" not in str(cells) and "✗" not in str(cells)
 
 
-def test_absolute_against_hf_bert():
-    text = table([_row("none", 128, 1.0, 1.0), _row("absolute", 128, 1.02, 0.99), _row("hf-bert", 128, 1.0, 1.1)])
+def test_absolute_against_hf_bert_states_a_direction_only_outside_the_spread():
+    rows = [_row("none", 128, 1.0, 1.0), _row("absolute", 128, 1.02, 0.99), _row("hf-bert", 128, 1.0, 1.1)]
+    rows[1].train_iqr, rows[2].train_iqr = (1.01, 1.03), (0.99, 1.005)
+    rows[1].infer_iqr, rows[2].infer_iqr = (0.95, 1.02), (1.0, 1.2)
+    text = table(rows)
     assert "train: absolute / hf-bert = 1.020 (slower)" in text
-    assert "infer: absolute / hf-bert = 0.900 (at least as fast)" in text
+    assert ("infer: absolute / hf-bert = 0.900 (within the cycles' spread: interquartile ranges 0.950-1.020 and "
+            "1.000-1.200 overlap)") in text
+    rows[1].infer_iqr = (0.9, 0.95)
+    assert "infer: absolute / hf-bert = 0.900 (faster)" in table(rows)
+    rows[1].infer_iqr = None
+    assert "0.900 (no per-cycle spread recorded: no direction stated)" in table(rows)
 
 
 def test_markdown_groups_by_shape_and_length_and_marks_partial_runs():

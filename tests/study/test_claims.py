@@ -26,8 +26,18 @@ def test_losses_are_better_when_lower_and_missing_rows_are_named():
     first, second = CL.evaluate(claim, rows)
     assert first.verdict == stats.SUPPORTED
     assert second.missing == ["c"] and second.verdict == CL.NOT_RUN
-    assert CL.overall([first, second]) == stats.SUPPORTED  # decided by the comparison that was run
+    # a claim over two rows is not supported by one of them
+    assert CL.overall([first, second]) == f"{stats.UNRESOLVED} (1 of 2 not run)"
     assert CL.overall([first]) == stats.SUPPORTED
+    against = CL.evaluate(CL.Claim("k", "b learns faster", "src", (CL.C("b", "a", "early_mlm"),)), rows)[0]
+    assert CL.overall([against, second]) == stats.CONTRADICTED  # a contradiction stands
+
+
+def test_the_multiple_comparisons_note_counts_what_was_judged():
+    md, _ = CL.claims_markdown({"absolute": row([70, 71, 72]), "diet-abs": row([75, 74, 78])})
+    assert "1 primary comparisons judged over 1 claims" in md
+    line = next(x for x in md.splitlines() if x.startswith("| Per-head position beats input position"))
+    assert line.endswith(f"**{stats.UNRESOLVED} (1 of 2 not run)** |")  # diet-rel was not run
 
 
 def test_a_bound_must_hold_in_every_seed_and_above_needs_an_interval():
@@ -114,6 +124,7 @@ def test_the_report_marks_cells_at_chance_and_gives_each_tasks_chance():
         "dev_matched": [Example("a", "b", label, "f:1") for label in (0, 0, 0, 1)],
         "dev_mismatched": [Example("a", "b", label, "f:1") for label in (1, 2)]})
     assert chance_score(data) == (75.0 + 50.0) / 2  # per set, then averaged as the task's score is
+    assert chance_score(data, max_eval=3) == (100.0 + 50.0) / 2  # on the examples fine-tuning scores
     assert chance_score(TaskData(task_spec("cola"), evals={"dev": [Example("a", None, 1, "f:1")] * 3})) == 0.0
 
     def row(name, mean, low, high, n=3):
@@ -128,3 +139,25 @@ def test_the_report_marks_cells_at_chance_and_gives_each_tasks_chance():
     assert all("†" in lines[m] for m in ("chance-ish", "below", "one-seed"))
     assert "*50.0*" in lines["*chance*"]
     assert "†" not in markdown_table(rows, ["t"])  # no chance known: nothing marked, no chance row
+
+
+def test_a_cell_behind_fewer_seeds_than_its_row_says_so_and_a_diverged_seed_is_left_out():
+    from dietpe.methods import parse_method
+    from dietpe.study.report import markdown_table
+    from dietpe.study.results import aggregate
+
+    def unit(score, tasks):
+        return dict(val_loss=2.0, curves={}, parameters=1e6, head_size=8,
+                    tasks={t: {"averaged": {"accuracy": v}, "metrics": ["accuracy"]} for t, v in tasks.items()})
+
+    units = {("absolute", 0): unit(2.0, {"order": 90.0, "topic": 99.0}),
+             ("absolute", 1): unit(2.1, {"order": 60.0, "topic": float("nan")}),
+             ("absolute", 2): unit(2.2, {"order": 75.0})}
+    (r,) = aggregate([parse_method("absolute")], units, ["order", "topic"])
+    assert r["estimates"]["task:topic"][3] == 1 and r["estimates"]["score"][3] == 1
+    line = markdown_table([r], ["order", "topic"]).splitlines()[-1]
+    cells = [c.strip() for c in line.strip("| ").split(" | ")]
+    assert cells[5] == "3" and cells[8] == "75.0 ± 37.3" and cells[9] == "99.0 (n=1)" and cells[10] == "94.5 (n=1)"
+    rows = {"a": row([float("nan"), 80, 82, 81]), "b": row([70, 71, 72, 73])}
+    (res,) = CL.evaluate(CL.Claim("k", "a beats b", "src", (CL.C("a", "b"),)), rows)
+    assert res.values == [9, 10, 8] and res.verdict == stats.SUPPORTED  # seed 0 diverged: left out

@@ -223,3 +223,17 @@ def test_suite_options_are_checked_before_any_work(tmp_path, capsys):
     assert cli(["compare", "--data-dir", "x", "-o", str(tmp_path / "c")]) == 2
     assert "--data-dir does not apply without --suite xtreme" in capsys.readouterr().err
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_a_claim_over_rows_partly_run_is_not_supported_by_the_rows_that_were():
+    # the built-in core rows run three of "every per-head row over BERT's" six comparisons
+    rows = []
+    for spec in XS.core_methods(8):
+        name = parse_method(spec).name
+        rows.append(dict(method=name, head_size=8, position_rank=0,
+                         seeds={k: {"score": 70.0 if name == "absolute" else 75 + k / 2, "mlm": 2.0}
+                                for k in range(3)}))
+    md, _ = XS.claims_section(rows, XS.xtreme_claims(8, 128))
+    line = next(x for x in md.splitlines() if x.startswith("| Per-head position beats input position"))
+    assert line.endswith("**not resolved at this budget (3 of 6 not run)** |")
+    assert "rows not run: shaw" in line and "rows not run: t5" in line

@@ -1,6 +1,7 @@
 """pretrain -> finetune -> compare on tiny generated data: results, kill-safe resume, the grid protocol."""
 
 import json
+import math
 
 import pytest
 import torch
@@ -145,6 +146,24 @@ def test_summary_median_and_best_learning_rate():
                      spec, None)
     assert s["per_lr"]["0.001"]["score"] == 70 and s["per_lr"]["0.002"]["score"] == 80
     assert s["best_lr"] == 2e-3 and s["averaged"]["accuracy"] == 80
+
+
+def test_a_diverged_run_counts_as_the_worst_seed_wherever_it_lies():
+    spec = synthetic.TASKS["order"]
+    nan = float("nan")
+
+    def run(lr, score):
+        return {"lr": lr, "seed": 0, "best": {"score": score, "metrics": {"dev": {"accuracy": score}}}}
+
+    for order in ([nan, 80.0, 81.0], [80.0, nan, 81.0], [80.0, 81.0, nan]):
+        s = ft.summarise([run(1e-3, x) for x in order] + [run(3e-3, 70.0)] * 3, spec, None)
+        assert s["per_lr"]["0.001"]["score"] == 80.0 and s["per_lr"]["0.001"]["diverged"] == 1
+        assert s["best_lr"] == 1e-3
+    # mostly diverged: its median is NaN, and it does not win, wherever it comes
+    for lrs in ((1e-3, 3e-3), (3e-3, 1e-3)):
+        runs = [run(lrs[0], nan)] * 2 + [run(lrs[0], 90.0)] + [run(lrs[1], 70.0)] * 3
+        assert ft.summarise(runs, spec, None)["best_lr"] == lrs[1]
+    assert math.isnan(ft._median([nan, 1.0])) and ft._median([nan, 1.0, 2.0, 3.0]) == 1.5
 
 
 def test_regression_task_trains_with_pearson_spearman(pretrained, tmp_path):

@@ -29,10 +29,20 @@ def table(rows: list[Row]) -> str:
         for mode in ("train", "infer"):
             ours, theirs = getattr(absolute, f"{mode}_ratio"), getattr(bert, f"{mode}_ratio")
             if ours is not None and theirs is not None:
-                lines.append("")
-                lines.append(f"{mode}: absolute / hf-bert = {ours / theirs:.3f} "
-                             f"({'at least as fast' if ours <= theirs else 'slower'})")
+                spread = _direction(getattr(absolute, f"{mode}_iqr"), getattr(bert, f"{mode}_iqr"))
+                lines += ["", f"{mode}: absolute / hf-bert = {ours / theirs:.3f} ({spread})"]
     return "\n".join(lines)
+
+
+def _direction(ours: tuple[float, float] | None, theirs: tuple[float, float] | None) -> str:
+    """Faster or slower only where the two rows' per-cycle ratios (interquartile ranges) do not overlap: a
+    median's difference inside the cycles' spread says nothing about which is faster."""
+    if ours is None or theirs is None:
+        return "no per-cycle spread recorded: no direction stated"
+    if ours[1] < theirs[0] or ours[0] > theirs[1]:
+        return "faster" if ours[1] < theirs[0] else "slower"
+    return (f"within the cycles' spread: interquartile ranges {ours[0]:.3f}-{ours[1]:.3f} and "
+            f"{theirs[0]:.3f}-{theirs[1]:.3f} overlap")
 
 
 def long_table(rows: list[LongRow]) -> str:

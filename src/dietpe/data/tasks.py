@@ -77,6 +77,11 @@ class TaskData:
     evals: dict[str, list] = field(default_factory=dict)
     source: str = ""
 
+    def scored(self, max_eval: int | None) -> dict[str, list]:
+        """The evaluation sets as fine-tuning scores them: each set's first `max_eval` examples (all when None
+        or 0)."""
+        return {name: examples[:max_eval] if max_eval else examples for name, examples in self.evals.items()}
+
 
 # -- reading TSV ---------------------------------------------------------------------------------------------
 

@@ -12,8 +12,9 @@ writes them), a measure and the direction the paper claims. The measures are per
 
 Differences are paired over pre-training seeds (a seed gives both rows the same initialisation of their
 shared weights, data order and masks) and summarised by a t interval (`dietpe.analysis.stats`); the verdict
-follows `stats.RULE`. A claim is supported when all its comparisons are, contradicted when one is and none is
-supported, otherwise not resolved; a claim none of whose rows were run is "not run" (never "not resolved").
+follows `stats.RULE`. A claim is supported when all its comparisons were run and are supported, contradicted when
+one is and none is supported, otherwise not resolved; a claim none of whose rows were run is "not run" (never
+"not resolved"). A seed whose measure is NaN (fine-tuning diverged) is left out of its comparisons.
 Theorem 1's rank bounds hold by construction: they are checks of the implementation, reported in their own
 table and never counted beside the empirical claims. The cost claim (DIET Table 1) is quoted, without a
 verdict: timings are not a pure function of the command line.
@@ -21,6 +22,7 @@ verdict: timings are not a pure function of the command line.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from dietpe.analysis import stats
@@ -130,7 +132,7 @@ NOT_RUN = "not run"
 
 def _value(row: dict, seed, measure: str) -> float | None:
     v = row["seeds"].get(seed, {}).get(measure)
-    return None if v is None else float(v)
+    return None if v is None or math.isnan(v) else float(v)  # NaN: a diverged run, left out as not run
 
 
 def _series(rows: dict, name: str, measure: str) -> dict:
@@ -182,12 +184,16 @@ def evaluate(claim: Claim, rows: dict[str, dict]) -> list[Result]:
 
 
 def overall(results: list[Result]) -> str:
-    """The claim's verdict from its primary comparisons that were run; "not run" when none was."""
-    verdicts = [r.verdict for r in results if r.comparison.primary and r.verdict != NOT_RUN]
+    """The claim's verdict from its primary comparisons: "not run" when none was run; supported only when every
+    one was run and supported (a claim over several rows is not supported by some of them); a contradiction
+    among those run stands whatever was not run."""
+    primary = [r.verdict for r in results if r.comparison.primary]
+    verdicts = [v for v in primary if v != NOT_RUN]
     if not verdicts:
         return NOT_RUN
-    if verdicts and all(v == stats.SUPPORTED for v in verdicts):
-        return stats.SUPPORTED
+    if all(v == stats.SUPPORTED for v in verdicts):
+        missing = len(primary) - len(verdicts)
+        return stats.SUPPORTED if not missing else f"{stats.UNRESOLVED} ({missing} of {len(primary)} not run)"
     if stats.CONTRADICTED in verdicts and stats.SUPPORTED not in verdicts:
         return stats.CONTRADICTED
     if stats.SUPPORTED in verdicts and stats.CONTRADICTED in verdicts:
@@ -208,7 +214,7 @@ def _cell(r: Result) -> str:
     return r.estimate.text(3, signed=True)
 
 
-MULTIPLE = ("Multiple comparisons: {n} primary comparisons over {k} claims, each judged by its own 95% interval "
+MULTIPLE = ("Multiple comparisons: {n} primary comparisons judged over {k} claims, each judged by its own 95% interval "
             "with no correction; if no effect were real, about 1 in 20 of them could still read supported or "
             "contradicted by chance. Read a single verdict with that in mind; the secondary (MLM) rows show whether "
             "the pre-training loss agrees.")
@@ -223,16 +229,18 @@ def claims_markdown(rows: dict[str, dict], claims: tuple[Claim, ...] = CLAIMS) -
     md = ["## Claims", "",
           f"Verdict rule: {stats.RULE}. Intervals: 95% Student-t over pre-training seeds of the paired per-seed "
           "difference (first row − second row; for `score` higher is better, for MLM losses lower is better). "
-          "A claim whose rows were not run reads **not run**.", "",
+          "A claim whose rows were not run reads **not run**; one with only some of them run is not resolved, "
+          "unless a comparison that was run contradicts it.", "",
           "| Claim | Measure | Difference, mean [95% CI] | Verdict |", "|---|---|---|---|"]
-    forest, n_primary = [], 0
+    forest, n_primary, n_claims = [], 0, 0
     for claim, results in empirical:
         primary = [r for r in results if r.comparison.primary]
-        n_primary += len(primary)
+        judged = sum(r.verdict != NOT_RUN for r in primary)
+        n_primary, n_claims = n_primary + judged, n_claims + bool(judged)
         measure = ", ".join(dict.fromkeys(r.comparison.measure for r in primary))
         diff = "; ".join(f"`{r.comparison.label()}` {_cell(r)}" for r in primary)
         md.append(f"| {claim.text} | {measure} | {diff} | **{overall(results)}** |")
-    md += ["", MULTIPLE.format(n=n_primary, k=len(empirical)), "",
+    md += ["", MULTIPLE.format(n=n_primary, k=n_claims), "",
            "### Claims in detail", "",
            "A claim's verdict is decided by its primary rows (the papers' measure: fine-tuning score; for TUPE's "
            "convergence the early MLM loss); rows marked secondary are evidence on validation MLM loss. Seeds "

@@ -15,13 +15,15 @@ from dietpe.tasks.checkpoints import write_json_atomic
 
 
 def est_cell(row: dict, key: str, digits: int = 3) -> str:
+    """mean ± half-width; "(n=k)" when fewer seeds than the row's Seeds column stand behind it."""
     e = row["estimates"].get(key)
     if not e:
         return "…"
     mean, low, high, n = e
+    fewer = f" (n={n})" if n < len(row.get("seeds", ())) else ""
     if n < 2 or low is None or math.isnan(low):
-        return f"{mean:.{digits}f}"
-    return f"{mean:.{digits}f} ± {(high - low) / 2:.{digits}f}"
+        return f"{mean:.{digits}f}{fewer}"
+    return f"{mean:.{digits}f} ± {(high - low) / 2:.{digits}f}{fewer}"
 
 
 # A task cell is marked at chance when its 95% interval reaches up to chance + this many points (with one seed,
@@ -129,7 +131,8 @@ time (runs finished by an earlier invocation are reused).
 
 ## Results
 
-Mean ± half-width of the 95% t interval over pre-training seeds.
+Mean ± half-width of the 95% t interval over pre-training seeds; "(n=k)": only k of the row's seeds have that
+measure (a run not finished or failed).
 
 {markdown_table(rows, task_names, info.get("chance"))}
 

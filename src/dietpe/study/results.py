@@ -58,8 +58,10 @@ def aggregate(methods: list[Method], units: dict, task_names: list[str], measure
         first = next(iter(mine.values()))
         seeds = {seed: measures(u, task_names) for seed, u in mine.items()}
         keys = sorted({k for v in seeds.values() for k in v})
-        est = {k: stats.t_interval([v[k] for v in seeds.values() if k in v]) for k in keys
-               if any(k in v for v in seeds.values())}
+        # a seed whose measure is NaN (its fine-tuning diverged at every learning rate) is left out, and the
+        # table says how many seeds stand behind the cell
+        finite = {k: [v[k] for v in seeds.values() if k in v and not math.isnan(v[k])] for k in keys}
+        est = {k: stats.t_interval(values) for k, values in finite.items() if values}
         rows.append(dict(method=method.name, position=method.position, place=position_place(method),
                          segment=method.segment, sharing=method.sharing, parameters=first["parameters"],
                          head_size=first["head_size"], position_rank=first.get("position_rank") or 0,
@@ -76,10 +78,11 @@ def claim_rows(rows: list[dict]) -> dict[str, dict]:
             for r in rows}
 
 
-def chance_score(data, metric: str | None = None) -> float:
-    """A task's chance: the best constant predictor's score in `metric` (default: the task's first) on its
-    evaluation labels (majority-class accuracy, all-positive F1, 0 for Matthews or a correlation), averaged over
-    evaluation sets as `task_score` averages; 0 for span QA (a constant answer matches no span)."""
+def chance_score(data, metric: str | None = None, max_eval: int | None = None) -> float:
+    """A task's chance: the best constant predictor's score in `metric` (default: the task's first) on the
+    evaluation labels fine-tuning scores (each set's first `max_eval`; majority-class accuracy, all-positive F1,
+    0 for Matthews or a correlation), averaged over evaluation sets as `task_score` averages; 0 for span QA (a
+    constant answer matches no span)."""
     from dietpe.data import metrics as M
 
     spec = data.spec
@@ -87,7 +90,7 @@ def chance_score(data, metric: str | None = None) -> float:
         return 0.0
     primary = metric or spec.metrics[0]
     scores = [M.chance([primary], [ex.label for ex in examples], spec.num_labels)[primary]
-              for examples in data.evals.values() if examples]
+              for examples in data.scored(max_eval).values() if examples]
     return float(np.mean(scores)) if scores else float("nan")
 
 

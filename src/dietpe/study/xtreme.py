@@ -159,18 +159,16 @@ def measures_for(train_language: str):
 # -- report ----------------------------------------------------------------------------------------------------
 
 def claims_section(rows: list[dict], claims: tuple[Claim, ...]) -> tuple[str, list]:
-    """The Claims section over the comparisons whose rows were run, and a line naming the claims none of whose
-    comparisons were (their rows: `--methods xtreme-all`)."""
-    from dataclasses import replace
-
+    """The Claims section over the claims with a primary comparison whose rows were run (its other comparisons
+    read "rows not run", and the claim is not supported by a part of it), and a line naming the claims none of
+    whose comparisons were (their rows: `--methods xtreme-all`)."""
     from dietpe.study.results import claim_rows
 
     ran = {r["method"] for r in rows}
     kept, idle = [], []
     for claim in claims:
-        comparisons = tuple(c for c in claim.comparisons if all(n in ran for n in (c.better, c.worse, c.third) if n))
-        if any(c.primary for c in comparisons):
-            kept.append(replace(claim, comparisons=comparisons))
+        if any(c.primary and all(n in ran for n in (c.better, c.worse, c.third) if n) for c in claim.comparisons):
+            kept.append(claim)
         else:
             idle.append(claim.text)
     md, forest = CL.claims_markdown(claim_rows(rows), tuple(kept))
@@ -248,7 +246,8 @@ def setup_text(info: dict) -> str:
         f"(runs finished by an earlier invocation are reused)."])
 
 
-RESULTS_NOTE = """Mean ± half-width of the 95% t interval over pre-training seeds. Each pre-trained model's number is
+RESULTS_NOTE = """Mean ± half-width of the 95% t interval over pre-training seeds; "(n=k)": only k of the row's seeds
+have that number (a run not finished, or diverged). Each pre-trained model's number is
 the median over fine-tuning seeds at its best learning rate. Avg: the mean of the task columns' numbers (XNLI
 accuracy, each QA task's F1 and exact match), as DIET Table 3's Avg, over all languages (XTREME's average, {lang}
 included); Avg zero-shot: the same over the languages other than {lang}."""
@@ -289,13 +288,14 @@ def write_report(out: Path, rows: list[dict], info: dict, claims: tuple[Claim, .
     (out / "report.md").write_text("\n".join(parts) + "\n", encoding="utf-8")
 
 
-def task_info(name: str, data, train_language: str) -> dict:
-    """What the report says of a task: its metrics, languages, source, size and per-language chance."""
+def task_info(name: str, data, train_language: str, max_eval: int | None = None) -> dict:
+    """What the report says of a task: its metrics, languages, source, size and per-language chance (on the
+    examples fine-tuning scores: each language's first `max_eval`)."""
     from dietpe.data import metrics as M
 
     chance = {}
     if data.spec.kind != "qa":
-        for lang, examples in data.evals.items():
+        for lang, examples in data.scored(max_eval).items():
             gold = [ex.label for ex in examples]
             chance[lang] = M.chance(["accuracy"], gold, data.spec.num_labels)["accuracy"] if gold else math.nan
     langs = sorted(data.evals, key=lambda x: (x != train_language, x))

@@ -165,7 +165,7 @@ def _main(args) -> int:
     jobs = scheduler.job_count(args.jobs, len(units), args.threads)
     info = dict(command="dietpe " + " ".join(shlex.quote(a) for a in sys.argv[1:]), corpus=corpus, builtin=builtin,
                 tasks={t: d.source for t, d in tasks.items()}, methods=[m.name for m in methods],
-                chance={t: chance_score(d, s_ft.metric_order(d.spec)[0]) for t, d in tasks.items()},
+                chance={t: chance_score(d, s_ft.metric_order(d.spec)[0], s_ft.max_eval) for t, d in tasks.items()},
                 pretrain=s_pre.record(), finetune=s_ft.record(), pretrain_seeds=pretrain_seeds,
                 budget=args.budget, seconds=0.0, processes=int(os.environ.get("WORLD_SIZE", "1")),
                 jobs=jobs, threads=args.threads)

@@ -14,6 +14,7 @@ task, hyper-parameters) are recorded in the output folder; a rerun with other se
 
 from __future__ import annotations
 
+import math
 import shutil
 import statistics
 import sys
@@ -86,8 +87,7 @@ class Scorer:
     def __init__(self, data: TaskData, tokenizer, s: FinetuneSettings, select_on: str | None):
         self.spec, self.data, self.tokenizer, self.s = data.spec, data, tokenizer, s
         self.sets: dict[str, tuple[ListDataset, object]] = {}
-        for name, examples in data.evals.items():
-            examples = examples[:s.max_eval] if s.max_eval else examples
+        for name, examples in data.scored(s.max_eval).items():
             if self.spec.kind == "qa":
                 feats, meta = encode_eval(examples, tokenizer, s.max_length, s.doc_stride)
                 self.sets[name] = (ListDataset(feats), (examples, meta))
@@ -216,7 +216,7 @@ def run_one(model_dir: Path, data: TaskData, train_set: ListDataset, scorer: Sco
     train_resumable(trainer, resume)
     if not trainer.history or trainer.history[-1]["step"] != trainer.state.global_step:
         trainer.evaluate()  # the last step is a checkpoint too (fewer steps than an interval, or between two)
-    best = max(trainer.history, key=lambda h: h["score"])
+    best = max(trainer.history, key=lambda h: _ranked(h["score"]))
     if save_model and is_main_process():
         final, tmp = out / "model", out / "model.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
@@ -228,9 +228,25 @@ def run_one(model_dir: Path, data: TaskData, train_set: ListDataset, scorer: Sco
                 train_loss=[(r["step"], r["loss"]) for r in trainer.state.log_history if "loss" in r])
 
 
+def _ranked(score: float) -> float:
+    """A score as a choice ranks it: NaN (a diverged run) below every number."""
+    return -math.inf if math.isnan(score) else score
+
+
+def _median(values) -> float:
+    """The median with NaN (a diverged run) ranked below every number, as the worst seed: dropping it would
+    flatter a learning rate that diverges. NaN when the middle is NaN."""
+    xs = sorted(values, key=_ranked)
+    mid = len(xs) // 2
+    if len(xs) % 2:
+        return xs[mid]
+    return math.nan if math.isnan(xs[mid - 1]) else statistics.mean(xs[mid - 1:mid + 1])
+
+
 def summarise(runs: list[dict], spec, select_on: str | None, metrics: tuple[str, ...] | None = None) -> dict:
-    """Median over seeds per learning rate (each metric of each evaluation set); the best learning rate.
-    `metrics`: the task's metrics, the selecting one first (default: the task's order)."""
+    """Median over seeds per learning rate (each metric of each evaluation set; a diverged run, NaN, counts as
+    the worst seed); the best learning rate. `metrics`: the task's metrics, the selecting one first (default:
+    the task's order)."""
     metrics = tuple(metrics or spec.metrics)
     by_lr: dict[float, list[dict]] = {}
     for r in runs:
@@ -239,12 +255,13 @@ def summarise(runs: list[dict], spec, select_on: str | None, metrics: tuple[str,
     for lr, rs in sorted(by_lr.items()):
         sets = rs[0]["best"]["metrics"].keys()
         per_lr[lr] = {
-            "score": statistics.median(r["best"]["score"] for r in rs),
+            "score": _median(r["best"]["score"] for r in rs),
             "seeds": len(rs),
-            "metrics": {name: {k: statistics.median(r["best"]["metrics"][name][k] for r in rs)
+            "diverged": sum(math.isnan(r["best"]["score"]) for r in rs),
+            "metrics": {name: {k: _median(r["best"]["metrics"][name][k] for r in rs)
                                for k in rs[0]["best"]["metrics"][name]} for name in sets},
         }
-    best_lr = max(per_lr, key=lambda lr: per_lr[lr]["score"])
+    best_lr = max(per_lr, key=lambda lr: _ranked(per_lr[lr]["score"]))
     best = per_lr[best_lr]
     sets = list(best["metrics"])
     # The table's numbers: each metric averaged over the evaluation sets (languages, MNLI m/mm).

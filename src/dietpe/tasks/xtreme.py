@@ -174,7 +174,7 @@ def run_info(args, corpus: str, tasks: dict, note: str, s_pre, s_ft, pretrain_se
     return dict(command="dietpe " + " ".join(shlex.quote(a) for a in sys.argv[1:]), corpus=corpus, builtin=builtin,
                 corpus_text=origin, data_note=note, mixture=mixture,
                 alpha=multilingual.Mixture.parse(corpus).alpha if mixture else None,
-                tasks={t: XS.task_info(t, d, args.train_language) for t, d in tasks.items()},
+                tasks={t: XS.task_info(t, d, args.train_language, s_ft.max_eval) for t, d in tasks.items()},
                 train_language=args.train_language, tokenizer=f"{kind}, {len(tok):,} tokens",
                 methods=args.methods.split(","), pretrain=s_pre.record(), finetune=s_ft.record(),
                 pretrain_seeds=pretrain_seeds, budget=args.budget, seconds=0.0,
