@@ -90,6 +90,13 @@ def test_version(capsys):
     assert e.value.code == 0 and capsys.readouterr().out.strip() == f"dietpe {__version__}"
 
 
+def test_python_dash_m_runs_the_command():
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    out = subprocess.run([sys.executable, "-m", "dietpe", "--version"], capture_output=True, text=True,
+                         env={"PYTHONPATH": src, "PATH": ""})
+    assert out.returncode == 0 and out.stdout.strip() == f"dietpe {__version__}"
+
+
 def test_the_command_lists_its_commands_without_importing_torch(tmp_path):
     # run as the console script does (argv[0] is `dietpe`): the top-level parser needs neither torch nor
     # transformers, nor any command's module

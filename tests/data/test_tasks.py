@@ -93,6 +93,34 @@ def test_xnli_zero_shot_layout(tmp_path):
     assert [e.label for e in data.train] == [T.NLI_LABELS.index("entailment"), T.NLI_LABELS.index("contradiction")]
 
 
+def test_training_on_an_evaluated_set_or_its_translations_is_refused(tmp_path):
+    d = tmp_path / "xnli"
+    for lang in ("en", "de"):
+        _write(d / f"dev-{lang}.tsv", "P.\tH.\tentailment\n")
+    with pytest.raises(DataError, match=r"dev-en.tsv: the training file is also an evaluation set"):
+        T.load_task(str(d), train_split="dev", eval_split="dev")
+    with pytest.raises(DataError, match=r"dev-en.tsv: the evaluation sets \(dev-de.tsv, ...\) are translations"):
+        T.load_task(str(d), train_split="dev", eval_split="dev", eval_files=[str(d / "dev-de.tsv")])
+    q = tmp_path / "xquad"
+    for lang in ("en", "de"):
+        _squad(q / f"xquad.{lang}.json")
+    with pytest.raises(DataError, match=r"xquad.en.json: the evaluation sets \(xquad.de.json, ...\) are translations"):
+        T.load_task(str(q), train_split="en")
+    cola = tmp_path / "CoLA"
+    _write(cola / "dev.tsv", "gj04\t1\t\tOne sentence.\n")
+    with pytest.raises(DataError, match=r"dev.tsv: the training file is also an evaluation set"):
+        T.load_task(str(cola), train_split="dev")
+    m = tmp_path / "mlqa"  # MLQA's layout, fine-tuned on SQuAD: scored with MLQA's own normalisation
+    _squad(m / "train-v1.1.json")
+    for lang in ("en", "de"):
+        _squad(m / f"dev-context-{lang}-question-{lang}.json")
+    assert T.load_task(str(m), "qa").spec is T.MLQA
+    t = tmp_path / "tydiqa"  # TyDiQA's languages are not translations: its English file may train
+    for lang in ("en", "sw"):
+        _squad(t / f"tydiqa.goldp.{lang}.dev.json")
+    assert set(T.load_task(str(t), "qa", train_split="en").evals) == {"sw"}
+
+
 def _squad(path, context="Paris is the capital of France.", answer="Paris", start=0):
     doc = {"data": [{"title": "t", "paragraphs": [{"context": context, "qas": [
         {"id": "q1", "question": "What is the capital?", "answers": [{"text": answer, "answer_start": start}]}]}]}]}
@@ -105,7 +133,7 @@ def test_squad_reader_and_qa_layouts(tmp_path):
     _squad(d / "xquad.de.json")
     _squad(d / "train-v1.1.json")
     data = T.load_task(str(d))
-    assert data.spec.kind == "qa"
+    assert data.spec is T.SQUAD  # XQuAD: SQuAD v1.1's normalisation
     assert set(data.evals) == {"en", "de"}
     assert data.train[0].answers[0]["text"] == "Paris"
     assert T.qa_language("dev-context-es-question-es.json") == "es"

@@ -117,6 +117,9 @@ def test_empty_and_long_lines_are_skipped_and_counted(data, tmp_path, capsys):
     assert "398 of 400 pairs kept" in capsys.readouterr().err
     assert train(odd, tmp_path / "strict", "--max-steps", "2", "--max-length", "20", "--bad-lines", "error") == 2
     assert "train.xx:5: empty line" in capsys.readouterr().err
+    assert not (tmp_path / "strict").exists()  # a refused file leaves no run behind: its fix meets no other one
+    assert train(odd, tmp_path / "strict", "--max-steps", "1", "--max-length", "64", "--max-train-pairs", "4",
+                 "--bad-lines", "error") == 0
 
 
 def test_eval_refuses_a_source_longer_than_a_learned_table(tmp_path, capsys):

@@ -162,6 +162,9 @@ def test_prepare_defaults_to_multi30k_and_reads_wmt_rows_by_name(tmp_path, monke
             (data / f"{split}.{lang}").write_text("".join(f"{lang} {split} {i}\n" for i in range(n)))
     assert main(["translate", "prepare", "-o", str(tmp_path / "m"), "--data-dir", str(tmp_path / "shared")]) == 0
     assert (tmp_path / "m" / "valid.en").read_text() == "en val 0\nen val 1\n"
+    assert main(["translate", "prepare", "-o", str(tmp_path / "p"), "--data-dir", str(tmp_path / "shared"),
+                 "--pair", "xx-yy"]) == 2  # the built-in pair is de-en: another is refused, not ignored
+    assert not (tmp_path / "p").exists()
 
     def stream(name, split, missing_ok=False):
         assert name == "wmt/wmt18:cs-en"

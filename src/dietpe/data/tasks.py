@@ -48,6 +48,7 @@ GLUE: dict[str, TaskSpec] = {
 }
 XNLI = TaskSpec("XNLI", "classification", ("accuracy",), NLI_LABELS, text_a=0, text_b=1, label=2, header=False)
 SQUAD = TaskSpec("SQuAD", "qa", ("f1", "exact_match"))
+MLQA = TaskSpec("MLQA", "qa", ("f1", "exact_match"))  # scored with MLQA's own normalisation (data.metrics)
 ALIASES = {"sst2": "sst-2", "stsb": "sts-b", "sts": "sts-b", "mnli-m": "mnli"}
 
 
@@ -305,6 +306,7 @@ def load_task(source: str, task: str | None = None, train_file: str | None = Non
         tfile = Path(train_file) if train_file else path / f"{train_split}.tsv"
         efiles = [Path(f) for f in eval_files] if eval_files else \
             [path / (f.replace("dev", eval_split, 1) if eval_split != "dev" else f) for f in spec.eval_files]
+        _refuse_leaks(tfile, efiles, parallel=False)
         data = TaskData(spec, read_tsv(tfile, spec),
                         {f.stem: read_tsv(f, spec) for f in efiles}, source=str(path))
     if max_train is not None:
@@ -312,12 +314,27 @@ def load_task(source: str, task: str | None = None, train_file: str | None = Non
     return data
 
 
+def _refuse_leaks(tfile: Path, efiles, parallel: bool) -> None:
+    """A training file that is also evaluated, or (`parallel`: XNLI's splits, XQuAD, MLQA, whose languages are
+    translations of one another) one whose translations are, would score the examples it trained on."""
+    efiles = [Path(f).resolve() for f in efiles]
+    if tfile.resolve() in efiles:
+        raise DataError(f"{tfile}: the training file is also an evaluation set; evaluate on another split")
+    if parallel and efiles:
+        raise DataError(f"{tfile}: the evaluation sets ({efiles[0].name}, ...) are translations of this training "
+                        f"file, so every evaluated example would have been trained on. Fine-tune on another set "
+                        f"(--train-file: MNLI's train.tsv for XNLI, SQuAD's train-v1.1.json for QA, as the papers "
+                        f"do), or run `dietpe compare --suite xtreme`, which splits the shared data by premise and "
+                        f"by article")
+
+
 def _load_xnli_dir(path, spec, train_file, eval_files, train_split, eval_split, train_language) -> TaskData:
     tfile = Path(train_file) if train_file else path / f"{train_split}-{train_language}.tsv"
     if not tfile.is_file():
         raise DataError(f"{tfile}: no such file. XNLI has no training set of its own (the papers fine-tune on "
-                        f"MNLI's English train.tsv): pass --train-file, or --train-split dev --eval-split test to "
-                        f"fine-tune on the English dev set and evaluate every language's test set")
+                        f"MNLI's English train.tsv): pass --train-file, or --train-split dev --eval-split test "
+                        f"where the test files carry labels (XNLI 1.0's release; XTREME's hides them: there, "
+                        f"`dietpe compare --suite xtreme` splits the dev sets by premise)")
     if train_file and Path(train_file).name == "train.tsv":  # MNLI's layout
         train = read_tsv(tfile, GLUE["mnli"])
     else:
@@ -325,6 +342,8 @@ def _load_xnli_dir(path, spec, train_file, eval_files, train_split, eval_split, 
     efiles = [Path(f) for f in eval_files] if eval_files else sorted(path.glob(f"{eval_split}-*.tsv"))
     if not efiles:
         raise DataError(f"{path}: no {eval_split}-<lang>.tsv files to evaluate on")
+    # one split's per-language files are translations of one another
+    _refuse_leaks(tfile, efiles, parallel=not train_file and train_split == eval_split)
     evals = {f.stem.split("-", 1)[-1]: read_tsv(f, spec) for f in efiles}
     return TaskData(spec, train, evals, source=str(path))
 
@@ -336,7 +355,7 @@ def _load_qa_dir(path, spec, train_file, eval_files, train_split, eval_split, tr
         tfile = Path(train_file)
     else:
         candidates = sorted(path.glob(f"*{train_split}*.json"))
-        if train_split != "train":  # e.g. --train-split en: fine-tune on xquad.en.json
+        if train_split != "train":  # a language's file, e.g. TyDiQA's tydiqa.goldp.en.dev.json
             candidates = [p for p in sorted(path.glob("*.json")) if qa_language(p.name) == train_language]
         if not candidates:
             raise DataError(f"{path}: no training file (looked for *{train_split}*.json); XQuAD, MLQA and "
@@ -354,6 +373,13 @@ def _load_qa_dir(path, spec, train_file, eval_files, train_split, eval_split, tr
     if not efiles:
         raise DataError(f"{path}: no evaluation files (named like xquad.<lang>.json, "
                         f"dev-context-<lang>-question-<lang>.json or tydiqa.goldp.<lang>.dev.json)")
+    # XQuAD's and MLQA's languages are translations of the same questions (TyDiQA's are not)
+    parallel = bool(_LANG_PATTERNS[0].search(tfile.name) or _LANG_PATTERNS[1].search(tfile.name))
+    _refuse_leaks(tfile, efiles.values(), parallel and any(_LANG_PATTERNS[0].search(f.name)
+                                                           or _LANG_PATTERNS[1].search(f.name)
+                                                           for f in efiles.values()))
+    if all(_LANG_PATTERNS[1].search(f.name) for f in efiles.values()):
+        spec = MLQA  # MLQA's layout: its script's per-language normalisation scores it
     return TaskData(spec, train, {lang: read_squad(f) for lang, f in efiles.items()}, source=str(path))
 
 

@@ -30,8 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dietpe.data.corpus import is_hf_name, load_hf_dataset
-from dietpe.data.tasks import NLI_LABELS, SQUAD, XNLI, Example, TaskData, _qa_rows, load_task
-from dietpe.data.taskspec import TaskSpec
+from dietpe.data.tasks import MLQA, NLI_LABELS, SQUAD, XNLI, Example, TaskData, _qa_rows, load_task
 from dietpe.data.text import read_text, write_text_atomic
 from dietpe.errors import ConfigError, DataError
 
@@ -43,7 +42,6 @@ TYDIQA_NAMES = {"arabic": "ar", "bengali": "bn", "english": "en", "finnish": "fi
                 "korean": "ko", "russian": "ru", "swahili": "sw", "telugu": "te"}
 HF_NLI_LABELS = ("entailment", "neutral", "contradiction")  # the label ids of XNLI and MNLI on the Hub
 SQUAD_HF = "rajpurkar/squad"
-MLQA = TaskSpec("MLQA", "qa", ("f1", "exact_match"))  # scored with MLQA's own normalisation (data.metrics)
 
 
 @dataclass(frozen=True)

@@ -149,6 +149,20 @@ def _repeat_kv(x: Tensor, groups: int) -> Tensor:
     return x[:, :, None].expand(b, h, groups, n, d).reshape(b, h * groups, n, d)
 
 
+def _filled(attached, key: Tensor, value: Tensor, mask, causal: bool):
+    """A static cache's keys, values and mask cut to its filled slots: the rest are blocked, and cut, the
+    queries are the last of the keys, as the relative terms' diagonals (`Runs`) and the kernels read them. A
+    sliding window's cache holds fewer slots than were seen and is left whole, as is a compiled forward's (its
+    count is a tensor)."""
+    state = attached.state
+    seen = None if state is None else state.seen
+    if not causal or not isinstance(seen, int) or key.shape[2] <= seen:
+        return key, value, mask
+    if mask is not None and not (isinstance(mask, Tensor) and mask.shape[-1] == key.shape[2]):
+        return key, value, mask  # a mask of another kind (flex's block mask) covers every slot
+    return key[:, :, :seen], value[:, :, :seen], None if mask is None else mask[..., :seen]
+
+
 def attend(attached, implementation, module, query: Tensor, key: Tensor, value: Tensor, attention_mask,
            scaling: float | None = None, dropout: float = 0.0, **kwargs):
     """Hugging Face's attention-function contract over diet's equation: q (B, H, Lq, Dh), k and v
@@ -157,9 +171,7 @@ def attend(attached, implementation, module, query: Tensor, key: Tensor, value: 
     lq = query.shape[2]
     causal = kwargs.get("is_causal")
     causal = getattr(module, "is_causal", False) if causal is None else causal
-    if attention_mask is None and causal and lq > 1 and key.shape[2] > lq:
-        # Hugging Face's skipped causal mask over an empty static cache: the slots past the queries are unfilled
-        key, value = key[:, :, :lq], value[:, :, :lq]
+    key, value, attention_mask = _filled(attached, key, value, attention_mask, causal)
     lk = key.shape[2]
     terms = layer_terms(attached, layer, lk, query.device, attached.recomputing(layer))
     name, auto = _backend(attached, implementation, query, terms, dropout)

@@ -265,11 +265,11 @@ def read_training_data(args, out: Path, files: dict[str, Path]):
     if args.max_valid_pairs:
         vsrc, vtgt = vsrc[:args.max_valid_pairs], vtgt[:args.max_valid_pairs]
     tok_dir = out / "tokenizer"
-    if (tok_dir / "tokenizer.json").is_file():  # resuming: the vocabulary must stay the one the model learned
+    resumed = (tok_dir / "tokenizer.json").is_file()
+    if resumed:  # the vocabulary must stay the one the model learned
         tokenizer = load_joint_tokenizer(tok_dir)
     else:
         tokenizer = train_joint_bpe((line for line in src + tgt if line), args.vocab_size)
-        save_dir_atomic(tok_dir, tokenizer.save_pretrained)
     train, train_report = encode_pairs(tokenizer, src, tgt, args.max_length, args.max_length, args.bad_lines,
                                        (str(files["train_source"]), str(files["train_target"])))
     valid, valid_report = encode_pairs(tokenizer, vsrc, vtgt, args.max_length, args.max_length, args.bad_lines,
@@ -278,6 +278,8 @@ def read_training_data(args, out: Path, files: dict[str, Path]):
         print(f"dietpe translate: {report.summary(name)}", file=sys.stderr)
     if not train or not valid:
         raise DataError(f"no usable pairs left in {'training' if not train else 'validation'} data")
+    if not resumed:  # saved once the pairs are accepted: a refused file leaves no run behind to block its fix
+        save_dir_atomic(tok_dir, tokenizer.save_pretrained)
     write_json_atomic(out / "data_report.json", dict(train=train_report.to_dict(), valid=valid_report.to_dict(),
                                                      vocab_size=len(tokenizer), seconds=round(time.time() - t0, 1)))
     return tokenizer, train, valid

@@ -129,6 +129,8 @@ def sources(args) -> tuple[tuple[str, str], dict, str]:
         return pair, {split: local_pairs(files, split) for split, files in local.items()}, "local files"
     from dietpe.data.xtreme import find_data_dir
 
+    V.refuse_unused(args, {"pair": "--pair"}, "to the built-in Multi30k, which is de-en (give it with --dataset or "
+                    "--train files)")
     folder = find_data_dir(args.data_dir, ("multi30k",), "or give --dataset or --train files") / "multi30k"
     pair = ("de", "en")
     return pair, {"train": local_pairs([[folder / "train.de", folder / "train.en"]], "train"),

@@ -473,3 +473,23 @@ def test_attached_llama_serves_left_padding_and_packed_sequences(spec, device):
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
         alone = fused(packed[:, 5:8], position_ids=positions[:, 5:8], use_cache=False).logits
         torch.testing.assert_close(got[:, 5:8], alone, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("spec", ["diet-rel", "t5", "alibi"])
+def test_attached_llama_decodes_into_a_static_cache_as_eager(spec, device):
+    """A static cache hands every step its whole preallocated buffer, the queries short of its end: cut to the
+    filled slots, the kernel serves each decoding step (batch 2, with and without left padding), with eager's
+    tokens and scores."""
+    from tests.integrations.test_attach import ids
+
+    fused, ref = _attached_pair(spec, device)
+    x = ids(batch=2, length=5).to(device)
+    mask = torch.ones_like(x)
+    mask[1, :2] = 0
+    for m in (None, mask):
+        with torch.no_grad():
+            got, want = (model.generate(x, attention_mask=m, max_new_tokens=4, do_sample=False, pad_token_id=0,
+                                        cache_implementation="static", output_scores=True,
+                                        return_dict_in_generate=True) for model in (fused, ref))
+        assert torch.equal(got.sequences, want.sequences)
+        torch.testing.assert_close(torch.stack(got.scores), torch.stack(want.scores), atol=1e-5, rtol=1e-4)
