@@ -174,6 +174,9 @@ def make_fixtures(root: str | Path) -> dict[str, str]:
     write("generic/dev.tsv", "sentence\tscore\nthe cat .\t1\n")
     f["xnli_notrain"] = bad / "xnli"
     write("xnli/test-en.tsv", "a .\tb .\tneutral\n")
+    f["xnli_dev"] = bad / "xnli_dev" / "xnli"  # one split's languages: translations of one another
+    for lang in ("en", "de"):
+        write(f"xnli_dev/xnli/dev-{lang}.tsv", "a .\tb .\tneutral\n" * 12)
 
     # SQuAD JSON of the wrong shape (and invalid UTF-8 / JSON)
     def squad(name: str, doc) -> Path:
@@ -453,6 +456,9 @@ for name, task, needles in [
 case("finetune --train-file missing", f"{FT} --train-file {{root}}/nope.tsv", "nope.tsv", "no such")
 case("finetune --eval-files missing", f"{FT} --eval-files {{root}}/nope.tsv", "nope.tsv", "no such")
 case("finetune --train-split nope", f"{FT} --train-split nope", "nope.tsv", "no such")
+case("finetune on the evaluated set", f"{FT} --train-split dev", "dev.tsv", "also an evaluation set")
+case("finetune XNLI on translations of the evaluated sets", FT.replace("{order}", "{xnli_dev}", 1)
+     + " --train-split dev --eval-split dev --eval-files {xnli_dev}/dev-de.tsv", "dev-en.tsv", "translations")
 case("finetune --task-name tsv without label", FT.replace("{order}", "{tsv_nolabel}") + " --task-name tsv",
      "train.tsv:1", "'label'")
 case("finetune -o a file", FT.replace("-o {out}", "-o {afile}"), "afile.txt", "not a folder")
@@ -655,6 +661,8 @@ case("translate prepare --pair not L1-L2", "translate prepare -o {out} --pair ge
      "{para}/train.en", "--pair", "german", "L1-L2")
 case("translate prepare files that do not align", "translate prepare -o {out} --pair de-en --train "
      "{para}/train.de {pair_count}/train.en", "train.de has", "lines|sentences", "align")
+case("translate prepare --pair with the built-in Multi30k", "translate prepare -o {out} --pair xx-yy "
+     "--data-dir {root}", "--pair", "Multi30k")
 case("translate prepare --dataset with files", "translate prepare -o {out} --dataset wmt/wmt18 --pair de-en "
      "--train {para}/train.de {para}/train.en", "--dataset", "not both")
 

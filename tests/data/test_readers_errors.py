@@ -72,6 +72,11 @@ def test_a_folder_without_a_train_file_says_what_it_holds(tmp_path):
     _write(tmp_path / "b.train.txt", "y .\n")
     with pytest.raises(DataError, match=r"several train files \(a\.train\.txt, b\.train\.txt\)"):
         C.read_corpus(str(tmp_path))
+    mixed = tmp_path / "mixed"  # one split in two formats: neither is silently preferred
+    _write(mixed / "train.txt", "x .\n")
+    _write(mixed / "train.jsonl", '{"text": "y ."}\n')
+    with pytest.raises(DataError, match=r"several train files \(train\.txt, train\.jsonl\)"):
+        C.read_corpus(str(mixed))
 
 
 def test_invalid_utf8_is_named_by_file_line_and_column_far_past_the_first_read_chunk(tmp_path):

@@ -84,6 +84,10 @@ def find_split_file(directory: Path, split: str, depth: int = 1) -> Path | None:
     """The file of `split` in a corpus directory: `train.txt`, `valid.jsonl`, ..., or one with a name in front
     (`ptb.train.txt`, `wiki.valid.tokens`, `corpus-dev.txt`); else the same in its only sub-directory."""
     for name in SPLIT_NAMES[split]:
+        formats = [directory / f"{name}{ext}" for ext in (".txt", ".jsonl", ".tsv")]
+        if sum(p.is_file() for p in formats) > 1:  # the same split in two formats: which one is meant?
+            raise DataError(f"{directory}: several {split} files ({', '.join(p.name for p in formats if p.is_file())});"
+                            f" pass the one to use as a file")
         for ext in EXTENSIONS:
             for candidate in (directory / f"{name}{ext}", directory / f"wiki.{name}{ext}"):
                 if candidate.is_file():

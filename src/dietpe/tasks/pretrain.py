@@ -51,6 +51,7 @@ from dietpe.tasks.runtime import (
     log_history_curves,
     replace_progress,
     set_threads,
+    start_afresh,
     trainer_device_args,
     world_size,
 )
@@ -289,8 +290,8 @@ def run_pretrain(job: PretrainJob, prepared=None) -> dict:
     s, method, output_dir = job.settings, job.method, job.output_dir
     log = (lambda *a: None) if job.quiet or not is_main_process() else (
         lambda m: print(f"[pretrain] {m}", file=sys.stderr))
-    if job.overwrite and output_dir.exists() and is_main_process():
-        shutil.rmtree(output_dir)
+    if job.overwrite:
+        start_afresh(output_dir, trainer_device_args(job.device)["use_cpu"])
     per_device, accumulation = batch_layout(s.batch_size, job.device_batch_size)
     check_run_settings(output_dir, run_record(job, per_device, accumulation, prepared), "--overwrite",
                        products=("model", "tokenizer", RESULTS, "steps"))

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 import sys
+from pathlib import Path
 
 import torch
 from transformers import TrainerCallback
@@ -160,6 +162,21 @@ def autocast(device: torch.device, precision: str):
 
 def world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def start_afresh(path: Path, use_cpu: bool) -> None:
+    """--overwrite: the main process removes the old run while the others wait, so none of them reads the old
+    run or races its removal. Under torchrun the process group is joined here, with the device Trainer's
+    arguments will ask for (`use_cpu`), which then keep it."""
+    state = None
+    if world_size() > 1:
+        from accelerate import PartialState
+
+        state = PartialState(cpu=use_cpu)
+    if is_main_process() and path.exists():
+        shutil.rmtree(path)
+    if state is not None:
+        state.wait_for_everyone()
 
 
 def data_parallel_devices() -> int:

@@ -8,6 +8,8 @@ dropout, whose state `Trainer` saves in each checkpoint and restores.
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 from transformers import Trainer
 
@@ -47,8 +49,9 @@ class SeededSampler(torch.utils.data.Sampler):
     """Training order as a pure function of (seed, epoch): a permutation from a generator seeded by both, or
     with `lengths` the length grouping of `Trainer`'s `group_by_length` (mega-batches sorted by length).
 
-    `Trainer` calls `set_epoch` before each epoch (accelerate's DataLoaderShard forwards it, also after the
-    skip of a resume), so the order of the resumed epoch is the order the uninterrupted run had."""
+    `SeededTrainer` sets the epoch before each epoch itself: `Trainer`'s `set_epoch` goes through accelerate's
+    wrappers, which do not reach a sampler three deep (a resumed epoch's skip around several processes'
+    shards), so the order of the resumed epoch is the order the uninterrupted run had."""
 
     def __init__(self, size: int, seed: int, lengths: list[int] | None = None, batch_size: int = 1,
                  tag_epoch: bool = False):
@@ -75,7 +78,10 @@ class SeededSampler(torch.utils.data.Sampler):
 
 
 class SeededTrainer(Trainer):
-    """`Trainer` whose training order is a `SeededSampler` seeded with `data_seed` (else `seed`)."""
+    """`Trainer` whose training order is a `SeededSampler` seeded with `data_seed` (else `seed`), told each
+    epoch's number before the epoch's batches are drawn."""
+
+    _seeded: SeededSampler | None = None
 
     def _get_train_sampler(self, train_dataset=None):
         dataset = self.train_dataset if train_dataset is None else train_dataset
@@ -83,6 +89,16 @@ class SeededTrainer(Trainer):
         lengths = None
         if self.args.train_sampling_strategy == "group_by_length":
             lengths = [len(dataset[i]["input_ids"]) for i in range(len(dataset))]
-        return SeededSampler(len(dataset), seed, lengths,
-                             self.args.train_batch_size * self.args.gradient_accumulation_steps,
-                             tag_epoch=isinstance(dataset, EpochExamples))
+        self._seeded = SeededSampler(len(dataset), seed, lengths,
+                                     self.args.train_batch_size * self.args.gradient_accumulation_steps,
+                                     tag_epoch=isinstance(dataset, EpochExamples))
+        return self._seeded
+
+    def _run_epoch(self, *args, **kwargs):
+        if self._seeded is not None:
+            self._seeded.set_epoch(_RUN_EPOCH.bind(self, *args, **kwargs).arguments["epoch"])
+        return super()._run_epoch(*args, **kwargs)
+
+
+# the epoch loop's signature (transformers 5), read once: its `epoch` is the number the sampler needs
+_RUN_EPOCH = inspect.signature(Trainer._run_epoch)

@@ -57,7 +57,7 @@ from dietpe.tasks.checkpoints import (
     write_json_atomic,
 )
 from dietpe.tasks.runtime import (ListDataset, ProgressBar, replace_progress, resolve_device, set_threads,
-                                  trainer_device_args)
+                                  start_afresh, trainer_device_args)
 from dietpe.tasks.seeding import SeededTrainer
 
 # what changes the trained model: recorded in the run directory, and a rerun with other values is refused
@@ -327,8 +327,8 @@ def run_train(args, method: Method) -> int:
     device_args = trainer_device_args(args.device, args.precision, args.deterministic, getattr(args, "compile", None))
     out = Path(args.output_dir)
     files = dict(zip(("train_source", "train_target", "valid_source", "valid_target"), _train_files(args)))
-    if getattr(args, "overwrite", False) and out.exists():
-        shutil.rmtree(out)
+    if getattr(args, "overwrite", False):
+        start_afresh(out, device_args["use_cpu"])
     run = dict(task="translate train", **{k: str(Path(f).resolve()) for k, f in files.items()},
                **{f"{k}_sha256": file_fingerprint(f) for k, f in files.items()},
                method=method.name, **run_record(args))
