@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import ClassVar, Literal, get_args
 
 from transformers import PretrainedConfig
+from transformers.activations import ACT2FN
 
 from dietpe.attention.registry import backend_names, resolve_backend
 from dietpe.errors import ConfigError
@@ -174,6 +175,12 @@ class DietConfig(PretrainedConfig):
         if not isinstance(self.type_vocab_size, int) or isinstance(self.type_vocab_size, bool) or \
                 self.type_vocab_size < 0:
             raise ConfigError(f"type_vocab_size={self.type_vocab_size!r} must be a non-negative integer")
+        if isinstance(self.hidden_act, str) and self.hidden_act not in ACT2FN:
+            _check("hidden_act", self.hidden_act, tuple(ACT2FN))
+        pad = self.pad_token_id
+        if pad is not None and (isinstance(pad, bool) or not isinstance(pad, int) or not 0 <= pad < self.vocab_size):
+            raise ConfigError(f"pad_token_id={pad!r} must be a token id in [0, {self.vocab_size - 1}] "
+                              f"(vocab_size={self.vocab_size}) or None")
         if self.hidden_size % self.num_attention_heads:
             raise ConfigError(
                 f"hidden_size={self.hidden_size} is not divisible by num_attention_heads={self.num_attention_heads}")
@@ -231,7 +238,10 @@ class DietConfig(PretrainedConfig):
         info = REGISTRY.get(config_dict.get("position"))
         if info is not None:
             config_dict = {k: v for k, v in config_dict.items() if k not in FIELDS or info.uses(k)}
-        return super().from_dict(config_dict, **kwargs)
+        loaded = super().from_dict(config_dict, **kwargs)
+        # from_pretrained's keyword overrides are set after __init__ checked the file's values: check again
+        (loaded[0] if isinstance(loaded, tuple) else loaded).validate()
+        return loaded
 
     # -- presets ---------------------------------------------------------------------------------
     @classmethod

@@ -101,6 +101,31 @@ def test_cosine_similarity_of_identical_rows_is_one_and_of_orthogonal_rows_zero(
     assert position_embeddings(model("tupe-a")).shape == (32, 32)
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_each_layers_input_is_the_models_own_hidden_state(causal):
+    """The hooks that catch each layer's input leave the layers' arguments alone: every layer after the first
+    sees the hidden states the model computes, position terms and masks included (weights far from their
+    initialisation, where a layer run without its terms would differ visibly)."""
+    from dietpe import DietForCausalLM
+    from dietpe.analysis.logits import encoder_of, layer_inputs
+    from tests.models.test_causal import tiny_lm
+
+    torch.manual_seed(0)
+    m = (DietForCausalLM(tiny_lm("diet-rel")) if causal else DietForMaskedLM(model("diet-rel").config)).eval()
+    with torch.no_grad():
+        for p in m.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+    ids = torch.randint(5, 40, (2, 12))
+    mask = torch.ones_like(ids)
+    mask[1, -3:] = 0
+    batch = {"input_ids": ids, "attention_mask": mask}
+    caught = layer_inputs(encoder_of(m), batch)
+    hidden = m(**batch, output_hidden_states=True).hidden_states
+    assert len(caught) >= 2
+    for i, x in enumerate(caught):
+        torch.testing.assert_close(x, hidden[i], rtol=0, atol=1e-5)  # the backends may differ in rounding
+
+
 def test_full_logits_are_what_the_model_softmaxes():
     for position, segment in [("diet-abs", "per-head"), ("tupe-a", "input"), ("xlnet", "per-head"),
                               ("rotary", "input"), ("absolute", "input")]:

@@ -107,3 +107,17 @@ def test_a_kept_run_with_other_settings_is_trained_again(tmp_path, capsys):
     assert "[lengths] diet alibi" in capsys.readouterr().err
     assert (tmp_path / "out" / "lengths.csv").read_text() != first
     assert not list((tmp_path / "out").rglob("*.part"))
+
+
+def test_a_learned_table_reads_n_a_beyond_its_length(tmp_path, capsys):
+    (tmp_path / "data").mkdir()
+    data = text_folder(tmp_path / "data")
+    out = tmp_path / "out"
+    argv = ["--data", str(data), "-o", str(out), "--methods", "absolute", "--peers", "diet"] + TINY
+    for _ in range(2):  # the run, then its table again from the kept result
+        assert lengths.main(argv) == 0
+        line = next(row for row in (out / "lengths.md").read_text().splitlines() if row.startswith("| absolute |"))
+        cells = [c.strip() for c in line.strip("| ").split(" | ")]
+        assert float(cells[1]) > 1 and cells[2] == "n/a (beyond the table)"
+        (row,) = csv.DictReader((out / "lengths.csv").open())
+        assert float(row["ppl_1L"]) > 1 and row["ppl_8L"] == ""

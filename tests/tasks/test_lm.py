@@ -83,6 +83,27 @@ def test_lm_compiled_trains_with_eager_bits(data, tmp_path, monkeypatch):
     assert compiled["final_train_loss"] == eager["final_train_loss"] and compiled["ppl"] == eager["ppl"]
 
 
+def test_every_length_scores_the_same_text(data, monkeypatch):
+    """--eval-tokens not a multiple of the longest window: each length scores the same first tokens (whole
+    windows of 8L), not its own longest prefix."""
+    docs, _ = read_corpus(str(data["corpus"]), "train")
+    tok = train_wordpiece((s for d in docs for s in d), vocab_size=100)
+    stream = lm.token_stream(docs, tok)
+    assert len(stream) >= 1000
+    scored = {}
+
+    def record(model, stream, length, tokens, batch_size=8):
+        scored[length] = tokens // length * length
+        return 1.0
+
+    from dietpe.tasks import perplexity
+
+    monkeypatch.setattr(perplexity, "causal_loss", record)
+    monkeypatch.setattr(perplexity, "position_config", lambda model: type("C", (), {"causal": True})())
+    perplexity.length_perplexities(None, tok, stream, 16, (1, 2, 4, 8), tokens=1000)
+    assert scored == {16: 896, 32: 896, 64: 896, 128: 896}
+
+
 def test_masked_lm_perplexity_at_lengths_uses_fixed_masks(data):
     from dietpe import DietConfig, DietForMaskedLM
 

@@ -76,9 +76,13 @@ def segment_ids_for(encoder: nn.Module, batch: dict[str, Tensor]) -> Tensor | No
 def layer_inputs(encoder: nn.Module, batch: dict[str, Tensor]) -> list[Tensor]:
     """The hidden states (B, L, D) entering each layer's self-attention, caught with forward pre-hooks."""
     caught: dict[int, Tensor] = {}
-    hooks = [layer.attention.register_forward_pre_hook(
-        lambda module, args, i=i: caught.setdefault(i, args[0].detach()))
-        for i, layer in enumerate(encoder.layers)]
+
+    def catch(i: int):
+        def hook(module, args) -> None:  # returns None: a value returned would replace the layer's arguments
+            caught.setdefault(i, args[0].detach())
+        return hook
+
+    hooks = [layer.attention.register_forward_pre_hook(catch(i)) for i, layer in enumerate(encoder.layers)]
     try:
         encoder(**_call_kwargs(encoder, batch))
     finally:

@@ -153,9 +153,14 @@ def table_markdown(results: list[dict], peers, methods, length: int) -> str:
         row = [method]
         for p in peers:
             ppl = cell.get((p, method))
-            row += ["–", "–"] if ppl is None else [f"{ppl['1']:.2f}", f"{ppl['8']:.2f}"]
+            row += ["–", "–"] if ppl is None else [_ppl(ppl['1']), _ppl(ppl['8'])]
         lines.append("| " + " | ".join(row) + " |")
     return f"Perplexity per character, trained at L = {length}.\n\n" + "\n".join(lines) + "\n"
+
+
+def _ppl(value: float | None, digits: int = 2) -> str:
+    """A perplexity, or n/a where the length is beyond the method's learned table."""
+    return "n/a (beyond the table)" if value is None else f"{value:.{digits}f}"
 
 
 def table_csv(results: list[dict]) -> str:
@@ -164,7 +169,7 @@ def table_csv(results: list[dict]) -> str:
     w.writerow(["model", "method", "steps", "batch_size", "train_seconds"] + [f"ppl_{m}L" for m in MULTIPLES])
     for r in results:
         w.writerow([r["peer"], r["method"], r["steps"], r["batch_size"], r["train_seconds"]]
-                   + [f"{r['ppl'][str(m)]:.4f}" for m in MULTIPLES])
+                   + ["" if r["ppl"][str(m)] is None else f"{r['ppl'][str(m)]:.4f}" for m in MULTIPLES])
     return buf.getvalue()
 
 
@@ -268,7 +273,7 @@ def run(args) -> int:
                              lambda m, p=peer, n=method: print(f"[lengths] {p} {n}: {m}", file=sys.stderr))
             write_text_atomic(done, json.dumps(result, indent=1))
             print(f"[lengths] {peer} {method}: {result['train_seconds']:.0f}+{result['eval_seconds']:.0f}s; "
-                  + ", ".join(f"{m}L {v:.2f}" for m, v in result["ppl"].items()), file=sys.stderr)
+                  + ", ".join(f"{m}L {_ppl(v)}" for m, v in result["ppl"].items()), file=sys.stderr)
             results.append(result)
             write_tables(out, results, peers, methods, args.length)
     md = write_tables(out, results, peers, methods, args.length)

@@ -146,6 +146,7 @@ class DietCausalModel(DietPreTrainedModel):
         attention_mask (B|1, 1|H, L, Lpast + L) (`dietpe.attention.masks`) is combined with causality."""
         past_key_values = cache_argument(past_key_values, kwargs)
         check_kwargs(kwargs, f"{type(self).__name__}.forward", CAUSAL_HARMLESS_KWARGS)
+        output_attentions, output_hidden_states = self._outputs_asked(output_attentions, output_hidden_states)
         b, length = DietModel._check_inputs(self, input_ids, inputs_embeds, None, None)
         device = (input_ids if input_ids is not None else inputs_embeds).device
         if use_cache and past_key_values is None:
@@ -165,9 +166,10 @@ class DietCausalModel(DietPreTrainedModel):
             self, ctx, hidden, lambda layer, i, h, terms: layer(h, terms, mask, cache, i, need_probs),
             output_hidden_states)
         all_probs = [p for p, in probs] if need_probs else None
-        return with_cache(BaseModelOutputWithPast, cache, last_hidden_state=hidden,
-                          hidden_states=tuple(all_hidden) if all_hidden is not None else None,
-                          attentions=tuple(all_probs) if all_probs is not None else None)
+        return self._returned(with_cache(BaseModelOutputWithPast, cache, last_hidden_state=hidden,
+                                         hidden_states=tuple(all_hidden) if all_hidden is not None else None,
+                                         attentions=tuple(all_probs) if all_probs is not None else None),
+                              return_dict)
 
 
 class DietForCausalLM(DietPreTrainedModel, GenerationMixin):
@@ -210,7 +212,7 @@ class DietForCausalLM(DietPreTrainedModel, GenerationMixin):
         past_key_values = cache_argument(past_key_values, kwargs)
         check_kwargs(kwargs, f"{type(self).__name__}.forward", CAUSAL_HARMLESS_KWARGS)
         out = self.diet(input_ids, attention_mask, position_ids, past_key_values, use_cache, output_attentions,
-                        output_hidden_states, inputs_embeds=inputs_embeds)
+                        output_hidden_states, return_dict=True, inputs_embeds=inputs_embeds)
         hidden = out.last_hidden_state
         logits = self.lm_head(hidden[:, -logits_to_keep:] if logits_to_keep else hidden)  # (B, L, V)
         loss = None
@@ -220,8 +222,8 @@ class DietForCausalLM(DietPreTrainedModel, GenerationMixin):
             shifted = logits[:, :-1] if not logits_to_keep else self.lm_head(hidden)[:, :-1]
             loss = nn.functional.cross_entropy(shifted.reshape(-1, shifted.shape[-1]).float(),
                                                labels[:, 1:].reshape(-1), ignore_index=-100)
-        return with_cache(CausalLMOutputWithPast, cache_of(out), loss=loss, logits=logits,
-                          hidden_states=out.hidden_states, attentions=out.attentions)
+        return self._returned(with_cache(CausalLMOutputWithPast, cache_of(out), loss=loss, logits=logits,
+                                         hidden_states=out.hidden_states, attentions=out.attentions), return_dict)
 
     def prepare_inputs_for_generation(self, input_ids, past_key_values=None, attention_mask=None, use_cache=None,
                                       position_ids=None, inputs_embeds=None, **kwargs):

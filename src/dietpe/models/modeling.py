@@ -140,6 +140,19 @@ class DietPreTrainedModel(PreTrainedModel):
     # our losses are means over the batch: Trainer must scale them for accumulation and DDP itself
     accepts_loss_kwargs = False
 
+    def _outputs_asked(self, attentions: bool | None, hidden_states: bool | None) -> tuple[bool, bool]:
+        """output_attentions and output_hidden_states: the call's, else the config's (Hugging Face's rule)."""
+        config = self.config
+        return (bool(getattr(config, "output_attentions", False) if attentions is None else attentions),
+                bool(getattr(config, "output_hidden_states", False) if hidden_states is None else hidden_states))
+
+    def _returned(self, output, return_dict: bool | None):
+        """The output, or with return_dict=False (the call's, else the config's) its fields that are not None
+        as a tuple, as Hugging Face's models return them."""
+        if return_dict is None:
+            return_dict = getattr(self.config, "return_dict", True)
+        return output if return_dict else output.to_tuple()
+
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
         """Hugging Face's `from_pretrained`, refusing a folder diet did not write (a BERT, Llama or GPT-2
@@ -158,6 +171,14 @@ class DietPreTrainedModel(PreTrainedModel):
                                   f"({cls.__name__} reads model_type {wanted!r}); load it with its own class and "
                                   f"use {way} (see docs/integrate.md)")
         return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
+
+    def resize_token_embeddings(self, *args, **kwargs):
+        """Hugging Face's, with the LM head's output bias resized too."""
+        embeddings = super().resize_token_embeddings(*args, **kwargs)
+        head = getattr(self, "lm_head", None)
+        if isinstance(head, DietLMHead):
+            head.resize_bias(embeddings.num_embeddings)
+        return embeddings
 
     def activation_checkpointing_enable(self, activation_checkpointing_kwargs=None, **kwargs):
         """Hugging Face's activation (gradient) checkpointing of every layer, non-reentrant: position terms
@@ -296,6 +317,7 @@ class DietModel(DietPreTrainedModel):
         4-D (B|1, 1|H, L, L) boolean, integer or additive (`dietpe.attention.masks`): with position_ids
         restarting at 0 per document, a block-diagonal one keeps packed documents apart."""
         check_kwargs(kwargs, f"{type(self).__name__}.forward")
+        output_attentions, output_hidden_states = self._outputs_asked(output_attentions, output_hidden_states)
         b, length = self._check_inputs(input_ids, inputs_embeds, attention_mask, token_type_ids)
         device = (input_ids if input_ids is not None else inputs_embeds).device
         starts = (0, 0) if position_ids is None else None  # default positions: known runs 0 .. L-1
@@ -313,10 +335,10 @@ class DietModel(DietPreTrainedModel):
             output_hidden_states)
         all_probs = [p for p, in probs] if need_probs else None
         pooled = torch.tanh(self.pooler(hidden[:, 0])) if self.pooler is not None else None
-        return BaseModelOutputWithPooling(
+        return self._returned(BaseModelOutputWithPooling(
             last_hidden_state=hidden, pooler_output=pooled,
             hidden_states=tuple(all_hidden) if all_hidden is not None else None,
-            attentions=tuple(all_probs) if all_probs is not None else None)
+            attentions=tuple(all_probs) if all_probs is not None else None), return_dict)
 
 
 class DietLMHead(nn.Module):
@@ -332,6 +354,15 @@ class DietLMHead(nn.Module):
 
     def forward(self, hidden: Tensor) -> Tensor:
         return self.decoder(self.LayerNorm(self.act(self.dense(hidden)))) + self.bias
+
+    def resize_bias(self, size: int) -> None:
+        """The output bias at a new vocabulary size: kept rows kept, new rows 0 (`resize_token_embeddings`
+        resizes the tied decoder, not this separate parameter)."""
+        old = self.bias
+        if old.shape[0] != size:
+            new = old.new_zeros(size)
+            new[:min(size, old.shape[0])] = old.detach()[:size]
+            self.bias = nn.Parameter(new, requires_grad=old.requires_grad)
 
 
 class DietForMaskedLM(DietPreTrainedModel):
@@ -354,7 +385,7 @@ class DietForMaskedLM(DietPreTrainedModel):
                 **kwargs) -> MaskedLMOutput:
         check_kwargs(kwargs, f"{type(self).__name__}.forward")
         out = self.diet(input_ids, attention_mask, token_type_ids, position_ids, output_attentions,
-                        output_hidden_states, inputs_embeds=inputs_embeds)
+                        output_hidden_states, return_dict=True, inputs_embeds=inputs_embeds)
         hidden = out.last_hidden_state
         if labels is not None and labels.numel() != hidden.shape[:-1].numel():  # BERT's head takes them flat too
             raise InputError(f"labels of shape {tuple(labels.shape)} for inputs of shape {tuple(hidden.shape[:-1])}: "
@@ -369,11 +400,14 @@ class DietForMaskedLM(DietPreTrainedModel):
         if labels is not None:
             loss = nn.functional.cross_entropy(logits.view(-1, logits.shape[-1]).float(), labels.view(-1),
                                                ignore_index=-100)
-        return MaskedLMOutput(loss=loss, logits=logits, hidden_states=out.hidden_states, attentions=out.attentions)
+        return self._returned(MaskedLMOutput(loss=loss, logits=logits, hidden_states=out.hidden_states,
+                                             attentions=out.attentions), return_dict)
 
 
 class DietForSequenceClassification(DietPreTrainedModel):
-    """[CLS] pooled output -> classifier. num_labels == 1: regression (MSE), as BERT does for STS-B."""
+    """[CLS] pooled output -> classifier. The loss by the config's `problem_type`, else as BERT chooses it:
+    regression (MSE) for num_labels == 1 (STS-B), cross-entropy for integer labels, binary cross-entropy for
+    float ones (multi-label)."""
 
     def __init__(self, config: DietConfig):
         super().__init__(config)
@@ -389,20 +423,34 @@ class DietForSequenceClassification(DietPreTrainedModel):
                 **kwargs) -> SequenceClassifierOutput:
         check_kwargs(kwargs, f"{type(self).__name__}.forward")
         out = self.diet(input_ids, attention_mask, token_type_ids, position_ids, output_attentions,
-                        output_hidden_states, inputs_embeds=inputs_embeds)
+                        output_hidden_states, return_dict=True, inputs_embeds=inputs_embeds)
         logits = self.classifier(self.dropout(out.pooler_output))
-        loss = None
-        if labels is not None:
-            if self.num_labels == 1:
-                loss = nn.functional.mse_loss(logits.squeeze(-1).float(), labels.float())
-            else:
-                if labels.dtype.is_floating_point or may_read(labels) and (
-                        int(labels.min()) < 0 or int(labels.max()) >= self.num_labels):
-                    raise InputError(f"classification labels must be integers in [0, {self.num_labels - 1}] "
-                                     f"(num_labels={self.num_labels})")
-                loss = nn.functional.cross_entropy(logits.float(), labels.view(-1))
-        return SequenceClassifierOutput(loss=loss, logits=logits, hidden_states=out.hidden_states,
-                                        attentions=out.attentions)
+        loss = None if labels is None else self._loss(logits, labels)
+        return self._returned(SequenceClassifierOutput(loss=loss, logits=logits, hidden_states=out.hidden_states,
+                                                       attentions=out.attentions), return_dict)
+
+
+    def _loss(self, logits: Tensor, labels: Tensor) -> Tensor:
+        """Hugging Face's rule: `problem_type` when the config gives it, else regression for one label,
+        single-label classification for integer labels, multi-label for float ones."""
+        problem = self.config.problem_type or (
+            "regression" if self.num_labels == 1 else
+            "multi_label_classification" if labels.dtype.is_floating_point else "single_label_classification")
+        if problem == "regression":
+            if labels.numel() != logits.numel():
+                raise InputError(f"regression labels of shape {tuple(labels.shape)} for logits of shape "
+                                 f"{tuple(logits.shape)}: one value per output")
+            return nn.functional.mse_loss(logits.float().reshape(-1), labels.float().reshape(-1))
+        if problem == "multi_label_classification":
+            if labels.shape != logits.shape:
+                raise InputError(f"multi-label labels must have the logits' shape {tuple(logits.shape)} (one 0/1 "
+                                 f"per label), got {tuple(labels.shape)}")
+            return nn.functional.binary_cross_entropy_with_logits(logits.float(), labels.float())
+        if labels.dtype.is_floating_point or may_read(labels) and (
+                int(labels.min()) < 0 or int(labels.max()) >= self.num_labels):
+            raise InputError(f"classification labels must be integers in [0, {self.num_labels - 1}] "
+                             f"(num_labels={self.num_labels})")
+        return nn.functional.cross_entropy(logits.float(), labels.view(-1))
 
 
 class DietForQuestionAnswering(DietPreTrainedModel):
@@ -419,12 +467,16 @@ class DietForQuestionAnswering(DietPreTrainedModel):
                 return_dict=None, inputs_embeds=None, **kwargs) -> QuestionAnsweringModelOutput:
         check_kwargs(kwargs, f"{type(self).__name__}.forward")
         out = self.diet(input_ids, attention_mask, token_type_ids, position_ids, output_attentions,
-                        output_hidden_states, inputs_embeds=inputs_embeds)
+                        output_hidden_states, return_dict=True, inputs_embeds=inputs_embeds)
         start, end = self.qa_outputs(out.last_hidden_state).unbind(-1)  # (B, L) each
         loss = None
         if start_positions is not None and end_positions is not None:
             n = start.shape[1]  # positions outside the sequence are ignored, as in BERT
+            # (B, 1) as (B,), as BERT's head takes them
+            start_positions = start_positions.squeeze(-1) if start_positions.dim() > 1 else start_positions
+            end_positions = end_positions.squeeze(-1) if end_positions.dim() > 1 else end_positions
             loss = (nn.functional.cross_entropy(start.float(), start_positions.clamp(0, n), ignore_index=n)
                     + nn.functional.cross_entropy(end.float(), end_positions.clamp(0, n), ignore_index=n)) / 2
-        return QuestionAnsweringModelOutput(loss=loss, start_logits=start, end_logits=end,
-                                            hidden_states=out.hidden_states, attentions=out.attentions)
+        return self._returned(QuestionAnsweringModelOutput(loss=loss, start_logits=start, end_logits=end,
+                                                           hidden_states=out.hidden_states,
+                                                           attentions=out.attentions), return_dict)

@@ -346,6 +346,7 @@ class DietForConditionalGeneration(GnmtBeamSearch, DietPreTrainedModel, Generati
         logits_to_keep: if > 0, project only the last that many positions (generate() needs only the last)."""
         past_key_values = cache_argument(past_key_values, kwargs)
         check_kwargs(kwargs, f"{type(self).__name__}.forward", SEQ2SEQ_HARMLESS_KWARGS)
+        output_attentions, output_hidden_states = self._outputs_asked(output_attentions, output_hidden_states)
         if is_4d(attention_mask):  # a 4-D source mask does not say which source tokens are padding
             raise InputError("attention_mask (the source's) must be (batch, source length): cross-attention needs "
                              "the source's padding; 4-D masks are taken by decoder_attention_mask")
@@ -354,7 +355,7 @@ class DietForConditionalGeneration(GnmtBeamSearch, DietPreTrainedModel, Generati
                 raise InputError("give input_ids (the source) or encoder_outputs")
             encoder_outputs = self.encoder(input_ids, attention_mask, position_ids=position_ids,
                                            inputs_embeds=inputs_embeds, output_attentions=output_attentions,
-                                           output_hidden_states=output_hidden_states)
+                                           output_hidden_states=output_hidden_states, return_dict=True)
         elif isinstance(encoder_outputs, (tuple, list)):
             encoder_outputs = BaseModelOutput(*encoder_outputs)
         memory = encoder_outputs.last_hidden_state  # (B, S, D)
@@ -389,10 +390,10 @@ class DietForConditionalGeneration(GnmtBeamSearch, DietPreTrainedModel, Generati
         if labels is not None:
             loss = nn.functional.cross_entropy(logits.view(-1, logits.shape[-1]).float(), labels.reshape(-1),
                                                ignore_index=-100)
-        return with_cache(
+        return self._returned(with_cache(
             Seq2SeqLMOutput, cache, loss=loss, logits=logits,
             decoder_hidden_states=tuple(all_hidden) if all_hidden is not None else None,
             decoder_attentions=tuple(self_probs) if output_attentions else None,
             cross_attentions=tuple(cross_probs) if output_attentions else None,
             encoder_last_hidden_state=memory, encoder_hidden_states=encoder_outputs.hidden_states,
-            encoder_attentions=encoder_outputs.attentions)
+            encoder_attentions=encoder_outputs.attentions), return_dict)

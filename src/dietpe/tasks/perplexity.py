@@ -148,10 +148,12 @@ def length_perplexities(model, tokenizer, stream: list[int], train_length: int, 
                         tokens: int | None = None) -> dict[int, float | None]:
     """{multiple: perplexity at multiple × train_length, or None beyond a learned table}; causal LMs by next
     token, masked LMs by masked token. `tokens`: how much of the stream every length scores (default: 8
-    windows of the longest length)."""
+    windows of the longest length), cut to whole windows of the longest length, so that a causal LM scores
+    the same text at every length whose windows divide the longest one."""
     causal = bool(getattr(position_config(model), "causal", False))
     check_windows(train_length, multiples, causal, tokens, len(stream))  # before scoring any length
-    tokens = tokens or 8 * max(multiples) * train_length
+    longest = window_text(max(multiples) * train_length, causal)
+    tokens = min(tokens or 8 * max(multiples) * train_length, len(stream)) // longest * longest
     out = {}
     for m in multiples:
         n = m * train_length
