@@ -278,6 +278,19 @@ def test_left_padded_generation_follows_the_mask():
     assert torch.equal(left[:, 3:], alone)
 
 
+def test_the_config_the_model_was_built_from_is_left_as_it_was():
+    """A sweep builds each model from one config object: attach records the method on the model's own copy,
+    so the next model from that object is plain (its RoPE on) and takes another method."""
+    config = LlamaConfig(**LLAMA_LIKE)
+    first = dietpe.attach(LlamaForCausalLM(config), "diet-rel")
+    assert not hasattr(config, "dietpe") and first.config.dietpe["method"] == "diet-rel"
+    held = [m.config for m in first.modules() if isinstance(m.__dict__.get("config"), LlamaConfig)]
+    assert len(held) > 3 and all(c is first.config for c in held)
+    plain = LlamaForCausalLM(config)
+    assert "diet_positions" not in plain.model._modules and type(plain.model.rotary_emb).__name__ != "NoRotary"
+    assert dietpe.attach(LlamaForCausalLM(config), "t5").config.dietpe["method"] == "t5"
+
+
 def test_flex_backend_equals_sdpa():
     model = dietpe.attach(build("llama"), "diet-rel").eval()
     flex = dietpe.attach(build("llama"), "diet-rel", backend="flex").eval()
@@ -285,6 +298,20 @@ def test_flex_backend_equals_sdpa():
     x = ids()
     with torch.no_grad():  # FlexAttention's backward needs CUDA
         torch.testing.assert_close(flex(x).logits, model(x).logits, atol=2e-5, rtol=0)
+
+
+@pytest.mark.parametrize("spec, backend", [("shaw", None), ("diet-rel", "sdpa"), ("diet-rel", "eager")])
+def test_a_flex_models_block_mask_reaches_the_other_backends_as_the_mask_it_stands_for(spec, backend):
+    """A model built with attn_implementation="flex_attention" hands attention a block mask; a layer another
+    backend serves (Shaw's value term, a pinned backend) reads it as the dense mask it stands for."""
+    ref = dietpe.attach(build("llama", "eager"), spec, backend="eager").eval()
+    flex = dietpe.attach(build("llama", "flex_attention"), spec, backend=backend).eval()
+    flex.load_state_dict(ref.state_dict())
+    x, mask = ids(), torch.ones(2, L, dtype=torch.long)
+    mask[1, :3] = 0  # left padding: the block mask carries it
+    with torch.no_grad():  # FlexAttention's backward needs CUDA
+        got, want = flex(x, attention_mask=mask).logits, ref(x, attention_mask=mask).logits
+    torch.testing.assert_close(got[mask.bool()], want[mask.bool()], atol=2e-5, rtol=0)
 
 
 def test_trainer_trains_the_method(tmp_path):

@@ -20,6 +20,7 @@ tables their own (a wrapper around `PreTrainedModel._initialize_weights`).
 
 from __future__ import annotations
 
+import copy
 import inspect
 from dataclasses import dataclass
 from typing import Callable
@@ -226,10 +227,20 @@ def attach(model: PreTrainedModel, spec: str, backend: str | None = None, _init:
         attached.to(device=device, dtype=dtype)  # the model's device and dtype (the method computes in it)
     _wire(attached, base, modules)
     dispatch.install()
-    record = {"method": spec, "backend": backend}
-    for cfg in {id(c): c, id(base.config): base.config}.values():
-        cfg.dietpe = record
+    _own_config(model)
+    model.config.dietpe = {"method": spec, "backend": backend}
     return model
+
+
+def _own_config(model: PreTrainedModel) -> None:
+    """The model's config replaced by a copy in every module that holds it, before the method is recorded on
+    it: the config object the caller built the model from stays as it was, so another model built from it is a
+    plain one, free to take another method."""
+    old = model.config
+    new = copy.deepcopy(old)
+    for m in model.modules():
+        if m.__dict__.get("config") is old:
+            m.__dict__["config"] = new
 
 
 def _initialise(attached: AttachedPositions, base: PreTrainedModel, table: Tensor | None) -> None:

@@ -123,15 +123,33 @@ def _mask(attached, mask, causal: bool, lq: int, lk: int, dtype: torch.dtype, de
         if key not in cache:
             cache[key] = _causal_block_mask(lq, lk, device) if flex else CausalMask(lq, dtype, device)
         return cache[key], None
+    cache = attached.state.masks if attached.state is not None and not torch.compiler.is_compiling() else {}
+    if not flex and _is_block_mask(mask):  # a flex model's layer served by another backend (Shaw, backend=)
+        hit = cache.get("block")
+        if hit is None or hit[0] is not mask:
+            hit = cache["block"] = (mask, _dense(mask, lq, lk, device))
+        mask = hit[1]
     if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
         return mask, None
-    cache = attached.state.masks if attached.state is not None and not torch.compiler.is_compiling() else {}
     hit = cache.get("bool")
     if hit is not None and hit[0] is mask and hit[1] == dtype:
         return hit[2], hit[3]
     converted, empty = additive(mask, dtype), ~mask.any(-1, keepdim=True)  # (B|1, 1, Lq, 1)
     cache["bool"] = (mask, dtype, converted, empty)
     return converted, empty
+
+
+def _is_block_mask(mask) -> bool:
+    return type(mask).__name__ == "BlockMask"  # FlexAttention's; imported only where one is met
+
+
+def _dense(mask, lq: int, lk: int, device) -> Tensor:
+    """A FlexAttention block mask as the boolean (B|1, H|1, Lq, Lk) mask it stands for, evaluated from its
+    mask_mod: the other backends read dense masks."""
+    from torch.nn.attention.flex_attention import create_mask
+
+    b, h = mask.kv_num_blocks.shape[:2]
+    return create_mask(mask.mask_mod, b, h, lq, lk, device=device)
 
 
 def _causal_block_mask(lq: int, lk: int, device):
