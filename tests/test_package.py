@@ -141,3 +141,26 @@ def test_ci_exits_as_its_last_command_did_whatever_its_background_jobs_did(tmp_p
     assert ci_exit("(sleep 60) &\necho done", tmp_path) == 0  # one still running is stopped, not waited for
     assert ci_exit("(true) & wait $!\nfalse\necho never", tmp_path) == 1
     assert ci_exit("(exit 3) & wait $!", tmp_path) == 3  # a failed job fails CI
+
+
+def test_a_command_refuses_a_missing_extra_before_any_work_naming_its_own(monkeypatch, tmp_path, capsys):
+    from dietpe import cli, extras
+
+    # accelerate is in 'study' and 'translate': the asking command's own is named
+    assert "pip install 'dietpe[translate]'" in extras.message("accelerate", "translate")
+    asked = []
+
+    def missing(module, extra=None):
+        asked.append((module, extra))
+        raise MissingExtra(extras.message(module, extra))
+
+    monkeypatch.setattr(extras, "need", missing)
+    files = [str(tmp_path / f) for f in ("a.de", "a.en")]
+    argv = ["translate", "train", "--train-source", files[0], "--train-target", files[1], "--valid-source", files[0],
+            "--valid-target", files[1], "-o", str(tmp_path / "tr")]
+    assert cli.main(argv) == 2 and asked == [("accelerate", "translate")]
+    assert "pip install 'dietpe[translate]'" in capsys.readouterr().err and not (tmp_path / "tr").exists()
+    monkeypatch.undo()
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # lm's plot comes last: refused first
+    assert cli.main(["lm", str(tmp_path / "corpus.txt"), "-o", str(tmp_path / "lm")]) == 2
+    assert "pip install 'dietpe[study]'" in capsys.readouterr().err and not (tmp_path / "lm").exists()

@@ -9,7 +9,7 @@ import importlib
 from dietpe.errors import DietError
 
 # top-level module -> the extra that installs it (pyproject.toml's [project.optional-dependencies])
-EXTRAS = {"matplotlib": "study", "scipy": "study", "accelerate": "study", "tensorboard": "study",
+EXTRAS = {"matplotlib": "study", "scipy": "study", "accelerate": "study", "tensorboard": "study", "psutil": "study",
           "sacrebleu": "translate", "datasets": "data", "x_transformers": "bench"}
 # the extras 'dietpe[all]' installs (not 'bench': peer libraries for comparison only)
 ALL = ("study", "translate", "data")
@@ -19,20 +19,22 @@ class MissingExtra(DietError, ModuleNotFoundError):
     """An optional dependency is not installed; the message says which extra installs it."""
 
 
-def message(module: str) -> str:
-    extra = EXTRAS.get(module.split(".")[0], "all")
+def message(module: str, extra: str | None = None) -> str:
+    """`extra`: the one the command asking belongs to, where several install the module (accelerate)."""
+    extra = extra or EXTRAS.get(module.split(".")[0], "all")
     also = " (or 'dietpe[all]')" if extra in ALL else ""
     return f"this needs the '{module.split('.')[0]}' package: pip install 'dietpe[{extra}]'{also}"
 
 
-def need(module: str):
-    """Import `module`, or raise MissingExtra naming the extra that installs it."""
+def need(module: str, extra: str | None = None):
+    """Import `module`, or raise MissingExtra naming the extra that installs it (`extra`: the command's own,
+    where several do)."""
     try:
         return importlib.import_module(module)
     except ModuleNotFoundError as e:
         if e.name is None or e.name.split(".")[0] != module.split(".")[0]:
             raise
-        error = MissingExtra(message(module))
+        error = MissingExtra(message(module, extra))
         error.name = e.name
         raise error from None
 

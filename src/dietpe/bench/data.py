@@ -29,7 +29,9 @@ from pathlib import Path
 
 
 def tree_pss(pid: int) -> int:
-    import psutil
+    from dietpe.extras import need
+
+    psutil = need("psutil")
     try:
         root = psutil.Process(pid)
         procs = [root, *root.children(recursive=True)]

@@ -288,10 +288,9 @@ def chunk_records(records, chunk_chars: int | None = None):
 
 def stream_hf_dataset(name: str, split: str, missing_ok: bool = False):
     """`owner/name[:config]`'s split as an iterable of rows, streamed (`streaming=True`): never held whole."""
-    try:
-        import datasets
-    except ImportError:  # pragma: no cover - a declared dependency
-        raise DataError(f"{name}: the 'datasets' package is needed to load datasets by name") from None
+    from dietpe.extras import need
+
+    datasets = need("datasets")  # the 'data' extra: a corpus named on the Hub
     dataset, _, config = name.partition(":")
     try:
         loaded = datasets.load_dataset(dataset, config or None, streaming=True)

@@ -47,8 +47,10 @@ def main(args) -> int:
 
     from dietpe.data.tokenizer import load_tokenizer
     from dietpe.models.causal import DietForCausalLM
+    from dietpe.extras import need
     from dietpe.models.modeling import DietForMaskedLM
 
+    need("matplotlib")  # the report's plot: refused before any evaluation
     torch.set_num_threads(args.threads)
     device = resolve_device(args.device)
     out = V.check_output_dir(args.output_dir, "-o")

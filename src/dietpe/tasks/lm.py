@@ -169,7 +169,9 @@ def run_record(args) -> dict:
 
 def main_lm(args) -> int:
     from dietpe import validate as V
+    from dietpe.extras import need
 
+    need("matplotlib")  # the report's plot: refused before any training, not after it
     torch.set_num_threads(args.threads)
     resolve_device(args.device)  # a missing CUDA is refused before any work
     out = V.check_output_dir(args.output_dir, "-o")

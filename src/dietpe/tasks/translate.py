@@ -498,6 +498,9 @@ def train_main(args) -> int:
     """`dietpe translate train`: everything that can be refused is refused before the output folder is touched."""
     from types import SimpleNamespace
 
+    from dietpe.extras import need
+
+    need("accelerate", "translate")  # Trainer's: refused before the data is read
     out = V.check_output_dir(args.output_dir, "--output-dir")
     apply_recipe(args)
     trainer_device_args(args.device, args.precision)  # a missing CUDA, fp16 on the CPU: refused first
