@@ -63,8 +63,10 @@ def test_alibi_floor_keeps_attention_and_removes_denormal_weights():
 
 def test_alibi_slopes_power_of_two_and_not():
     assert torch.allclose(alibi_slopes(8), torch.tensor([2.0 ** -(i + 1) for i in range(8)]))
-    s = alibi_slopes(12)  # 8 slopes of base 8, then every other of base 16
-    assert torch.allclose(s[:8], alibi_slopes(8)) and torch.allclose(s[8:], alibi_slopes(16)[0::2][:4])
+    # the authors' get_slopes written out: 8 slopes 2^-1 .. 2^-8, then 2^-0.5, 2^-1.5, 2^-2.5, 2^-3.5
+    assert torch.allclose(alibi_slopes(12), torch.tensor([2.0 ** -(i + 1) for i in range(8)]
+                                                         + [2.0 ** -(t + 0.5) for t in range(4)]))
+    assert torch.allclose(alibi_slopes(6), torch.tensor([0.25, 0.0625, 0.015625, 0.00390625, 0.5, 0.125]))
 
 
 def test_rotary_logit_depends_only_on_offset():

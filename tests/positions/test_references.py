@@ -124,6 +124,21 @@ def test_method_matches_paper_equation(position, segment, sharing, extra, positi
             torch.testing.assert_close(out.hidden_states[layer + 1], hidden, atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("heads", [6, 12])
+@pytest.mark.parametrize("position", ["alibi", "kerple", "t5", "diet-rel"])
+def test_a_head_count_that_is_not_a_power_of_two(position, heads):
+    """ALiBi's slopes for 6 or 12 heads follow the authors' get_slopes (not 2^(-8(h+1)/n)); every per-head
+    method is checked beyond the tiny config's two heads."""
+    model = DietModel(tiny(head_size=4, position=position, attn_backend="eager", num_attention_heads=heads,
+                           hidden_size=4 * heads)).eval()
+    ids, mask, segments = batch(L)
+    pos = torch.arange(L).expand(len(ids), L)
+    with torch.no_grad():
+        out = model(ids, mask, segments, output_attentions=True, output_hidden_states=True)
+        probs, _ = reference_layer(model, 0, out.hidden_states[0], mask, segments, pos)
+    torch.testing.assert_close(out.attentions[0], probs, atol=1e-5, rtol=1e-4)
+
+
 def test_diet_abs_lin_matches_eq4():
     """DIET-ABS-LIN: A = (X W_Q)((E X) W_K)ᵀ/√d + P_Q P_Kᵀ with P_K ∈ R^{k×d_p}; values projected by F."""
     model = DietModel(tiny(position="diet-abs", segment="input", attention="linformer", attn_backend="eager")).eval()

@@ -5,6 +5,8 @@ Entry point: logit bias, computed once per forward, shared by layers.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -12,6 +14,15 @@ from dietpe.positions.context import Built, Context
 from dietpe.positions.functional import alibi_bias, alibi_slopes
 from dietpe.positions.method import KeptTerm, PositionMethod, Traits
 from dietpe.positions.terms import DistanceBias, LayerTerms
+
+
+def _paper_slope(n: int, h: int) -> float:
+    """m_h as the authors' `get_slopes` writes it: 2^(-8(h+1)/n) for a power-of-two n; otherwise the slopes of
+    the largest power of two p < n, then the odd-numbered slopes 2^(-8(2t+1)/(2p)) of 2p heads, t = 0, 1, ..."""
+    p = 2 ** int(math.floor(math.log2(n)))
+    if h < p:
+        return 2.0 ** (-8.0 * (h + 1) / p)
+    return 2.0 ** (-8.0 * (2 * (h - p) + 1) / (2 * p))
 
 
 class ALiBi(PositionMethod):
@@ -23,9 +34,8 @@ class ALiBi(PositionMethod):
         return cls(c.num_attention_heads)
 
     def reference_logit(self, config, q, k, i, j, layer, head):
-        # Press et al.: m_h = 2^(-8/n · (h+1)) for a power-of-two head count n
-        slope = 2 ** (-8 / config.num_attention_heads * (head + 1))
-        return super().reference_logit(config, q, k, i, j, layer, head) - slope * abs(i - j)
+        return super().reference_logit(config, q, k, i, j, layer, head) - _paper_slope(
+            config.num_attention_heads, head) * abs(i - j)
 
     def __init__(self, num_heads: int):
         super().__init__()
