@@ -9,9 +9,9 @@ encoder the same function of |i - j| applies to both directions (as `alibi` does
 parameters are clamped to r >= 0.01 where they are used (the values the authors' code uses), and initialised
 uniformly, r1 in (0, 2), r2 in (0, 1). Unlike the authors' code, which projects the stored value in place
 each forward (`.data.clamp_`), a value below 0.01 then gets no gradient: an in-place write inside the
-forward would break activation checkpointing's recomputation. Entry point: logit bias, built once per forward and shared by layers
-(the authors share it across layers too); a Toeplitz matrix for consecutive positions, a `score_mod` for
-FlexAttention.
+forward would break activation checkpointing's recomputation. Entry point: logit bias, built once per
+forward and shared by layers (the authors share it across layers too); a Toeplitz matrix for consecutive
+positions, a `score_mod` for FlexAttention.
 """
 
 from __future__ import annotations
