@@ -115,6 +115,11 @@ def test_training_on_an_evaluated_set_or_its_translations_is_refused(tmp_path):
     for lang in ("en", "de"):
         _squad(m / f"dev-context-{lang}-question-{lang}.json")
     assert T.load_task(str(m), "qa").spec is T.MLQA
+    qnli = tmp_path / "QNLI"  # a GLUE folder without its training file: how to give one
+    _write(qnli / "dev.tsv", "index\tquestion\tsentence\tlabel\n0\tq ?\ts .\tentailment\n")
+    with pytest.raises(DataError, match=r"train.tsv: no such file \(the folder holds dev.tsv\); pass --train-file, or "
+                                        r"the task by its Hugging Face name, nyu-mll/glue:qnli"):
+        T.load_task(str(qnli))
     t = tmp_path / "tydiqa"  # TyDiQA's languages are not translations: its English file may train
     for lang in ("en", "sw"):
         _squad(t / f"tydiqa.goldp.{lang}.dev.json")

@@ -1,5 +1,6 @@
 """pretrain -> finetune -> compare on tiny generated data: results, kill-safe resume, the grid protocol."""
 
+import dataclasses
 import json
 import math
 
@@ -119,6 +120,9 @@ def test_finetune_grid_takes_each_runs_best_and_the_median_over_seeds(pretrained
     stamp = first.stat().st_mtime_ns
     ft.run_finetune(res["model_dir"], task, tmp_path, ft.FinetuneSettings(**FT), quiet=True, report_to="none")
     assert first.stat().st_mtime_ns == stamp  # finished runs are not redone
+    task.train[0] = dataclasses.replace(task.train[0], label=1 - task.train[0].label)  # other data, same sizes
+    with pytest.raises(ConfigError, match="data_sha256"):
+        ft.run_finetune(res["model_dir"], task, tmp_path, ft.FinetuneSettings(**FT), quiet=True, report_to="none")
 
 
 def test_finetune_keeps_each_runs_model_unless_told_not_to(pretrained, data, tmp_path):

@@ -13,6 +13,7 @@ Every malformed line, unknown label or missing file is a `DataError` naming the 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from dataclasses import dataclass, field
@@ -77,6 +78,17 @@ class TaskData:
     train: list = field(default_factory=list)
     evals: dict[str, list] = field(default_factory=dict)
     source: str = ""
+
+    def fingerprint(self) -> str:
+        """sha256 (16 hex digits) of every example's content, training and evaluation, in order: what a run
+        read, whichever files or dataset it came from (the places in messages left out)."""
+        digest = hashlib.sha256()
+        for name, examples in (("train", self.train), *sorted(self.evals.items())):
+            digest.update(name.encode())
+            for ex in examples:
+                fields = {k: v for k, v in vars(ex).items() if k != "where"}
+                digest.update(json.dumps(fields, sort_keys=True, ensure_ascii=False).encode())
+        return digest.hexdigest()[:16]
 
     def scored(self, max_eval: int | None) -> dict[str, list]:
         """The evaluation sets as fine-tuning scores them: each set's first `max_eval` examples (all when None
@@ -304,6 +316,9 @@ def load_task(source: str, task: str | None = None, train_file: str | None = Non
         data = _load_xnli_dir(path, spec, train_file, eval_files, train_split, eval_split, train_language)
     else:
         tfile = Path(train_file) if train_file else path / f"{train_split}.tsv"
+        if not train_file and not tfile.is_file() and name in GLUE:
+            raise DataError(f"{tfile}: no such file ({_listing_of(path)}); pass --train-file, or the task by its "
+                            f"Hugging Face name, nyu-mll/glue:{name.replace('-', '')} (needs a network)")
         efiles = [Path(f) for f in eval_files] if eval_files else \
             [path / (f.replace("dev", eval_split, 1) if eval_split != "dev" else f) for f in spec.eval_files]
         _refuse_leaks(tfile, efiles, parallel=False)
@@ -312,6 +327,11 @@ def load_task(source: str, task: str | None = None, train_file: str | None = Non
     if max_train is not None:
         data.train = data.train[:max_train]
     return data
+
+
+def _listing_of(folder: Path) -> str:
+    names = sorted(p.name for p in folder.iterdir() if not p.name.startswith("."))
+    return "the folder holds " + (", ".join(names[:6]) + (", ..." if len(names) > 6 else "") if names else "nothing")
 
 
 def _refuse_leaks(tfile: Path, efiles, parallel: bool) -> None:

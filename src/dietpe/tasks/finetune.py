@@ -291,7 +291,7 @@ def run_finetune(model_dir: str | Path, data: TaskData, output_dir: str | Path, 
     run = dict(task="finetune", model=local_path(str(model_dir)),
                model_sha256=file_fingerprint(model_dir / "model.safetensors"),
                tokenizer_sha256=file_fingerprint(model_dir / "tokenizer.json"), data=local_path(data.source),
-               task_name=spec.name, train_examples=len(data.train),
+               task_name=spec.name, train_examples=len(data.train), data_sha256=data.fingerprint(),
                eval_sets={name: len(examples) for name, examples in data.evals.items()},
                train_language=train_language, settings=s.record(), processes=world_size())
     compiled = (device_args or {}).get("torch_compile_mode") or (device_args or {}).get("torch_compile_backend")
