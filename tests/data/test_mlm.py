@@ -101,3 +101,29 @@ def test_an_example_seed_fixes_the_mask_whatever_the_batch_padding_and_global_rn
     other_epoch = collate([data[0]])
     assert data[0]["example_seed"] != data[3]["example_seed"]
     assert not torch.equal(other_epoch["labels"], alone["labels"])  # a new mask every epoch
+
+
+def test_random_words_skip_special_tokens_wherever_they_sit():
+    """A tokenizer whose <mask> is its last id (RoBERTa's layout): random replacements come from the word ids
+    between the specials, not from an empty range past the last one."""
+    from dietpe.data.mlm import word_ids
+
+    class Tok:  # ids 0-3 special, 4-9 words, 10 <mask>
+        all_special_ids = [0, 1, 2, 3, 10]
+
+        def __len__(self):
+            return 11
+
+    words = word_ids(Tok())
+    assert words.tolist() == [4, 5, 6, 7, 8, 9]
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(4, 10, (200, 50), generator=g)
+    inputs, labels = mask_tokens(ids, torch.zeros_like(ids, dtype=torch.bool), mask_id=10, first_word_id=words,
+                                 vocab_size=11, generator=g)
+    replaced = (labels != IGNORE_INDEX) & (inputs != 10)
+    assert replaced.any() and ((inputs[replaced] >= 4) & (inputs[replaced] <= 9)).all()
+
+    class Bert(Tok):  # specials first: the contiguous range, drawn as before
+        all_special_ids = [0, 1, 2, 3, 4]
+
+    assert word_ids(Bert()) == 5

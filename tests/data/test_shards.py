@@ -112,6 +112,21 @@ def test_cache_is_reused_and_keyed(tmp_path):
     assert any("training" in m for m in logs) and any("preparing" in m for m in logs)
 
 
+def test_the_key_is_the_content_not_the_path_or_a_limit_that_covers_it(tmp_path):
+    """The same files reached by another path, or a --max-documents / tokenizer sample that covers the whole
+    corpus, are the same documents: the same tokenizer and shards, not a second preparation."""
+    src = write_corpus(tmp_path / "c", valid=True)
+    first = prep(src, tmp_path / "cache")
+    moved = tmp_path / "elsewhere"
+    shutil.copytree(src, moved)
+    for source, kw in ((moved, {}), (src, dict(max_documents=10_000)), (src, dict(tokenizer_sample=10_000))):
+        logs = []
+        assert prep(source, tmp_path / "cache", log=logs.append, **kw).folder == first.folder, (source, kw)
+        assert logs == []
+    assert len(list((tmp_path / "cache" / "shards").iterdir())) == 1
+    assert prep(src, tmp_path / "cache", max_documents=5).folder != first.folder  # a real limit: other data
+
+
 def damage(folder, how):
     tokens = folder / "train.tokens"
     if how == "truncated":

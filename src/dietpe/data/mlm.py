@@ -110,13 +110,28 @@ def document_layout(starts: Sequence[Sequence[int]], lengths: Sequence[int], len
     return positions, mask[:, None]
 
 
-def mask_tokens(input_ids: torch.Tensor, special_mask: torch.Tensor, mask_id: int, first_word_id: int,
+def word_ids(tokenizer) -> int | torch.Tensor:
+    """The ids random replacements are drawn from, every id but the special ones: the first of them where
+    they run to the end of the vocabulary (BERT's layout, specials first), else all of them (a tokenizer whose
+    specials sit elsewhere, such as RoBERTa's <mask> last)."""
+    special = set(tokenizer.all_special_ids)
+    first = max(special) + 1
+    if len(special) == first:  # 0 .. first-1 special, the rest words
+        return first
+    words = torch.tensor([i for i in range(len(tokenizer)) if i not in special], dtype=torch.long)
+    if not len(words):
+        raise DataError("the tokenizer has no word ids besides its special tokens")
+    return words
+
+
+def mask_tokens(input_ids: torch.Tensor, special_mask: torch.Tensor, mask_id: int, first_word_id: int | torch.Tensor,
                 vocab_size: int, probability: float = 0.15,
                 generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """BERT's masking of a `(B, L)` batch: returns (masked inputs, labels with -100 where not chosen).
 
     `special_mask` is True at [CLS]/[SEP]/[PAD], which are never chosen. Random replacements are drawn from
-    the non-special ids `[first_word_id, vocab_size)`.
+    the non-special ids: `[first_word_id, vocab_size)`, or the ids in `first_word_id` when it is a tensor
+    (`word_ids`).
     """
     if not 0.0 < probability < 1.0:
         raise DataError(f"mlm probability={probability} must lie strictly between 0 and 1")
@@ -130,7 +145,11 @@ def mask_tokens(input_ids: torch.Tensor, special_mask: torch.Tensor, mask_id: in
     to_mask = chosen & (action < 0.8)
     to_random = chosen & (action >= 0.8) & (action < 0.9)
     inputs[to_mask] = mask_id
-    random_words = torch.randint(first_word_id, vocab_size, inputs.shape, generator=generator)
+    if isinstance(first_word_id, torch.Tensor):
+        pick = torch.randint(0, len(first_word_id), inputs.shape, generator=generator)
+        random_words = first_word_id[pick]
+    else:
+        random_words = torch.randint(first_word_id, vocab_size, inputs.shape, generator=generator)
     inputs[to_random] = random_words[to_random]
     return inputs, labels
 
@@ -143,7 +162,7 @@ class MlmCollator:
         self.pad_id = tokenizer.pad_token_id
         self.mask_id = tokenizer.mask_token_id
         self.special_ids = torch.tensor(sorted(set(tokenizer.all_special_ids)))
-        self.first_word_id = int(self.special_ids.max()) + 1
+        self.first_word_id = word_ids(tokenizer)
         self.vocab_size = len(tokenizer)
         self.probability = probability
         self.pad_to_multiple_of = pad_to_multiple_of

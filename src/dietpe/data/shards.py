@@ -60,7 +60,17 @@ def cache_root(cache_dir: str | Path | None) -> Path:
 
 
 def _digest(obj) -> str:
-    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:20]
+    return hashlib.sha256(json.dumps(_identity(obj), sort_keys=True).encode()).hexdigest()[:20]
+
+
+def _identity(obj):
+    """A key without the paths as typed: a local file is its content (sha256, bytes), whichever path or working
+    folder it is read from (the manifest keeps the path, for messages)."""
+    if isinstance(obj, dict):
+        return {k: _identity(v) for k, v in obj.items() if not (k == "origin" and "sha256" in obj)}
+    if isinstance(obj, list):
+        return [_identity(v) for v in obj]
+    return obj
 
 
 def file_sha256(path: Path) -> str:
@@ -225,11 +235,13 @@ def plan(corpus: str, validation: str | None, max_documents: int | None, tokeniz
         train = Split(corpus, "train", cut, n)
         val = Split(corpus, "train", 0, cut)
         val_fp = dict(train_fp, held_out=[0, cut])
-    else:
-        train = Split(corpus, "train", 0, n)
+    else:  # a limit that covers every document reads as none: the same documents, the same key
+        train = Split(corpus, "train", 0, None if n == total else n)
         val = Split(val_source, val_split)
-    tok = Split(train.source, "train", train.lo, train.hi if not tokenizer_sample
-                else min(train.lo + tokenizer_sample, train.hi if train.hi is not None else 1 << 62))
+    end = train.hi if train.hi is not None else total
+    tok_hi = train.hi if not tokenizer_sample or end is not None and train.lo + tokenizer_sample >= end \
+        else min(train.lo + tokenizer_sample, end if end is not None else 1 << 62)
+    tok = Split(train.source, "train", train.lo, tok_hi)
     key = dict(train=dict(train_fp, documents=[train.lo, train.hi]), validation=val_fp,
                tokenizer_documents=[tok.lo, tok.hi])
     return Plan(train, val, tok, counts, key)
@@ -397,7 +409,7 @@ def verify(folder: Path, key: dict) -> dict:
         manifest = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
         raise DataError(f"{path}: unreadable manifest ({e}); delete {folder} to prepare the corpus again") from None
-    if manifest.get("format") != FORMAT or manifest.get("key") != key:
+    if manifest.get("format") != FORMAT or _identity(manifest.get("key")) != _identity(key):
         raise DataError(f"{path}: stale manifest (it describes other data or another format than its folder "
                         f"name says); delete {folder} to prepare the corpus again")
     for split in ("train", "validation"):

@@ -116,13 +116,13 @@ def masked_loss(model, tokenizer, stream: list[int], length: int, tokens: int, b
                 seed: int = MASK_SEED) -> float | None:
     """Mean masked-token cross-entropy: the first `tokens` of `stream` masked once (fixed seed), windows
     [CLS] + length - 2 tokens + [SEP]; None beyond a learned table."""
-    from dietpe.data.mlm import mask_tokens
+    from dietpe.data.mlm import mask_tokens, word_ids
 
     if beyond_table(position_config(model), length):
         return None
     ids = torch.tensor(stream[:tokens], dtype=torch.long)[None]
     special = torch.isin(ids, torch.tensor(sorted(set(tokenizer.all_special_ids))))
-    first_word = max(tokenizer.all_special_ids) + 1
+    first_word = word_ids(tokenizer)
     masked, labels = mask_tokens(ids, special, tokenizer.mask_token_id, first_word, len(tokenizer), 0.15,
                                  torch.Generator().manual_seed(seed))
     inner = length - 2
