@@ -265,3 +265,17 @@ def test_a_method_named_with_its_backend_runs_there_alone():
     variants = _parse(args)[0]
     assert [(v.position, v.backend) for v in variants] == [
         ("none", "fused"), ("rotary", "auto"), ("diet-rel", "fused"), ("diet-rel", "sdpa"), ("t5", "sdpa")]
+
+
+def test_a_failed_memory_measurement_is_one_line_naming_it(monkeypatch):
+    import subprocess
+
+    from dietpe.bench import memory
+    from dietpe.errors import DietError
+
+    killed = subprocess.CompletedProcess([], -9, stdout="", stderr="")  # as the out-of-memory killer leaves it
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: killed)
+    spec = memory._spec("bert-small", "diet-rel", 512, 8, "train", 1, "cpu", "fp32")
+    with pytest.raises(DietError, match=r"memory measurement of diet-rel at bert-small, length 512, batch 8 \(train\) "
+                                        r"failed: killed by signal 9; --no-memory skips it"):
+        memory.measure_peak(spec)

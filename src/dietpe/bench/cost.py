@@ -220,7 +220,8 @@ def median_ratio(times: list[float], baseline: list[float]) -> float:
 
 
 def ratio_spread(times: list[float], baseline: list[float]) -> tuple[float, float]:
-    """The interquartile range of the per-cycle ratios, to show how far a median can be trusted."""
+    """The interquartile range of the per-cycle ratios, to show how far a median can be trusted; with fewer than
+    4 cycles, which have no quartiles, their whole range."""
     ratios = sorted(t / b for t, b in zip(times, baseline))
     if len(ratios) < 4:
         return ratios[0], ratios[-1]

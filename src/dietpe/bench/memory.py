@@ -27,6 +27,7 @@ import torch
 
 from dietpe.bench import cost
 from dietpe.bench.peers import build_peer
+from dietpe.errors import DietError
 
 # glibc: no dynamic mmap threshold, so tensors above 64 KiB are mapped and unmapped, and RSS tracks live memory
 CHILD_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0", "MALLOC_ARENA_MAX": "2"}
@@ -95,8 +96,12 @@ def measure_peak(spec: dict, timeout: float = 1800) -> dict:
         env.pop(key, None)
     done = subprocess.run([sys.executable, "-m", "dietpe.bench.memory", json.dumps(spec)], env=env,
                           capture_output=True, text=True, timeout=timeout)
-    if done.returncode != 0:
-        raise RuntimeError(f"memory child for {spec} failed:\n{done.stderr[-2000:]}")
+    if done.returncode != 0:  # one line naming the configuration and how its process ended (-9: out of memory?)
+        last = next((line for line in reversed(done.stderr.strip().splitlines()) if line.strip()), "")
+        how = f"killed by signal {-done.returncode}" if done.returncode < 0 else f"exit status {done.returncode}"
+        raise DietError(f"the memory measurement of {spec['method']} at {spec['shape']}, length {spec['length']}, "
+                        f"batch {spec['batch']} ({spec['mode']}) failed: {how}" + (f"; {last}" if last else "")
+                        + "; --no-memory skips it")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 

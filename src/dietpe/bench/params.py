@@ -89,3 +89,7 @@ def markdown(rows: list[ParamsRow], size: str = "bert-base") -> str:
         lines.append(f"| {r.label or '–'} | `{r.spec}` | {cell(r.english, r.paper_english, base.english)} "
                      f"| {cell(r.multilingual, r.paper_multilingual, base.multilingual)} |")
     return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    print(markdown(table6_rows()))

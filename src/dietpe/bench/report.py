@@ -47,7 +47,8 @@ def _direction(ours: tuple[float, float] | None, theirs: tuple[float, float] | N
 
 def long_table(rows: list[LongRow]) -> str:
     first = rows[0]
-    lines = [f"### long inputs: {first.shape}, inference, length {first.length}, batch 1", "",
+    lines = [f"### long inputs: {first.shape}, inference, length {first.length}, batch 1 (a third of the cycles "
+             f"above, at least 3, after 1 warm-up)", "",
              "| method | infer ms | × none | step peak MiB | × none | process peak MiB | × none |",
              "|---|--:|--:|--:|--:|--:|--:|"]
     for r in rows:
