@@ -106,7 +106,7 @@ def find_split_file(directory: Path, split: str, depth: int = 1) -> Path | None:
     return None
 
 
-def _listing(directory: Path) -> str:
+def folder_listing(directory: Path) -> str:
     names = sorted(p.name + ("/" if p.is_dir() else "") for p in directory.iterdir())
     if not names:
         return "the folder is empty"
@@ -128,7 +128,8 @@ def read_corpus(source: str, split: str = "train") -> tuple[list[Document], str]
         if found is None:
             if split == "train":
                 raise DataError(f"{path}: no {split} file found (looked for train.txt, <name>.train.txt, "
-                                f"wiki.train.tokens and the extensions {', '.join(EXTENSIONS)}); {_listing(path)}")
+                                f"wiki.train.tokens and the extensions {', '.join(EXTENSIONS)}); "
+                                f"{folder_listing(path)}")
             return [], f"{path} (no {split} file)"
         docs, origin = read_file(found), str(found)
     elif path.is_file():
@@ -207,7 +208,8 @@ def resolve_source(source: str, split: str = "train") -> tuple[str, str, str] | 
         if found is None:
             if split == "train":
                 raise DataError(f"{path}: no {split} file found (looked for train.txt, <name>.train.txt, "
-                                f"wiki.train.tokens and the extensions {', '.join(EXTENSIONS)}); {_listing(path)}")
+                                f"wiki.train.tokens and the extensions {', '.join(EXTENSIONS)}); "
+                                f"{folder_listing(path)}")
             return None
         path = found
     elif path.is_file():

@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dietpe.data.corpus import load_hf_dataset, is_hf_name
+from dietpe.data.corpus import folder_listing, is_hf_name, load_hf_dataset
 from dietpe.data.synthetic import TASKS as BUILTIN
 from dietpe.data.taskspec import TaskSpec
 from dietpe.data.text import read_text
@@ -317,7 +317,7 @@ def load_task(source: str, task: str | None = None, train_file: str | None = Non
     else:
         tfile = Path(train_file) if train_file else path / f"{train_split}.tsv"
         if not train_file and not tfile.is_file() and name in GLUE:
-            raise DataError(f"{tfile}: no such file ({_listing_of(path)}); pass --train-file, or the task by its "
+            raise DataError(f"{tfile}: no such file ({folder_listing(path)}); pass --train-file, or the task by its "
                             f"Hugging Face name, nyu-mll/glue:{name.replace('-', '')} (needs a network)")
         efiles = [Path(f) for f in eval_files] if eval_files else \
             [path / (f.replace("dev", eval_split, 1) if eval_split != "dev" else f) for f in spec.eval_files]
@@ -327,11 +327,6 @@ def load_task(source: str, task: str | None = None, train_file: str | None = Non
     if max_train is not None:
         data.train = data.train[:max_train]
     return data
-
-
-def _listing_of(folder: Path) -> str:
-    names = sorted(p.name for p in folder.iterdir() if not p.name.startswith("."))
-    return "the folder holds " + (", ".join(names[:6]) + (", ..." if len(names) > 6 else "") if names else "nothing")
 
 
 def _refuse_leaks(tfile: Path, efiles, parallel: bool) -> None:
