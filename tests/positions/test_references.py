@@ -139,22 +139,34 @@ def test_a_head_count_that_is_not_a_power_of_two(position, heads):
     torch.testing.assert_close(out.attentions[0], probs, atol=1e-5, rtol=1e-4)
 
 
-def test_diet_abs_lin_matches_eq4():
-    """DIET-ABS-LIN: A = (X W_Q)((E X) W_K)ᵀ/√d + P_Q P_Kᵀ with P_K ∈ R^{k×d_p}; values projected by F."""
+@pytest.mark.parametrize("pad_last", [0, 3])
+def test_diet_abs_lin_matches_eq4(pad_last):
+    """DIET-ABS-LIN: A = (X W_Q)((E X) W_K)ᵀ/√d + P_Q P_Kᵀ with P_K ∈ R^{k×d_p}; values (F X) W_V (Linformer eq. 7:
+    the length projection acts on the layer's input, so the projections' biases are added once per slot). The
+    biases are drawn non-zero, as training leaves them; padded tokens are left out of E X."""
+    torch.manual_seed(0)
     model = DietModel(tiny(position="diet-abs", segment="input", attention="linformer", attn_backend="eager")).eval()
-    ids, mask, segments = batch(L, pad_last=0)
+    ids, mask, segments = batch(L, pad_last=pad_last)
     with torch.no_grad():
+        att = model.layers[0].attention
+        for lin in (att.key, att.value):
+            lin.bias.normal_()
+        seen = {}
+        att.register_forward_hook(lambda mod, args, output: seen.update(out=output[0]))
         out = model(ids, mask, segments, output_attentions=True, output_hidden_states=True)
-        blk, pe = model.layers[0], model.positions.method
-        att, H = blk.attention, model.config.num_attention_heads
-        h0 = out.hidden_states[0]
-        q, k, v = (split_heads(f(h0), H) for f in (att.query, att.key, att.value))
-        k = torch.einsum("kn,bhnd->bhkd", att.proj_k[:, :L], k)
+        pe, H = model.positions.method, model.config.num_attention_heads
+        x = out.hidden_states[0] * mask[:, :, None]
+        ex = torch.einsum("kn,bnd->bkd", att.proj_k[:, :L], x)
+        q, k = split_heads(att.query(out.hidden_states[0]), H), split_heads(ex @ att.key.weight.T + att.key.bias, H)
         dh = q.shape[-1]
         p_q, p_k = pe.logit("p_q")[0], pe.logit("p_k")[0]  # the effective factors
         A = q @ k.transpose(-1, -2) / math.sqrt(dh) + p_q[:, :L] @ p_k.transpose(-1, -2)
         torch.testing.assert_close(out.attentions[0], A.softmax(-1), atol=1e-5, rtol=1e-4)
         assert out.attentions[0].shape[-1] == model.config.linformer_k
+        fx = torch.einsum("kn,bnd->bkd", att.proj_v[:, :L], x)
+        v = split_heads(fx @ att.value.weight.T + att.value.bias, H)
+        ctx = (A.softmax(-1) @ v).transpose(1, 2).reshape(len(ids), L, -1)
+        torch.testing.assert_close(seen["out"], ctx, atol=1e-5, rtol=1e-4)
 
 
 def test_relative_methods_accept_lengths_beyond_training_length():

@@ -1,5 +1,5 @@
 """Multi-head attention with pluggable position terms and backends (Vaswani et al. 2017, §3.2.2), and
-Linformer's length projection (Wang et al. 2020, eq. 7: K' = E·K, V' = F·V with E, F ∈ R^{k×n}).
+Linformer's length projection (Wang et al. 2020, eq. 7: keys (E X) W_K and values (F X) W_V, E, F ∈ R^{k×n}).
 
 The module owns the projections only; what position contributes arrives as `LayerTerms`, built once per
 forward by `dietpe.positions.encoding.PositionEncoding`.
@@ -48,22 +48,27 @@ class MultiHeadAttention(nn.Module):
     def project(self, hidden: Tensor, keys_from: Tensor | None = None, key_padding: Tensor | None = None,
                 past: tuple[Tensor, Tensor] | None = None, kv: tuple[Tensor, Tensor] | None = None):
         """Queries, keys and values (B, H, L, Dh) as the equation reads them: keys and values extended by the
-        cache and, with Linformer, projected along the length (E·K, F·V, padded keys zeroed first). Returns
+        cache or, with Linformer, computed from the input projected along the length. Returns
         (q, k, v, (k, v) to cache)."""
         source = hidden if keys_from is None else keys_from
         q = self._heads(self.query(hidden))
+        if self.proj_k is not None:
+            k, v = self._projected(source, key_padding)
+            return q, k, v, (k, v)
         k, v = kv if kv is not None else self.keys_values(source)
         if past is not None:
             k, v = torch.cat((past[0], k), dim=2), torch.cat((past[1], v), dim=2)
-        present = (k, v)
-        if self.proj_k is not None:
-            n = k.shape[2]
-            if key_padding is not None:  # padded keys and values must not leak into the projection
-                keep = key_padding[:, None, :, None].to(k.dtype)
-                k, v = k * keep, v * keep
-            k = torch.einsum("kn,bhnd->bhkd", self.proj_k[:, :n].to(k.dtype), k)
-            v = torch.einsum("kn,bhnd->bhkd", self.proj_v[:, :n].to(v.dtype), v)
-        return q, k, v, present
+        return q, k, v, (k, v)
+
+    def _projected(self, source: Tensor, key_padding: Tensor | None) -> tuple[Tensor, Tensor]:
+        """Linformer's (E X) W_K + b_K and (F X) W_V + b_V (eq. 7, as fairseq's reference projects the layer's
+        input): projecting the keys after their bias would scale b_K by E's row sums, a logit term per slot."""
+        n = source.shape[1]
+        if key_padding is not None:  # padded tokens must not leak into the projection
+            source = source * key_padding[:, :, None].to(source.dtype)
+        e, f = (p[:, :n].to(source.dtype) for p in (self.proj_k, self.proj_v))
+        return (self._heads(self.key(torch.einsum("kn,bnd->bkd", e, source))),
+                self._heads(self.value(torch.einsum("kn,bnd->bkd", f, source))))
 
     def forward(self, hidden: Tensor, terms: LayerTerms = EMPTY, mask: Tensor | None = None,
                 keys_from: Tensor | None = None, key_padding: Tensor | None = None,
