@@ -173,3 +173,26 @@ def test_our_forwards_read_the_cache_without_deprecated_names(monkeypatch):
         s2s(input_ids=ids, decoder_input_ids=ids, use_cache=False)
         s2s.generate(ids, max_new_tokens=3, do_sample=False)
     assert touched == []
+
+
+def test_generate_takes_an_explicit_cache_and_a_prompt_of_embeddings():
+    """As Llama's generate() does: a DynamicCache passed in (transformers 5.24 hands it on as `cache`), and a
+    prompt given as embeddings, both give the tokens of the plain call."""
+    model = DietForCausalLM(tiny_lm("rotary")).eval()
+    prompt = torch.randint(3, V, (2, 5))
+    kwargs = dict(max_new_tokens=5, min_new_tokens=5, do_sample=False, pad_token_id=0)
+    plain = model.generate(prompt, **kwargs)
+    given = model.generate(prompt, past_key_values=DynamicCache(config=model.config), **kwargs)
+    assert torch.equal(given, plain)
+    embedded = model.generate(inputs_embeds=model.get_input_embeddings()(prompt), **kwargs)
+    assert torch.equal(embedded, plain[:, 5:])  # generate() returns the new tokens only for an embedded prompt
+
+
+def test_a_cache_of_fixed_size_is_refused():
+    """A static cache's empty slots would be attended as if they held tokens: refused, naming the fix."""
+    model = DietForCausalLM(tiny_lm("none")).eval()
+    with pytest.raises(InputError, match="fixed size.*DynamicCache"):
+        model.generate(torch.randint(3, V, (2, 5)), max_new_tokens=3, cache_implementation="static", pad_token_id=0)
+    s2s = DietForConditionalGeneration(tiny_s2s("sinusoidal")).eval()
+    with pytest.raises(InputError, match="fixed size.*DynamicCache"):
+        s2s.generate(torch.randint(3, V, (2, 5)), max_new_tokens=3, cache_implementation="static")

@@ -87,3 +87,21 @@ def test_trainer_accepts_gradient_checkpointing(tmp_path):
                              report_to=[], use_cpu=True, save_strategy="no", disable_tqdm=True)
     Trainer(model=model, args=args, train_dataset=data).train()
     assert all(layer.gradient_checkpointing for layer in model.diet.layers)
+
+
+def test_the_decoders_compile_without_a_graph_break():
+    """The causal LM and the translation model compile whole too: the output's cache field is named once, at
+    import, not looked up with dataclasses.fields inside the forward."""
+    from dietpe import DietForCausalLM
+    from tests.models.test_causal import tiny_lm
+
+    ids = torch.randint(3, 40, (2, 7))
+    for model, kwargs in ((DietForCausalLM(tiny_lm("rotary")).eval(), dict(use_cache=False)),
+                          (DietForCausalLM(tiny_lm("diet-rel")).eval(), dict(use_cache=True)),
+                          (DietForConditionalGeneration(tiny_s2s("t5")).eval(),
+                           dict(decoder_input_ids=ids[:, :4], use_cache=False))):
+        torch._dynamo.reset()
+        compiled = torch.compile(model, backend="eager", fullgraph=True)
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.testing.assert_close(compiled(ids, **kwargs).logits, model(ids, **kwargs).logits)

@@ -76,6 +76,13 @@ def test_mlm_labels_are_one_per_token(sparse):
     assert torch.equal(flat.loss, model(ids, labels=ids).loss)
     with pytest.raises(InputError, match=r"labels of shape \(23,\) for inputs of shape \(2, 12\)"):
         model(ids, labels=ids.reshape(-1)[1:])
+    labels = torch.full_like(ids, -100)
+    labels[0, 3] = 50  # the tiny vocabulary is 0 .. 49
+    with pytest.raises(InputError, match=r"label 50 is outside the vocabulary \[0, 49\]"):
+        model(ids, labels=labels)
+    labels[0, 3] = -7
+    with pytest.raises(InputError, match="label -7 is outside"):
+        model(ids, labels=labels)
 
 
 def test_sparse_prediction_is_a_boolean():
@@ -200,3 +207,31 @@ def test_every_parameter_gets_a_gradient(position, fields):
         models.append(lm)
     for m in models:
         assert [n for n, p in m.named_parameters() if p.grad is None] == []
+
+
+def test_loading_refuses_weights_the_checkpoint_lacks_or_holds_at_another_shape(tmp_path):
+    """transformers initialises a missing weight at random (a silent wrong model) and a resized one fails deep
+    inside; the commands' loader names both. A fine-tuning head is meant to be new."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    from dietpe import DataError, DietForSequenceClassification
+    from dietpe.validate import load_whole
+
+    DietForMaskedLM(tiny(position="diet-rel")).save_pretrained(tmp_path / "whole")
+    head = ("classifier.", "qa_outputs.", "diet.pooler.")
+    assert isinstance(load_whole(DietForSequenceClassification, tmp_path / "whole", new=head),
+                      DietForSequenceClassification)
+    DietForMaskedLM(tiny(position="diet-rel")).save_pretrained(tmp_path / "lacking")
+    weights = load_file(tmp_path / "lacking" / "model.safetensors")
+    del weights["diet.layers.0.attention.query.weight"]
+    save_file(weights, tmp_path / "lacking" / "model.safetensors", metadata={"format": "pt"})
+    for cls, new in ((DietForMaskedLM, ()), (DietForSequenceClassification, head)):
+        with pytest.raises(DataError, match=r"lacking: the weights lack diet\.layers\.0\.attention\.query\.weight"):
+            load_whole(cls, tmp_path / "lacking", new=new)
+    DietForMaskedLM(tiny(position="diet-rel")).save_pretrained(tmp_path / "edited")
+    config = json.loads((tmp_path / "edited" / "config.json").read_text())
+    (tmp_path / "edited" / "config.json").write_text(json.dumps({**config, "vocab_size": 60}))
+    with pytest.raises(DataError, match="at another shape than config.json gives"):
+        load_whole(DietForMaskedLM, tmp_path / "edited")

@@ -262,3 +262,12 @@ def test_unknown_keyword_arguments_are_refused():
     src, mask = source()
     with pytest.raises(InputError, match="unexpected keyword argument.*'decoder_head_mask'"):
         model(src, mask, decoder_input_ids=src, decoder_head_mask=None)
+
+
+def test_generate_leaves_out_the_labels_seq2seq_trainer_passes():
+    """Seq2SeqTrainer(predict_with_generate=True) calls generate() with the batch's labels: they are not read,
+    where the encoder refused them."""
+    model = DietForConditionalGeneration(tiny_s2s("sinusoidal")).eval()
+    ids, mask = source()
+    plain = model.generate(ids, attention_mask=mask, max_new_tokens=4)
+    assert torch.equal(model.generate(ids, attention_mask=mask, labels=ids[:, :5], max_new_tokens=4), plain)

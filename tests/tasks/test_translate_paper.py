@@ -72,6 +72,28 @@ def test_beam_search_scores_finished_hypotheses_with_the_chosen_penalty(form):
         model.generate(src, num_beams=2, max_new_tokens=3, length_penalty_form="t2t")
 
 
+def test_gnmt_beam_search_lets_any_of_the_2k_candidates_finish_as_tensor2tensor_does():
+    """tensor2tensor's grow_finished takes finished hypotheses from all 2k candidates of a step; transformers only
+    from the top k. A candidate ranked k+1 that ends the sentence is a finished hypothesis in the former."""
+    model = DietForConditionalGeneration(DietSeq2SeqConfig.from_preset("transformer-tiny", vocab_size=24))
+    k, length = 2, 4
+    step = dict(sequences=torch.zeros(1, k, 8, dtype=torch.long), topk_running_sequences=torch.ones(1, 2 * k, 8,
+                dtype=torch.long), beam_scores=torch.full((1, k), -1.0e9), topk_log_probs=torch.tensor([[-1.0, -2.0,
+                -3.0, -4.0]]), beam_indices=torch.zeros(1, k, 8, dtype=torch.long),
+                topk_running_beam_indices=torch.zeros(1, 2 * k, 8, dtype=torch.long),
+                is_early_stop_heuristic_unsatisfied=torch.ones(1, 1, dtype=torch.bool),
+                is_sent_finished=torch.zeros(1, k, dtype=torch.bool),
+                next_token_hits_stopping_criteria=torch.tensor([[False, False, True, False]]),  # the 3rd ends
+                top_num_beam_mask=torch.tensor([True, True, False, False]), num_beams=k, cur_len=length,
+                decoder_prompt_len=1, length_penalty=0.6, early_stopping=True)
+    for form, finished in (("hf", False), ("gnmt", True)):
+        model._length_penalty_form = form
+        _, scores, _, done = model._update_finished_beams(**step)
+        assert bool(done.any()) is finished
+        if finished:
+            assert scores.max().item() == pytest.approx(-3.0 / gnmt_length_penalty(length, 0.6))
+
+
 def recipe_args(**given):
     keys = ("preset", "vocab_size", "max_length", "batch_size", "batch_tokens", "grad_accum", "learning_rate",
             "warmup_steps", "label_smoothing", "epochs", "max_steps")

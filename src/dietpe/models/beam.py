@@ -9,8 +9,9 @@ generated tokens, the end-of-sentence token included (tensor2tensor's `i + 1` at
 
 `GnmtBeamSearch` is a `GenerationMixin` mixin: `generate(..., length_penalty_form="gnmt")` swaps the divisor in
 the two places transformers' beam search applies it (scoring a hypothesis that finishes, and the bound on what a
-running beam could still score), everything else of its beam search unchanged; `"hf"` (the default) is
-transformers' own.
+running beam could still score) and lets any of the 2k candidates of a step finish, as tensor2tensor does
+(transformers takes finished hypotheses from the top k only); the rest of its beam search is unchanged. `"hf"`
+(the default) is transformers' own.
 """
 
 from __future__ import annotations
@@ -47,6 +48,9 @@ class GnmtBeamSearch:
             length = kwargs["cur_len"] + 1 - kwargs["decoder_prompt_len"]
             kwargs["topk_log_probs"] = kwargs["topk_log_probs"] / gnmt_length_penalty(length, kwargs["length_penalty"])
             kwargs["length_penalty"] = 0.0  # transformers then divides by |Y|^0 = 1
+            # tensor2tensor's grow_finished: any of the 2k candidates that ends the sentence may finish, where
+            # transformers lets only the top k (a finished hypothesis outside them would be lost)
+            kwargs["top_num_beam_mask"] = torch.ones_like(kwargs["top_num_beam_mask"])
         return super()._update_finished_beams(**kwargs)
 
     def _check_early_stop_heuristic(self, **kwargs):

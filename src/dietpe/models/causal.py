@@ -51,7 +51,7 @@ from dietpe.models.modeling import (
     run_layers,
     with_cache,
 )
-from dietpe.models.seq2seq import ensure_layers, step_mask, step_positions
+from dietpe.models.seq2seq import check_dynamic, ensure_layers, step_mask, step_positions
 from dietpe.positions.encoding import PositionEncoding
 from dietpe.positions.registry import REGISTRY, names
 
@@ -153,8 +153,7 @@ class DietCausalModel(DietPreTrainedModel):
             past_key_values = DynamicCache()
         cache = past_key_values if use_cache or past_key_values is not None else None
         if cache is not None:
-            if not isinstance(cache, Cache):
-                raise InputError(f"past_key_values must be a transformers Cache, got {type(cache).__name__}")
+            check_dynamic(cache)
             ensure_layers(cache, self.config.num_hidden_layers)
         past = cache.get_seq_length() if cache is not None else 0
         ctx, q_ids = step_positions(self.positions, position_ids, b, past, length, device)
@@ -226,16 +225,18 @@ class DietForCausalLM(DietPreTrainedModel, GenerationMixin):
                                          hidden_states=out.hidden_states, attentions=out.attentions), return_dict)
 
     def prepare_inputs_for_generation(self, input_ids, past_key_values=None, attention_mask=None, use_cache=None,
-                                      position_ids=None, inputs_embeds=None, **kwargs):
+                                      position_ids=None, inputs_embeds=None, cache=None, **kwargs):
         """The tokens not yet in the cache; positions from the attention mask when the prompt is padded
-        (left padding: each row's first real token is position 0), else the default 0, 1, ..."""
-        past_key_values = cache_argument(past_key_values, kwargs)
+        (left padding: each row's first real token is position 0), else the default 0, 1, ... (`cache` is named
+        here so that `generate()` of transformers 5.24 accepts a cache it was given.)"""
+        past_key_values = cache_argument(past_key_values, {"cache": cache})
         past = past_key_values.get_seq_length() if past_key_values is not None else 0
         inputs = dict(past_key_values=past_key_values, attention_mask=attention_mask, use_cache=use_cache)
         if inputs_embeds is not None and past == 0:
             inputs["inputs_embeds"] = inputs_embeds
-        else:
-            inputs["input_ids"] = input_ids[:, past:]
+        else:  # a prompt given as embeddings is not in input_ids, which then holds the generated tokens only
+            seen = input_ids.shape[1] + (inputs_embeds.shape[1] if inputs_embeds is not None else 0)
+            inputs["input_ids"] = input_ids[:, input_ids.shape[1] - (seen - past):]
         if (position_ids is None and attention_mask is not None and attention_mask.dim() == 2
                 and not bool(attention_mask.all())):
             position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)  # (B, Lpast + L)

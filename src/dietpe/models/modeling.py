@@ -54,17 +54,27 @@ def cache_argument(past_key_values, kwargs: dict):
     return past_key_values if past_key_values is not None else cache
 
 
+def _cache_field() -> str:
+    from transformers.modeling_outputs import BaseModelOutputWithPast
+
+    return "cache" if "cache" in {f.name for f in dataclasses.fields(BaseModelOutputWithPast)} else "past_key_values"
+
+
+# The name model outputs give the decoding cache in the installed transformers (`cache` from 5.24,
+# `past_key_values` before; one rename for every output class). Read once: a forward compiled with
+# fullgraph=True cannot call dataclasses.fields.
+CACHE_FIELD = _cache_field()
+
+
 def with_cache(output_cls, cache, **fields):
-    """A model output with the cache under the name the installed transformers gives it (`cache` from 5.24,
-    `past_key_values` before): `generate()` looks for it there."""
-    names = {f.name for f in dataclasses.fields(output_cls)}
-    return output_cls(**fields, **{"cache" if "cache" in names else "past_key_values": cache})
+    """A model output with the cache under the name the installed transformers gives it: `generate()` looks for
+    it there."""
+    return output_cls(**fields, **{CACHE_FIELD: cache})
 
 
 def cache_of(output):
     """The cache of a model output, under the name its class has (reading the other name would warn)."""
-    names = {f.name for f in dataclasses.fields(output)}
-    return getattr(output, "cache" if "cache" in names else "past_key_values", None)
+    return getattr(output, CACHE_FIELD, None)
 
 
 def run_layers(model: nn.Module, ctx, hidden: Tensor, call, output_hidden_states: bool
@@ -390,6 +400,11 @@ class DietForMaskedLM(DietPreTrainedModel):
         if labels is not None and labels.numel() != hidden.shape[:-1].numel():  # BERT's head takes them flat too
             raise InputError(f"labels of shape {tuple(labels.shape)} for inputs of shape {tuple(hidden.shape[:-1])}: "
                              f"one label per token (-100 where none)")
+        if labels is not None and labels.numel() and may_read(labels):
+            lo, hi = value_range(labels.masked_fill(labels == -100, 0))
+            if lo < 0 or hi >= self.config.vocab_size:
+                raise InputError(f"label {lo if lo < 0 else hi} is outside the vocabulary [0, "
+                                 f"{self.config.vocab_size - 1}] (-100 marks a token without a label)")
         if labels is not None and self.config.sparse_prediction:
             # the head and the loss on the labelled tokens alone (about 15% of them): no (B, L, V) logits
             labels = labels.reshape(hidden.shape[:-1])

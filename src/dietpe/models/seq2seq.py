@@ -270,6 +270,20 @@ class DietDecoder(nn.Module):
 SEQ2SEQ_HARMLESS_KWARGS = frozenset({"cache_position"})
 
 
+def check_dynamic(cache, kind: type = Cache) -> None:
+    """A cache whose layers grow with the tokens (DynamicCache's, generate()'s default): masks and positions read
+    its length as the tokens seen. A static cache's slots are allocated ahead, and the empty ones would be
+    attended as if they held tokens."""
+    if not isinstance(cache, kind):
+        raise InputError(f"past_key_values must be a transformers {kind.__name__}, got {type(cache).__name__}")
+    parts = (cache.self_attention_cache, cache.cross_attention_cache) if isinstance(cache, EncoderDecoderCache) \
+        else (cache,)
+    fixed = [type(layer).__name__ for part in parts for layer in part.layers if not isinstance(layer, DynamicLayer)]
+    if fixed:
+        raise InputError(f"past_key_values holds {fixed[0]} layers, a cache of a fixed size; diet's own models "
+                         f"decode with a DynamicCache (generate()'s default: leave out cache_implementation)")
+
+
 def ensure_layers(cache: DynamicCache, n: int) -> None:
     """A cache made without the config (or by another model) gets a layer per attention layer: generate() sizes
     an encoder-decoder's caches from `num_hidden_layers` (the encoder's depth), the decoder may be deeper."""
@@ -311,6 +325,11 @@ class DietForConditionalGeneration(GnmtBeamSearch, DietPreTrainedModel, Generati
 
     def get_encoder(self, modality=None):
         return self.encoder
+
+    def generate(self, *args, labels: Tensor | None = None, **kwargs):
+        """`generate()`; `labels` (which Seq2SeqTrainer's prediction step passes with the batch) are not read:
+        transformers would hand them to the encoder, which refuses what it does not take."""
+        return super().generate(*args, **kwargs)
 
     def get_decoder(self, modality=None):
         return self.decoder
@@ -375,8 +394,7 @@ class DietForConditionalGeneration(GnmtBeamSearch, DietPreTrainedModel, Generati
             past_key_values = EncoderDecoderCache(DynamicCache(), DynamicCache())
         cache = past_key_values if use_cache or past_key_values is not None else None
         if cache is not None:
-            if not isinstance(cache, EncoderDecoderCache):
-                raise InputError(f"past_key_values must be an EncoderDecoderCache, got {type(cache).__name__}")
+            check_dynamic(cache, EncoderDecoderCache)
             for part in (cache.self_attention_cache, cache.cross_attention_cache):
                 ensure_layers(part, self.config.num_decoder_layers)
         memory_mask = padding_mask(attention_mask, attention_dtype(memory))
