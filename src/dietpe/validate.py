@@ -39,6 +39,14 @@ def int_at_least(low: int, why: str = ""):
 
 
 positive_int = int_at_least(1)
+
+
+def at_most_cores(text: str) -> int:
+    """A count of worker processes: at least 1, at most this machine's cores (each holds a tokenizer)."""
+    value, cores = positive_int(text), os.cpu_count() or 1
+    if value > cores:
+        raise argparse.ArgumentTypeError(f"{text} is more than this machine's cores (at most {cores})")
+    return value
 non_negative_int = int_at_least(0)
 
 
@@ -72,6 +80,14 @@ def non_negative_float(text: str) -> float:
 
 def finite_float(text: str) -> float:
     return _float(text)
+
+
+def open_fraction(text: str) -> float:
+    """A number in (0, 1): a tolerance relative to the largest value."""
+    value = _parse(text, float, "a number")
+    if not 0 < value < 1:  # NaN fails too
+        raise argparse.ArgumentTypeError(f"{text} is not a number in (0, 1)")
+    return value
 
 
 def fraction(text: str) -> float:
@@ -193,6 +209,22 @@ def find_model_dir(path: str | Path, what: str = "pre-trained model") -> Path:
                     f"run folder or its model/ folder")
 
 
+def load_whole(cls, model_dir: str | Path, new: tuple[str, ...] = (), **kwargs):
+    """`cls.from_pretrained` (safetensors only), refusing weights the checkpoint lacks or holds at another shape
+    than config.json gives: transformers would initialise them at random (a silent wrong model) or fail deep
+    inside. `new`: prefixes of parameters meant to be new (a fine-tuning head)."""
+    model, info = cls.from_pretrained(str(model_dir), use_safetensors=True, output_loading_info=True,
+                                      ignore_mismatched_sizes=True, **kwargs)
+    problems = [f"lack {k}" for k in sorted(info.get("missing_keys", ())) if not k.startswith(new)]
+    problems += [f"hold {k if isinstance(k, str) else k[0]} at another shape than config.json gives"
+                 for k in info.get("mismatched_keys", ())]
+    if problems:
+        more = f" (and {len(problems) - 2} more)" if len(problems) > 2 else ""
+        raise DataError(f"{model_dir}: the weights {'; '.join(problems[:2])}{more}: the folder is damaged or its "
+                        f"config.json edited")
+    return model
+
+
 def check_model_files(model_dir: str | Path) -> None:
     """config.json parses and every safetensors file is whole, so loading cannot fail half-way."""
     from dietpe.data.text import read_text
@@ -200,9 +232,14 @@ def check_model_files(model_dir: str | Path) -> None:
     model_dir = Path(model_dir)
     config = model_dir / "config.json"
     try:
-        json.loads(read_text(config))
+        fields = json.loads(read_text(config))
     except json.JSONDecodeError as e:
         raise DataError(f"{config}:{e.lineno}: not valid JSON ({e.msg}); the model folder is damaged") from None
+    if not isinstance(fields, dict):
+        raise DataError(f"{config}: holds a JSON {type(fields).__name__}, not an object of the model's settings")
+    if config.read_bytes().startswith(b"\xef\xbb\xbf"):  # transformers reads it as plain JSON, which has none
+        raise DataError(f"{config}: starts with a byte-order mark, which transformers cannot read; save the file "
+                        f"without one (UTF-8 without BOM)")
     weights = sorted(model_dir.glob("*.safetensors"))
     if not weights:
         held = ", ".join(sorted(p.name for p in model_dir.iterdir())[:8])

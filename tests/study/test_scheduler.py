@@ -39,3 +39,50 @@ def test_the_position_rank_is_reported_for_the_low_rank_table_only():
     assert ranks.pop("diet-abs") == 8  # the study size's head size, DIET-ABS's default d_p
     assert set(ranks.values()) == {0}
     assert scheduler.position_rank(build_config(parse_method("diet-abs:position_rank=2"), "study", 100, 32, 0)) == 2
+
+
+def test_a_killed_studys_workers_end_with_it(tmp_path):
+    """kill -9 of the study's process leaves its pool's workers orphaned; they must not go on training into the
+    folders a restarted study works in."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    pid_file = tmp_path / "worker.pid"
+    script = f"""
+import multiprocessing, os, time
+from concurrent.futures import ProcessPoolExecutor
+from dietpe.study.scheduler import die_with_parent
+
+def work(path):
+    open(path, "w").write(str(os.getpid()))
+    time.sleep(120)
+
+if __name__ == "__main__":
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"), initializer=die_with_parent,
+                             initargs=(os.getpid(),)) as pool:
+        pool.submit(work, {str(pid_file)!r}).result()
+"""
+    (tmp_path / "study.py").write_text(script)
+    parent = subprocess.Popen([sys.executable, str(tmp_path / "study.py")], cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 120
+        while not (pid_file.is_file() and pid_file.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        worker = int(pid_file.read_text())
+        os.kill(parent.pid, signal.SIGKILL)
+        parent.wait()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                os.kill(worker, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.2)
+        else:
+            os.kill(worker, signal.SIGKILL)
+            raise AssertionError("the worker outlived the killed study by 30 s")
+    finally:
+        parent.kill()

@@ -130,3 +130,27 @@ def test_lm_methods_default_to_every_method_a_causal_lm_takes():
     assert method_specs("alibi, all").count("alibi") == 1
     with pytest.raises(ConfigError, match="names no method"):
         method_specs(" , ")
+
+
+def test_lengths_as_the_dietpe_command_re_attaches_an_attached_llama_run(data, tmp_path, capsys):
+    """The `dietpe` command imports the package without its Hugging Face hooks (a fast start): `lengths` must
+    install them before loading an `--arch llama` run, or Llama loads plain and has no method."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "lm"
+    assert cli(["lm", str(data["corpus"]), "--arch", "llama", "--methods", "alibi", "--steps", "2", "--max-length",
+                "8", "--vocab-size", "100", "--batch-size", "4", "--lengths", "1,2", "-o", str(out)]) == 0
+    trained = json.loads((out / "lengths.json").read_text())[0]["ppl"]
+    command = ("import sys; sys.argv = ['dietpe'] + sys.argv[1:]; from dietpe.cli import main; "
+               "sys.exit(main(sys.argv[1:]))")
+    done = subprocess.run([sys.executable, "-c", command, "lengths", str(out / "llama-alibi"), "--data",
+                           str(data["corpus"]), "--lengths", "1,2", "--threads", "1", "-o", str(tmp_path / "again")],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    again = json.loads((tmp_path / "again" / "lengths.json").read_text())[0]["ppl"]
+    assert again["2"] == pytest.approx(trained["2"], rel=1e-5)
+    (out / "llama-alibi" / lm.RESULT).write_text("{")  # a result cut short is named, not a traceback
+    assert cli(["lengths", str(out / "llama-alibi"), "--data", str(data["corpus"]), "--lengths", "1",
+                "-o", str(tmp_path / "damaged")]) == 2
+    assert f"{lm.RESULT}: unreadable result of a finished run" in capsys.readouterr().err

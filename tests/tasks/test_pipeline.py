@@ -11,7 +11,7 @@ from dietpe import methods
 from dietpe.cli import main as cli
 from dietpe.data import synthetic
 from dietpe.data.tasks import load_task
-from dietpe.errors import ConfigError
+from dietpe.errors import ConfigError, DataError
 from dietpe.tasks import checkpoints as ckpt
 from dietpe.tasks import finetune as ft
 from dietpe.tasks import pretrain as pt
@@ -77,14 +77,15 @@ class _Killed(Exception):
     pass
 
 
+class KillAfterStep4(ckpt.CompleteCheckpoints):
+    def on_save(self, args, state, control, **kw):
+        super().on_save(args, state, control, **kw)
+        if state.global_step == 4:
+            raise _Killed
+
+
 def test_a_kill_after_a_checkpoint_resumes_there_and_a_half_written_one_is_never_loaded(data, tmp_path, monkeypatch,
                                                                                         capsys):
-    class KillAfterStep4(ckpt.CompleteCheckpoints):
-        def on_save(self, args, state, control, **kw):
-            super().on_save(args, state, control, **kw)
-            if state.global_step == 4:
-                raise _Killed
-
     monkeypatch.setattr(pt, "CompleteCheckpoints", KillAfterStep4)
     method = methods.parse_method("absolute")
     with pytest.raises(_Killed):
@@ -104,6 +105,28 @@ def test_a_kill_after_a_checkpoint_resumes_there_and_a_half_written_one_is_never
     state = json.loads((tmp_path / "checkpoint-6" / "trainer_state.json").read_text())
     steps_logged = [r["step"] for r in state["log_history"] if "loss" in r]
     assert steps_logged == sorted(steps_logged) and state["global_step"] == 6
+
+
+def test_a_checkpoint_damaged_after_its_save_is_refused_naming_the_file(data, tmp_path, monkeypatch):
+    monkeypatch.setattr(pt, "CompleteCheckpoints", KillAfterStep4)
+    job = pt.PretrainJob(str(data["corpus"]), methods.parse_method("absolute"), tmp_path,
+                         pt.PretrainSettings(**TINY), report_to="none")
+    with pytest.raises(_Killed):
+        pt.run_pretrain(job)
+    monkeypatch.setattr(pt, "CompleteCheckpoints", ckpt.CompleteCheckpoints)
+    folder = tmp_path / "checkpoint-4"
+    files = sorted(p.name for p in folder.iterdir() if p.suffix in (".json", ".safetensors", ".pt", ".pth"))
+    assert {"model.safetensors", "optimizer.pt", "trainer_state.json"} <= set(files)
+    for name in files:
+        whole = (folder / name).read_bytes()
+        (folder / name).write_bytes(whole[: len(whole) // 2])  # a copy cut short
+        with pytest.raises(DataError, match=rf"{name}: damaged checkpoint file .*delete .*checkpoint-4.*checkpoint-2"):
+            ckpt.check_checkpoint(folder)
+        (folder / name).write_bytes(whole)
+    ckpt.check_checkpoint(folder)  # restored: accepted
+    (folder / "optimizer.pt").write_bytes(b"\0" * 100)
+    with pytest.raises(DataError, match="optimizer.pt: damaged checkpoint file"):
+        pt.run_pretrain(job)
 
 
 def test_finetune_grid_takes_each_runs_best_and_the_median_over_seeds(pretrained, data, tmp_path):

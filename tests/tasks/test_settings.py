@@ -87,3 +87,20 @@ def test_a_job_holds_its_output_folder_as_a_path(tmp_path):
     job = PretrainJob("corpus.txt", parse_method("diet-rel"), str(tmp_path / "run"),
                       PretrainSettings.from_args(pretrain_args()))
     assert job.output_dir == tmp_path / "run" and job.config is None
+
+
+def test_an_evaluation_shows_its_progress_and_closes_its_bar(capsys):
+    from types import SimpleNamespace
+
+    from dietpe.tasks.runtime import ProgressBar
+
+    bar = ProgressBar("finetune cola")
+    args, state = SimpleNamespace(disable_tqdm=False), SimpleNamespace(is_world_process_zero=True)
+    batches = [0] * 5
+    for _ in batches:
+        bar.on_prediction_step(args, state, None, eval_dataloader=batches)
+    assert bar.eval_bar.n == 5 and bar.eval_bar.total == 5
+    bar.on_predict(args, state, None)
+    assert bar.eval_bar is None and "finetune cola evaluating" in capsys.readouterr().err
+    bar.on_prediction_step(SimpleNamespace(disable_tqdm=True), state, None, eval_dataloader=batches)
+    assert bar.eval_bar is None  # quiet runs show none

@@ -71,7 +71,7 @@ def test_train_lowers_validation_loss_then_eval_scores_bleu(data, tmp_path, caps
 
 def test_a_killed_run_resumes_to_the_same_weights(data, tmp_path, capsys):
     args = ["--method", "shaw" + TINY, "--max-steps", "6", "--save-steps", "3", "--eval-steps", "3",
-            "--max-train-pairs", "120"]
+            "--max-train-pairs", "120", "--logging-steps", "1"]
     full, killed = tmp_path / "full", tmp_path / "killed"
     assert train(data, full, *args) == 0
     assert train(data, killed, *args) == 0
@@ -86,6 +86,9 @@ def test_a_killed_run_resumes_to_the_same_weights(data, tmp_path, capsys):
     assert a.keys() == b.keys()
     for key in a:
         torch.testing.assert_close(a[key], b[key], msg=key)
+    sa, sb = (json.loads((d / "final" / "train_summary.json").read_text()) for d in (full, killed))
+    assert sa["train_loss"] is not None and sa["train_loss"] == sb["train_loss"]  # the whole run's, resumed or not
+    assert sa["curves"] == sb["curves"]
     # finished runs are not redone; a different method may not reuse the directory
     assert train(data, killed, *args) == 0 and "finished already" in capsys.readouterr().err
     assert train(data, killed, "--method", "t5" + TINY, "--max-steps", "6") == 2
@@ -178,3 +181,25 @@ def test_the_collator_leaves_out_the_source_mask_only_when_nothing_is_padded():
         with_ones = model(**{k: v for k, v in even.items() if k != "labels"},
                           attention_mask=torch.ones_like(even["input_ids"])).logits
     torch.testing.assert_close(without, with_ones, rtol=0, atol=0)
+
+
+def test_a_translation_does_not_depend_on_the_batch_it_is_decoded_in():
+    """Each sentence's decoding limit is its own source's (1.5 x length + 10), not its batch's longest source's."""
+    from types import SimpleNamespace
+
+    from dietpe.models.seq2seq import DietForConditionalGeneration, DietSeq2SeqConfig
+    from dietpe.tasks.translate import cap_batches, translate
+
+    torch.manual_seed(0)
+    model = DietForConditionalGeneration(DietSeq2SeqConfig.from_preset(
+        "transformer-tiny", vocab_size=24, pad_token_id=0, bos_token_id=1, eos_token_id=2)).eval()
+    model.generation_config.suppress_tokens = [0, 1, 2]  # never ends: every sentence decodes to its limit
+    tokenizer = SimpleNamespace(pad_token_id=0, batch_decode=lambda rows, skip_special_tokens: [
+        " ".join(str(t) for t in row.tolist() if t > 2) for row in rows])
+    ids = [[3 + (i * 7 + j) % 20 for j in range(n)] + [2] for i, n in enumerate((2, 9, 3, 5, 2, 8))]
+    alone = translate(model, tokenizer, ids, 1, 2, 0.6, progress=False)[0]
+    together = translate(model, tokenizer, ids, 6, 2, 0.6, progress=False)[0]
+    assert together == alone
+    assert [len(h.split()) for h in alone] == [int(1.5 * len(s)) + 10 for s in ids]
+    assert cap_batches([4, 0, 2, 3], [14, 14, 16, 17], 8) == [[4, 0], [2], [3]]
+    assert cap_batches([4, 0, 2], [14, 14, 14], 2) == [[4, 0], [2]]

@@ -92,7 +92,7 @@ def load_checkpoint(path: str | Path):
 
     checkpoint = find_checkpoint(path)
     hf_logging.disable_progress_bar()  # no "Loading weights" bar in the command's output
-    model = model_class(checkpoint).from_pretrained(checkpoint)
+    model = V.load_whole(model_class(checkpoint), checkpoint)
     return model.eval(), checkpoint
 
 

@@ -101,11 +101,26 @@ def run_all(schedule: Schedule, units: list[tuple[Method, int]], tasks: dict, pr
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
-    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"), initializer=die_with_parent,
+                             initargs=(os.getpid(),)) as pool:
         futures = {pool.submit(run_unit, i, m, seed, tasks, prepared, schedule): i
                    for i, (m, seed) in enumerate(units, 1)}
         for future in as_completed(futures):
             finished(futures[future], future.result())
+
+
+def die_with_parent(parent: int) -> None:
+    """A worker's initializer: the worker ends once the study's process is gone. A study killed with -9 cannot
+    stop its pool, and its workers would go on writing into the folders a restarted study works in."""
+    import threading
+    import time
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(1)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True, name="dietpe-parent-watch").start()
 
 
 def position_rank(config) -> int:

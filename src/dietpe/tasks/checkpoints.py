@@ -22,7 +22,7 @@ import torch
 from transformers import TrainerCallback
 
 from dietpe.data.text import write_text_atomic
-from dietpe.errors import ConfigError
+from dietpe.errors import ConfigError, DataError
 from dietpe.tasks.runtime import is_main_process
 
 COMPLETE = "diet-complete.json"
@@ -39,6 +39,23 @@ def write_json_atomic(path: str | Path, obj) -> None:
 def read_json(path: str | Path):
     with open(path, encoding="utf-8") as f:
         return json.load(f)
+
+
+def read_result(path: str | Path, keys: tuple[str, ...] = ()) -> dict:
+    """A finished run's result file, whose presence marks the run done: a damaged one (or one missing a field the
+    command reads) is refused naming the file, not met later as a traceback far from it."""
+    path = Path(path)
+    try:
+        result = read_json(path)
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise DataError(f"{path}: unreadable result of a finished run ({reason}); delete it to redo that run") \
+            from None
+    missing = [k for k in keys if k not in result] if isinstance(result, dict) else ["a JSON object"]
+    if missing:
+        raise DataError(f"{path}: the result of a finished run lacks {', '.join(missing)}; delete it to redo "
+                        f"that run")
+    return result
 
 
 class CompleteCheckpoints(TrainerCallback):
@@ -79,11 +96,46 @@ def resumable_checkpoint(output_dir: str | Path, remove_incomplete: bool = True)
     return done[-1] if done else None
 
 
+def _damage(path: Path) -> str | None:
+    """What is wrong with one file of a checkpoint, or None. Reads headers and checksums only: nothing is
+    unpickled (torch's files are zip archives whose members carry a CRC)."""
+    import zipfile
+
+    try:
+        if path.suffix == ".json":
+            read_json(path)
+        elif path.suffix == ".safetensors":
+            from safetensors import safe_open
+            with safe_open(str(path), framework="pt") as f:
+                f.keys()
+        elif path.suffix in (".pt", ".pth", ".bin"):
+            with zipfile.ZipFile(path) as z:
+                bad = z.testzip()
+            if bad is not None:
+                return f"its member {bad} fails its checksum"
+    except Exception as e:  # noqa: BLE001 - any failure to read is the damage to report
+        return str(e).splitlines()[0] if str(e) else type(e).__name__
+    return None
+
+
+def check_checkpoint(folder: Path) -> None:
+    """Refuse a marked-complete checkpoint whose files were damaged afterwards (a full disk, a copy cut short),
+    naming the file, before `Trainer` fails deep inside a loader."""
+    for path in sorted(Path(folder).iterdir()):
+        problem = _damage(path) if path.is_file() else None
+        if problem is not None:
+            older = [f.name for _, f, complete in checkpoints(Path(folder).parent) if complete and f != folder]
+            after = f"; the run then resumes from {older[-1]}" if older else "; the run then starts afresh"
+            raise DataError(f"{path}: damaged checkpoint file ({problem}); delete {folder} to go on without it"
+                            f"{after}")
+
+
 def train_resumable(trainer, resume: Path | None):
     """`trainer.train()`, resuming from `resume` if given. A checkpoint at (or past) the last step is loaded, not
     trained on: `Trainer` would run one more step before noticing (41 steps for `--steps 40`). Returns the
     `TrainOutput`, or None when nothing was left to train."""
     if resume is not None:
+        check_checkpoint(Path(resume))
         saved = read_json(Path(resume) / "trainer_state.json")
         if saved.get("max_steps") and saved["global_step"] >= saved["max_steps"]:
             from transformers import TrainerState

@@ -35,7 +35,7 @@ from dietpe.tasks.checkpoints import (
     checkpoints,
     file_fingerprint,
     local_path,
-    read_json,
+    read_result,
     resumable_checkpoint,
     train_resumable,
     write_json_atomic,
@@ -173,7 +173,7 @@ def quiet_load(cls, model_dir: Path, **kwargs):
     level = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
     try:
-        return cls.from_pretrained(model_dir, use_safetensors=True, **kwargs)
+        return V.load_whole(cls, model_dir, new=("classifier.", "qa_outputs.", "diet.pooler."), **kwargs)
     finally:
         hf_logging.set_verbosity(level)
 
@@ -314,7 +314,7 @@ def run_finetune(model_dir: str | Path, data: TaskData, output_dir: str | Path, 
         for seed in range(s.seeds):
             out = output_dir / f"lr{lr:g}-seed{seed}"
             if (out / RESULT).is_file():
-                runs.append(read_json(out / RESULT))
+                runs.append(read_result(out / RESULT, ("lr", "seed", "best", "seconds")))
                 continue
             result = run_one(model_dir, data, train_set, scorer, tokenizer, lr, seed, s, out, quiet,
                              f"{label}{spec.name} lr={lr:g} seed={seed}", report_to, device_args, save_model)

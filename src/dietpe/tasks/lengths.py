@@ -15,6 +15,7 @@ import torch
 
 from dietpe import validate as V
 from dietpe.errors import ConfigError, DataError
+from dietpe.tasks.checkpoints import read_result
 from dietpe.tasks.lm import RESULT
 from dietpe.tasks.perplexity import (check_windows, length_perplexities, log, position_config, read_stream,
                                      write_report)
@@ -27,11 +28,12 @@ def _run_info(path: Path, train_length: int | None) -> tuple[Path, str, int]:
     model_dir = path / "model" if (path / "model" / "config.json").is_file() else path
     if not (model_dir / "config.json").is_file():
         raise DataError(f"{path}: no model (config.json) found")
-    for name, read in ((RESULT, lambda r: (r["method"], r["train_length"])),
-                       ("pretrain_results.json", lambda r: (r["method"], r["settings"]["max_length"]))):
+    V.check_model_files(model_dir)  # safetensors weights, whole: nothing is unpickled
+    for name, keys in ((RESULT, ("method", "train_length")), ("pretrain_results.json", ("method", "settings"))):
         for folder in (path, model_dir.parent):
             if (folder / name).is_file():
-                method, length = read(json.loads((folder / name).read_text()))
+                r = read_result(folder / name, keys)
+                method, length = r["method"], r["train_length"] if name == RESULT else r["settings"]["max_length"]
                 if train_length is not None and train_length != length:
                     raise ConfigError(f"{path}: the run records training length {length}, but --train-length is "
                                       f"{train_length}; --train-length is only for runs that record none")
@@ -65,11 +67,13 @@ def main(args) -> int:
         if getattr(config, "dietpe", None):  # a Hugging Face model with a method attached (`--arch llama`)
             from transformers import AutoModelForCausalLM
 
-            model = AutoModelForCausalLM.from_pretrained(model_dir).eval().to(device)  # re-attached on load
+            import dietpe.integrations  # noqa: F401  re-attaches on load (the `dietpe` command skips it at start)
+
+            model = V.load_whole(AutoModelForCausalLM, model_dir).eval().to(device)
             causal = bool(position_config(model).causal)
         else:
             causal = bool(getattr(config, "causal", False))
-            model = (DietForCausalLM if causal else DietForMaskedLM).from_pretrained(model_dir).eval().to(device)
+            model = V.load_whole(DietForCausalLM if causal else DietForMaskedLM, model_dir).eval().to(device)
         tokenizer = load_tokenizer(model_dir)
         # --data names held-out text: a file is that text itself; a folder gives its validation split
         stream = read_stream(args.data, tokenizer, "train" if Path(args.data).is_file() else "validation")

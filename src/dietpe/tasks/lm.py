@@ -19,7 +19,6 @@ thread; see docs/causal.md for the measured tables).
 from __future__ import annotations
 
 import copy
-import json
 import time
 from pathlib import Path
 
@@ -189,7 +188,7 @@ def main_lm(args) -> int:
 def _main_lm(args, out: Path, specs: list[str], configs: dict) -> int:
     from dietpe.data import shards
     from dietpe.data.tokenizer import load_tokenizer
-    from dietpe.tasks.checkpoints import check_run_settings
+    from dietpe.tasks.checkpoints import check_run_settings, read_result
 
     check_run_settings(out, run_record(args), "another -o (or delete the folder)",
                        products=("tokenizer", "*/" + RESULT, "*/model", "lengths.*"))
@@ -215,7 +214,7 @@ def _main_lm(args, out: Path, specs: list[str], configs: dict) -> int:
         run = out / ((f"{args.arch}-" if args.arch != "diet" else "") + spec.replace(":", "_"))
         done = run / RESULT
         if done.is_file():
-            result = json.loads(done.read_text())
+            result = read_result(done, ("method", "train_length", "ppl"))
             _log(f"{spec}: finished earlier, reusing it")
         else:
             result = _train_method(args, spec, configs[spec], tokenizer, train, valid, run)

@@ -37,6 +37,7 @@ from dietpe.tasks.checkpoints import (
     file_fingerprint,
     local_path,
     read_json,
+    read_result,
     resumable_checkpoint,
     train_resumable,
     write_json_atomic,
@@ -298,7 +299,7 @@ def run_pretrain(job: PretrainJob, prepared=None) -> dict:
     done = output_dir / RESULTS
     if done.is_file() and (output_dir / "model" / "config.json").is_file():
         log(f"{output_dir}: finished earlier, reusing it (--overwrite to redo)")
-        return read_json(done)
+        return read_result(done, ("method", "val_loss", "model_dir"))
     output_dir.mkdir(parents=True, exist_ok=True)
     args = training_arguments(job, per_device, accumulation)
     if prepared is None:

@@ -18,13 +18,32 @@ from dietpe.errors import ConfigError
 
 
 class ProgressBar(TrainerCallback):
-    """One tqdm bar per run with the latest loss and evaluation score, on the main process only."""
+    """One tqdm bar per run with the latest loss and evaluation score, and a passing one for each evaluation (at
+    paper scale one takes minutes), on the main process only."""
 
     def __init__(self, description: str, score_key: str | None = None):
         self.description = description
         self.score_key = score_key
         self.bar = None
+        self.eval_bar = None
         self.postfix: dict[str, str] = {}
+
+    def on_prediction_step(self, args, state, control, eval_dataloader=None, **kwargs):
+        if not state.is_world_process_zero or args.disable_tqdm:
+            return
+        if self.eval_bar is None:
+            from tqdm.auto import tqdm
+            total = len(eval_dataloader) if hasattr(eval_dataloader, "__len__") else None
+            self.eval_bar = tqdm(total=total, desc=f"{self.description} evaluating", leave=False,
+                                 dynamic_ncols=True, file=sys.stderr)
+        self.eval_bar.update(1)
+
+    def on_evaluate(self, args, state, control, **kwargs):
+        if self.eval_bar is not None:
+            self.eval_bar.close()
+            self.eval_bar = None
+
+    on_predict = on_evaluate  # `Trainer.predict` ends each evaluation set
 
     def on_train_begin(self, args, state, control, **kwargs):
         if state.is_world_process_zero and not args.disable_tqdm:

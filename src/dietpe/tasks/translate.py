@@ -301,7 +301,19 @@ def training_arguments(args, out: Path, max_steps: int, device_args: dict) -> Tr
         report_to="none", dataloader_num_workers=0, **device_args)
 
 
-def write_final(out: Path, args, trainer, tokenizer, config, result, eval_loss: float, started: float) -> None:
+def run_train_loss(log_history: list[dict]) -> float | None:
+    """The logged training loss over the whole run, each logged mean weighted by the steps it covers. Read from
+    the trainer state a checkpoint restores, so a resumed run records what an uninterrupted one does where the
+    logging interval divides the saving one (`Trainer`'s own `training_loss` averages only the steps of its
+    last session)."""
+    total = covered = last = 0
+    for row in log_history:
+        if "loss" in row:
+            total, covered, last = total + row["loss"] * (row["step"] - last), covered + row["step"] - last, row["step"]
+    return total / covered if covered else None
+
+
+def write_final(out: Path, args, trainer, tokenizer, config, eval_loss: float, started: float) -> None:
     """The finished model in `final/` (safetensors, tokenizer, a summary), whole or absent."""
     def write(tmp: Path) -> None:
         trainer.save_model(str(tmp))
@@ -311,7 +323,7 @@ def write_final(out: Path, args, trainer, tokenizer, config, result, eval_loss: 
                        config.max_position_embeddings if REGISTRY[config.position].learned_table else None)
         write_json_atomic(tmp / "train_summary.json", dict(
             position=config.position, method=args.method, preset=args.preset, steps=trainer.state.global_step,
-            train_loss=result.training_loss if result is not None else None, eval_loss=eval_loss,
+            train_loss=run_train_loss(trainer.state.log_history), eval_loss=eval_loss,
             seconds_this_session=round(time.time() - started, 1), decoding=decoding_of(args.recipe),
             parameters=sum(p.numel() for p in trainer.model.parameters()),
             curves=[{k: row[k] for k in ("step", "loss", "eval_loss") if k in row}
@@ -364,12 +376,12 @@ def run_train(args, method: Method) -> int:
     if resume is not None:
         print(f"dietpe translate: resuming from {resume}", file=sys.stderr)
     started = time.time()
-    result = train_resumable(trainer, resume)
+    train_resumable(trainer, resume)
     last = trainer.state.log_history[-2:] if trainer.state.log_history else []
     done = [row for row in last if "eval_loss" in row and row.get("step") == trainer.state.global_step]
     metrics = done[-1] if done else trainer.evaluate()  # the last step was validated already, or now
     print(f"dietpe translate: validation loss {metrics['eval_loss']:.4f}", file=sys.stderr)
-    write_final(out, args, trainer, tokenizer, config, result, metrics["eval_loss"], started)
+    write_final(out, args, trainer, tokenizer, config, metrics["eval_loss"], started)
     return 0
 
 
@@ -393,7 +405,7 @@ def load_model(path: str | Path):
     model_dir = find_model_dir(path)
     tokenizer = load_joint_tokenizer(model_dir if (model_dir / "tokenizer.json").is_file()
                                      else model_dir.parent / "tokenizer")
-    model = DietForConditionalGeneration.from_pretrained(str(model_dir)).eval()
+    model = V.load_whole(DietForConditionalGeneration, model_dir).eval()
     if len(tokenizer) != model.config.vocab_size:
         raise DataError(f"{model_dir}: tokenizer has {len(tokenizer)} tokens but the model {model.config.vocab_size}")
     return model, tokenizer, model_dir
@@ -446,6 +458,17 @@ def new_tokens_for(model, source_length: int, requested: int | None) -> int:
     return min(n, limit) if limit is not None else n
 
 
+def cap_batches(order: list[int], caps: list[int], batch_size: int) -> list[list[int]]:
+    """Batches of at most `batch_size` of the length-sorted `order` in which every sentence has the same decoding
+    limit (`caps`, by position in `order`): a sentence's translation then does not depend on the batch it is in."""
+    batches: list[list[int]] = []
+    for j, i in enumerate(order):
+        if not batches or len(batches[-1]) == batch_size or caps[j] != caps[j - 1]:
+            batches.append([])
+        batches[-1].append(i)
+    return batches
+
+
 def translate(model, tokenizer, ids: list[list[int]], batch_size: int, beams: int, length_penalty: float,
               max_new_tokens: int | None = None, use_cache: bool = True, speed: bool = False, progress=True,
               length_penalty_form: str = "hf"):
@@ -455,7 +478,7 @@ def translate(model, tokenizer, ids: list[list[int]], batch_size: int, beams: in
     order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
     hyps: list[str] = [""] * len(ids)
     timing = {"cached_s": 0.0, "uncached_s": 0.0, "mismatched_sentences": 0}
-    batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+    batches = cap_batches(order, [new_tokens_for(model, len(ids[i]), max_new_tokens) for i in order], batch_size)
     bar = None
     if progress:
         from tqdm.auto import tqdm
