@@ -80,6 +80,12 @@ def make_fixtures(root: str | Path) -> dict[str, str]:
     f["badconfig"] = root / "badconfig"
     shutil.copytree(model_dir, f["badconfig"])
     (f["badconfig"] / "config.json").write_text('{"model_type": "diet",\n  "position": \n', encoding="utf-8")
+    f["bomconfig"], f["listconfig"] = root / "bomconfig", root / "listconfig"
+    for name in ("bomconfig", "listconfig"):
+        shutil.copytree(model_dir, f[name])
+    text = (model_dir / "config.json").read_text(encoding="utf-8")
+    (f["bomconfig"] / "config.json").write_text("\ufeff" + text, encoding="utf-8")
+    (f["listconfig"] / "config.json").write_text("[1]\n", encoding="utf-8")
     f["noweights"] = root / "noweights"
     shutil.copytree(model_dir, f["noweights"])
     (f["noweights"] / "model.safetensors").unlink()
@@ -374,7 +380,7 @@ case("pretrain --overwrite with a bad corpus", PRE_NO_CORPUS.replace("pretrain "
 PREP = "prepare {corpus} --cache-dir {out} --vocab-size 200 --max-length 24 --processes 1"
 options("prepare", PREP, [
     ("--max-length", "2", (">= 3|at least 3",)),
-    ("--processes", "0", POS),
+    ("--processes", "0", POS), ("--processes", "100000", ("at most",)),
     ("--tokenizer-sample", "0", POS),
     ("--packing", "nope", ("full-sentences", "documents")),
 ])
@@ -421,6 +427,8 @@ for name, model, needles in [
     ("truncated safetensors", "{truncated}", ("truncated/model.safetensors", "truncated")),
     ("invalid config.json", "{badconfig}", ("badconfig/config.json:3", "JSON")),
     ("model without weights", "{noweights}", ("noweights", "model.safetensors")),
+    ("config.json with a byte-order mark", "{bomconfig}", ("bomconfig/config.json", "byte-order mark")),
+    ("config.json not an object", "{listconfig}", ("listconfig/config.json", "not an object")),
 ]:
     case(f"finetune {name}", FT.replace("{model}", model, 1), *needles)
 for name, task, needles in [
@@ -508,7 +516,7 @@ options("translate train", TT, [
     ("--label-smoothing", "-0.1", FRACTION), ("--label-smoothing", "1", FRACTION),
     ("--dropout", "-0.1", FRACTION), ("--dropout", "1.5", FRACTION), ("--max-grad-norm", "-1", NONNEG),
     ("--epochs", "0", POS), ("--epochs", "-1", POS), ("--max-steps", "0", POS), ("--max-steps", "-1", POS),
-    ("--eval-steps", "0", POS), ("--save-steps", "0", POS), ("--save-total-limit", "0", POS),
+    ("--eval-steps", "0", POS), ("--save-steps", "0", POS), ("--save-total-limit", "1", (">= 2",)),
     ("--logging-steps", "0", POS), ("--max-train-pairs", "0", POS), ("--max-valid-pairs", "0", POS),
     ("--threads", "0", POS), ("--threads", "-1", POS), ("--seed", "-1", NONNEG),
 ])
@@ -576,6 +584,8 @@ options("bench", BENCH, [
     ("--long-length", "0", POS), ("--long-length", "-1", POS),
 ])
 case("bench --lengths 0", f"{BENCH} --lengths 0", "--lengths", "'0'", "positive")
+case("bench --backends flex training on the CPU", f"{BENCH} --backends sdpa,flex --modes train", "--backends flex",
+     "--modes infer")
 case("bench --lengths text", f"{BENCH} --lengths long", "--lengths", "long", "integers")
 case("bench --lengths empty", f"{BENCH} --lengths ,", "--lengths", "','")
 case("bench --batch 0", f"{BENCH} --batch 0", "--batch", "'0'", "positive")
@@ -669,7 +679,8 @@ case("translate prepare --dataset with files", "translate prepare -o {out} --dat
 # -- analyze ----------------------------------------------------------------------------------------------
 options("analyze", AN, [
     ("--length", "0", (">= 3",)), ("--length", "-1", (">= 3",)), ("--length", "2", (">= 3",)), ("--batch-size", "0", POS),
-    ("--batch-size", "-1", POS), ("--rtol", "-1", POS), ("--rtol", "nan", POS), ("--seed", "-1", NONNEG),
+    ("--batch-size", "-1", POS), ("--rtol", "-1", ("(0, 1)",)), ("--rtol", "nan", ("(0, 1)",)),
+    ("--rtol", "2", ("(0, 1)",)), ("--seed", "-1", NONNEG),
 ])
 case("analyze missing checkpoint", AN.replace("{model}", "{root}/nope", 1), "nope", "no such")
 case("analyze not a checkpoint", AN.replace("{model}", "{notmodel}", 1), "notmodel", "config.json")

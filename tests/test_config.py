@@ -1,6 +1,6 @@
 import pytest
 
-from dietpe import ConfigError, DietConfig
+from dietpe import ConfigError, DietCausalConfig, DietConfig
 from dietpe.config import POSITIONS
 from dietpe.positions.registry import FIELDS, REGISTRY, users
 
@@ -75,7 +75,8 @@ def test_a_method_field_is_checked_and_refused_where_its_method_is_absent(field)
         DietConfig(position=owners[0], **{field: "x"})
     other = next(p for p in POSITIONS if p not in owners)
     default = FIELDS[field].default
-    value = (not default) if isinstance(default, bool) else 7  # a valid non-default value
+    # a valid non-default value (T5's range must exceed its 8 exact buckets)
+    value = (not default) if isinstance(default, bool) else (9 if field == "t5_max_distance" else 7)
     assert getattr(DietConfig(position=owners[0], **{field: value}), field) == value
     with pytest.raises(ConfigError, match=f"{field}={value!r} only applies to .*{owners[-1]!r}.*not {other!r}"):
         DietConfig(position=other, **{field: value})
@@ -108,3 +109,16 @@ def test_the_causal_lm_has_its_own_default_for_a_method_field():
     assert DietCausalConfig(position="t5").tupe_reset is False
     with pytest.raises(ConfigError, match="tupe_reset=True only applies to position in 'tupe-a', 'tupe-r'"):
         DietCausalConfig(position="t5", tupe_reset=True)
+
+
+@pytest.mark.parametrize("position", ["t5", "tupe-r"])
+def test_t5_buckets_that_cannot_be_spaced_are_refused(position):
+    """Below 4 buckets there is no exact one (a division by zero); a max distance at or below the exact buckets
+    makes the log spacing's divisor 0 or negative (bucket ids outside the table, or wrapping into others)."""
+    for fields, message in ((dict(t5_num_buckets=2), "no exact bucket"), (dict(t5_max_distance=8), "must exceed"),
+                            (dict(t5_max_distance=4), "must exceed")):
+        with pytest.raises(ConfigError, match=message):
+            DietConfig(position=position, **fields)
+    DietConfig(position=position, t5_max_distance=9)
+    with pytest.raises(ConfigError, match="in causal attention"):
+        DietCausalConfig(position="t5", t5_max_distance=16)

@@ -111,7 +111,8 @@ def test_a_bench_row_label_is_a_spec_of_the_same_model():
     assert Variant.parse("diet-rel").segment == "input" and parse_method("diet-rel").segment == "per-head"
     assert parse_method("diet-rel+seg:sharing=layer").name == "diet-rel:sharing=layer"
     assert parse_method("diet-rel@fused").name == "diet-rel:attn_backend=fused"
-    for twice in ("diet-rel+seg:segment=input", "t5@fused:attn_backend=sdpa"):
+    for twice in ("diet-rel+seg:segment=input", "t5@fused:attn_backend=sdpa", "diet-rel:sharing=layer:sharing=head",
+                  "diet-abs:position_rank=4:position-rank=8"):  # the last would win, silently
         with pytest.raises(ConfigError, match="twice"):
             parse_method(twice)
     with pytest.raises(ConfigError, match="attn_backend='nope'"):

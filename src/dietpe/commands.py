@@ -233,7 +233,8 @@ def register_prepare(subparsers) -> None:
     p.add_argument("--max-length", type=V.int_at_least(3, ": [CLS], a token and [SEP]"),
                    help="block length in tokens (default: the recipe's)")
     p.add_argument("--max-documents", type=V.positive_int, help="use only the first N documents of the corpus")
-    p.add_argument("--processes", type=V.positive_int, help="worker processes (default: the cores, at most 8)")
+    p.add_argument("--processes", type=V.at_most_cores, help="worker processes, at most the cores (default: the "
+                                                              "cores, at most 8)")
     add_data_options(p)
     p.set_defaults(func=_later("dietpe.tasks.prepare", "main"))
 
@@ -245,7 +246,8 @@ DOC_STRIDE = 64  # QA context windows' overlap unless --doc-stride
 def add_finetune_options(p: argparse.ArgumentParser, recipe_default: str = "cpu") -> None:
     g = p.add_argument_group("fine-tuning")
     g.add_argument("--ft-recipe", choices=sorted(FINETUNE_RECIPES), default=recipe_default,
-                   help="'paper' is DIET Table 7 (lr {1,2,3,4}e-5 x 5 seeds, 5 epochs, batch 32, warm-up 0.1)")
+                   help="'paper' is DIET Table 7 (lr {1,2,3,4}e-5 x 5 seeds, 10 epochs (5 for MNLI, QQP, QNLI), "
+                        "batch 32, warm-up 0.1)")
     g.add_argument("--lrs", help="comma-separated learning rates (default: the recipe's grid)")
     g.add_argument("--seeds", type=V.positive_int,
                    help="runs per learning rate (seeds 0..N-1); the median is reported")
@@ -258,7 +260,7 @@ def add_finetune_options(p: argparse.ArgumentParser, recipe_default: str = "cpu"
     g.add_argument("--max-eval", type=V.positive_int, help="use only the first N examples of each evaluation set")
     g.add_argument("--doc-stride", type=V.non_negative_int,
                    help=f"QA only: overlap of context windows, in tokens; less than the room the question leaves "
-                        f"(default: {DOC_STRIDE})")
+                        f"(default: the recipe's, else {DOC_STRIDE})")
 
 
 def register_finetune(subparsers) -> None:
@@ -429,8 +431,11 @@ def _translate_train(sub) -> None:
                    help="optimizer steps; overrides --epochs (default: the recipe's, 'paper' 250k)")
     t.add_argument("--eval-steps", type=V.positive_int, default=500, help="validation loss every N steps")
     t.add_argument("--save-steps", type=V.positive_int, default=500, help="checkpoint every N steps")
-    t.add_argument("--save-total-limit", type=V.positive_int, default=2, help="checkpoints kept")
-    t.add_argument("--logging-steps", type=V.positive_int, default=50, help="log the loss every N steps")
+    t.add_argument("--save-total-limit", default=2, help="checkpoints kept (at least 2)",
+                   type=V.int_at_least(2, ": the Trainer deletes the older before the newer is marked complete"))
+    t.add_argument("--logging-steps", type=V.positive_int, default=50,
+                   help="log the loss every N steps (one that divides --save-steps logs a resumed run as an "
+                        "uninterrupted one)")
     t.add_argument("--max-train-pairs", type=V.positive_int, default=None, help="use only the first N training pairs")
     t.add_argument("--max-valid-pairs", type=V.positive_int, default=None, help="use only the first N validation pairs")
     t.add_argument("--seed", type=V.seed, default=1, help="seed of initialisation and data order")
@@ -610,7 +615,7 @@ def register_analysis(subparsers) -> None:
                    help="tokens per sequence, capped by the position table (default: the training length; a longer "
                         "one is analysed with a note saying so)")
     p.add_argument("--seed", type=V.seed, default=0, help="seed of the sampled batch (default 0)")
-    p.add_argument("--rtol", type=V.positive_float, default=None,
+    p.add_argument("--rtol", type=V.open_fraction, default=None,
                    help="rank tolerance relative to the largest singular value (default max(M, N) · ε_float32)")
     p.add_argument("--title", help="title of the report (default: the position method)")
     add_device_options(p, training=False)

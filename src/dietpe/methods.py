@@ -199,10 +199,11 @@ def _bench_label(spec: str, head: str, pairs: list[str]) -> tuple[str, list[str]
         pairs = [f"attn_backend={backend}", *pairs]
     if head.endswith("+seg"):
         head, pairs = head[:-len("+seg")], ["segment=per-head", *pairs]
-    for key in ("segment", "attn_backend"):
-        if sum(p.partition("=")[0].strip().replace("-", "_") == key for p in pairs) > 1:
-            raise ConfigError(f"method {spec!r} sets {key} twice ('+seg' is segment=per-head, '@backend' is "
-                              f"attn_backend=backend)")
+    keys = [p.partition("=")[0].strip().replace("-", "_") for p in pairs]
+    for key in dict.fromkeys(k for k in keys if keys.count(k) > 1):  # the last would win, silently
+        note = (" ('+seg' is segment=per-head, '@backend' is attn_backend=backend)"
+                if key in ("segment", "attn_backend") else "")
+        raise ConfigError(f"method {spec!r} sets {key} twice{note}")
     return head, pairs
 
 

@@ -79,7 +79,7 @@ def test_init_is_the_same_in_logit_units_at_every_scale(position, segment):
     for scale in (1.0, 10.0, 100.0):
         torch.manual_seed(0)
         model = DietModel(tiny(position=position, segment=segment, logit_scale=scale, max_position_embeddings=512,
-                               **method_fields(position, t5_num_buckets=256)))
+                               **method_fields(position, t5_num_buckets=256, t5_max_distance=128)))
         effective = torch.cat([m.logit(n).detach().flatten() for m, n in logit_tables(model).values()])
         stored = torch.cat([getattr(m, n).detach().flatten() for m, n in logit_tables(model).values()])
         stds[scale] = float(effective.std())

@@ -172,6 +172,9 @@ def run(args) -> int:
         raise ConfigError("--precision fp16 needs CUDA; use bf16 or fp32 on the CPU")
     if "fused" in args.backends and device.type != "cuda":
         raise ConfigError("--backends fused: the fused kernel runs on CUDA; give --device cuda")
+    if "flex" in args.backends and "train" in args.modes and device.type != "cuda":
+        raise ConfigError("--backends flex: FlexAttention's backward needs CUDA; give --device cuda, or "
+                          "--modes infer on the CPU")
     _check_memory(args, device)
     cost.available_memory(device)  # read before any model exists: the memory groups of every phase use it
     overrides = {} if args.attention_dropout is None else {"attention_probs_dropout_prob": args.attention_dropout}

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from dietpe.errors import ConfigError
 from dietpe.positions.context import Built, CacheKey, Context
 from dietpe.positions.functional import relative_offsets, t5_bucket, t5_causal_bucket
 from dietpe.positions.fields import Field, optional_positive_int, positive_int
@@ -29,6 +30,20 @@ T5_MAX_DISTANCE = Field("t5_max_distance", None, optional_positive_int,
                         "offsets beyond it share T5's last bucket (None: half the model's length, at most 128)")
 #: T5's own range (Raffel et al. 2020), for its 512-token inputs
 T5_RANGE = 128
+
+
+def check_t5_buckets(config) -> None:
+    """T5's log buckets need exact buckets below the log ones and a range beyond them: each direction's
+    num_buckets/2 buckets (all num_buckets in causal attention) are half exact, for |d| < that half, and the
+    log spacing divides by log(max_distance / that half)."""
+    n, far, one_way = config.t5_num_buckets, t5_range(config), causal(config)
+    exact = n // 2 if one_way else n // 4
+    if exact < 1:
+        raise ConfigError(f"t5_num_buckets={n} leaves no exact bucket; use at least {2 if one_way else 4}")
+    if far <= exact:
+        raise ConfigError(f"the T5 max distance {far} (t5_max_distance, or its default from the model's length) "
+                          f"must exceed the {exact} exact buckets of t5_num_buckets={n}"
+                          f"{' in causal attention' if one_way else ''}; raise it or use fewer buckets")
 
 
 def t5_range(config) -> int:
@@ -100,6 +115,10 @@ class T5(PositionMethod):
     @classmethod
     def from_config(cls, c):
         return cls(c.num_attention_heads, c.t5_num_buckets, t5_range(c), causal(c))
+
+    @classmethod
+    def check_config(cls, c) -> None:
+        check_t5_buckets(c)
 
     def reference_logit(self, config, q, k, i, j, layer, head):
         bias = self.logit("bias")[head, t5_bucket_reference(j - i, config)]

@@ -30,6 +30,7 @@ from dietpe.positions.method import PositionMethod, Traits, causal, normal_param
 from dietpe.positions.t5 import (
     T5_MAX_DISTANCE,
     T5_NUM_BUCKETS,
+    check_t5_buckets,
     t5_bucket_reference,
     t5_diagonals,
     t5_index,
@@ -222,3 +223,7 @@ class TupeR(TUPE):
                     tile_terms=True)
     fields = (TUPE_RESET, T5_NUM_BUCKETS, T5_MAX_DISTANCE)  # T5's buckets, declared in t5.py
     buckets = True
+
+    @classmethod
+    def check_config(cls, c) -> None:
+        check_t5_buckets(c)
