@@ -133,6 +133,7 @@ def make_fixtures(root: str | Path) -> dict[str, str]:
     f["list_jsonl"] = write("list.jsonl", '["a cat ."]\n')
     f["nocol_tsv"] = write("nocol.tsv", "body\nthe cat .\n")
     f["short_tsv"] = write("short.tsv", "id\ttext\n1\tthe cat .\n2\n")
+    f["tab_tsv"] = write("tab.tsv", "id\ttext\tlabel\n1\tthe cat .\tA\n2\tbirds\tfly\tB\n")
     f["emptydir"] = bad / "emptydir"
     f["emptydir"].mkdir()
     f["otherdir"] = bad / "otherdir"
@@ -360,14 +361,19 @@ for name, source, needles in [
     ("JSON line not an object", "{list_jsonl}", ("list.jsonl:1", "object")),
     ("TSV without text column", "{nocol_tsv}", ("nocol.tsv:1", "'text'")),
     ("TSV short row", "{short_tsv}", ("short.tsv:3", "columns")),
+    ("TSV row with a tab inside its text", "{tab_tsv}", ("tab.tsv:3", "a tab inside a text")),
     ("binary corpus", "{binary}", ("weights.bin:2", "UTF-8")),
 ]:
     case(f"pretrain {name}", PRE_NO_CORPUS.replace("pretrain ", f"pretrain {source} ", 1), *needles)
 case("pretrain --validation missing", f"{PRE} --validation {{root}}/nope.txt", "nope.txt", "no such")
 case("pretrain --validation invalid UTF-8", f"{PRE} --validation {{utf8_txt}}", "corpus_utf8.txt:3001", "UTF-8")
-case("pretrain --tokenizer missing", f"{PRE} --tokenizer {{root}}/nope", "nope", "tokenizer")
-case("pretrain --tokenizer not a tokenizer", f"{PRE} --tokenizer {{tokfile}}", "tokenizer.json", "not a tokenizers")
-case("pretrain --tokenizer without special tokens", f"{PRE} --tokenizer {{nospecial_tok}}", "[CLS]", "special")
+PRE_TOK = PRE.replace(" --vocab-size 200", "")  # a given tokenizer sets the vocabulary
+case("pretrain --tokenizer missing", f"{PRE_TOK} --tokenizer {{root}}/nope", "nope", "tokenizer")
+case("pretrain --tokenizer not a tokenizer", f"{PRE_TOK} --tokenizer {{tokfile}}", "tokenizer.json",
+     "not a tokenizers")
+case("pretrain --tokenizer without special tokens", f"{PRE_TOK} --tokenizer {{nospecial_tok}}", "[CLS]", "special")
+case("pretrain --vocab-size with --tokenizer", f"{PRE} --tokenizer {{model}}", "--vocab-size", "does not apply",
+     "--tokenizer")
 # -- pretrain: output folder ------------------------------------------------------------------------------
 case("pretrain -o a file", PRE.replace("-o {out}", "-o {afile}"), "afile.txt", "not a folder")
 case("pretrain -o under a file", PRE.replace("-o {out}", "-o {afile}/run"), "afile.txt", "not a folder")
@@ -407,6 +413,7 @@ options("finetune", FT, [
 case("finetune --lrs empty", f"{FT} --lrs ,", "--lrs", "','")
 case("finetune --lrs text", f"{FT} --lrs fast", "--lrs", "fast")
 case("finetune --lrs 0", f"{FT} --lrs 0", "--lrs", "0", "positive")
+case("finetune --lrs twice", f"{FT} --lrs 1e-3,0.001", "--lrs", "0.001", "twice")
 case("finetune --lrs negative", f"{FT} --lrs 1e-3,-1e-3", "--lrs", "-0.001", "positive")
 case("finetune --lrs nan", f"{FT} --lrs nan", "--lrs", "nan", "positive")
 case("finetune --ft-max-length beyond the table", f"{FT} --ft-max-length 64", "max_length=64",

@@ -486,6 +486,8 @@ def _multiples(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers (e.g. 1,2,4,8)")
     if not values or min(values) < 1:
         raise argparse.ArgumentTypeError(f"{text!r}: multiples of the training length must be >= 1")
+    if len(set(values)) != len(values):
+        raise argparse.ArgumentTypeError(f"{text!r}: a multiple is given twice")
     return values
 
 

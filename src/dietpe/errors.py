@@ -22,6 +22,18 @@ class DataError(DietError):
     """A missing, empty or malformed data file; the message names the file and line."""
 
 
+def module_main(main, prog: str) -> int:
+    """`main()` of a `python -m dietpe....` tool, as the `dietpe` command ends: a DietError or a missing file in one
+    line on stderr and exit code 2, not a traceback."""
+    import sys
+
+    try:
+        return int(main() or 0)
+    except (DietError, FileNotFoundError) as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 2
+
+
 def may_read(tensor) -> bool:
     """Whether an InputError check may read `tensor`'s values (min/max of ids, `all()` of a mask). Reading
     copies a result to the host: free on the CPU, but on a GPU it stalls the queue, and a training step would

@@ -154,3 +154,10 @@ def test_lengths_as_the_dietpe_command_re_attaches_an_attached_llama_run(data, t
     assert cli(["lengths", str(out / "llama-alibi"), "--data", str(data["corpus"]), "--lengths", "1",
                 "-o", str(tmp_path / "damaged")]) == 2
     assert f"{lm.RESULT}: unreadable result of a finished run" in capsys.readouterr().err
+
+
+def test_lm_refuses_fp16_which_its_loop_cannot_scale(data, tmp_path, capsys):
+    assert cli(["lm", str(data["corpus"]), "--methods", "alibi", "--steps", "2", "--max-length", "8",
+                "--precision", "fp16", "-o", str(tmp_path / "lm")]) == 2
+    assert "--precision fp16: dietpe lm's training loop scales no loss" in capsys.readouterr().err
+    assert not (tmp_path / "lm").exists()

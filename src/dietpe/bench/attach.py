@@ -29,6 +29,8 @@ import torch
 from torch.utils._pytree import tree_flatten
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from dietpe import validate as V
+
 DEFAULT_METHODS = "native,rotary,none,diet-rel,t5,alibi,kerple,fire,diet-abs"
 
 
@@ -146,20 +148,33 @@ def parse_args(argv=None):
     p.add_argument("--heads", type=int, default=12, help="query heads")
     p.add_argument("--kv-heads", type=int, default=4, help="key-value heads (grouped-query attention)")
     p.add_argument("--vocab", type=int, default=32000, help="vocabulary size")
-    p.add_argument("--shapes", default="8x2048", help="comma-separated BATCHxLENGTH, e.g. 8x2048,2x8192")
+    p.add_argument("--shapes", default=[(8, 2048)], type=_shapes,
+                   help="comma-separated BATCHxLENGTH, e.g. 8x2048,2x8192")
     p.add_argument("--methods", default=DEFAULT_METHODS, help="'native' and method specs, comma-separated")
-    p.add_argument("--steps", type=int, default=6, help="timed steps (the median is reported)")
+    p.add_argument("--steps", type=V.positive_int, default=6, help="timed steps (the median is reported)")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps first (compilation, allocator)")
     p.add_argument("--census", action="store_true", help="count the tensors of >= B·H·L²/4 elements of one step")
     p.add_argument("--budget", type=float, default=None, help="seconds; rows left once spent are skipped")
     return p.parse_args(argv)
 
 
+def _shapes(text: str) -> list[tuple[int, int]]:
+    """An argparse type: BATCHxLENGTH[,BATCHxLENGTH...] of positive integers."""
+    try:
+        shapes = [tuple(int(n) for n in s.lower().split("x")) for s in text.split(",") if s.strip()]
+    except ValueError:
+        shapes = []
+    if not shapes or any(len(s) != 2 or min(s) < 1 for s in shapes):
+        raise argparse.ArgumentTypeError(f"{text!r} is not BATCHxLENGTH[,BATCHxLENGTH...] of positive integers "
+                                         f"(e.g. 8x2048,2x8192)")
+    return shapes
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)  # a score_mod each
-    shapes = [tuple(int(n) for n in s.lower().split("x")) for s in args.shapes.split(",") if s]
+    shapes = args.shapes
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     begin = time.perf_counter()
     print(f"Llama {args.layers} layers, d {args.hidden}, {args.heads} heads, {args.kv_heads} KV heads, "
@@ -189,4 +204,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from dietpe.errors import module_main
+
+    sys.exit(module_main(main, "python -m dietpe.bench.attach"))

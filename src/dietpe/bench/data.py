@@ -182,4 +182,6 @@ def table(rows) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from dietpe.errors import module_main
+
+    sys.exit(module_main(main, "python -m dietpe.bench.data"))

@@ -174,4 +174,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from dietpe.errors import module_main
+
+    sys.exit(module_main(main, "python -m dietpe.bench.footprint"))

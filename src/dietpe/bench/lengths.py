@@ -282,4 +282,6 @@ def run(args) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from dietpe.errors import module_main
+
+    sys.exit(module_main(main, "python -m dietpe.bench.lengths"))

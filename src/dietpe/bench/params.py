@@ -92,4 +92,8 @@ def markdown(rows: list[ParamsRow], size: str = "bert-base") -> str:
 
 
 if __name__ == "__main__":
+    import argparse
+
+    argparse.ArgumentParser(prog="python -m dietpe.bench.params", description="DIET Table 6: parameters of each "
+                            "row, ours against the paper's").parse_args()  # takes no options: refuses any
     print(markdown(table6_rows()))

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import torch
 
+from dietpe import validate as V
 from dietpe.methods import METHOD_LISTS, parse_method
 from dietpe.tasks.recipes import FINETUNE_RECIPES, PRETRAIN_RECIPES, build_config
 from dietpe.tasks.recipes import STUDY_PLANS
@@ -238,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default=None, choices=("cpu", "cuda"))
     ap.add_argument("--precision", default="bf16", choices=("fp32", "bf16"))
     ap.add_argument("--size", default=None, help="model size instead of the recipe's (a quick check of this tool)")
-    ap.add_argument("--steps", type=int, default=10, help="timed steps of each kind per method")
+    ap.add_argument("--steps", type=V.positive_int, default=10, help="timed steps of each kind per method")
     ap.add_argument("--warmup", type=int, default=3, help="untimed steps first")
     ap.add_argument("--pretrain-batch", type=int, default=None,
                     help="sequences per timed pre-training step (default: the recipe's global batch); the time is "
@@ -283,4 +284,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from dietpe.errors import module_main
+
+    sys.exit(module_main(main, "python -m dietpe.bench.study_time"))

@@ -252,8 +252,9 @@ def _records(kind: str, where: str, split: str):
             cells = line.rstrip("\r\n").split("\t")
             if not line.strip():
                 continue
-            if len(cells) <= index:
-                raise DataError(f"{path}:{lineno}: {len(cells)} columns, the header names {len(header)}")
+            if len(cells) <= index or len(cells) > len(header):  # more: a tab in a text, cut there silently
+                hint = " (a tab inside a text?)" if len(cells) > len(header) else ""
+                raise DataError(f"{path}:{lineno}: {len(cells)} columns, the header names {len(header)}{hint}")
             yield "documents", cells[index]
     else:
         rows = stream_hf_dataset(where, split)

@@ -181,6 +181,8 @@ def main_lm(args) -> int:
     # sets the vocabulary and pad id
     configs = {spec: causal_config(spec, args.size, 100, args.max_length, 0) for spec in specs}
     check_windows(args.max_length, args.lengths, True, tokens=args.eval_tokens)
+    if args.precision == "fp16":  # fp16's gradients underflow without a loss scaler, which this loop lacks
+        raise ConfigError("--precision fp16: dietpe lm's training loop scales no loss; use bf16 or fp32")
     with V.created_only_on_success(out):
         return _main_lm(args, out, specs, configs)
 

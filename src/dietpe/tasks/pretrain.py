@@ -356,7 +356,7 @@ def refuse_unused_options(args) -> None:
         V.refuse_unused(args, {"size": "--size"}, "with --init: the model's sizes are the checkpoint's")
     if args.tokenizer or getattr(args, "init", None):
         V.refuse_unused(args, {"tokenizer_sample": "--tokenizer-sample", "tokenizer_type": "--tokenizer-type",
-                               "special_tokens": "--special-tokens"},
+                               "special_tokens": "--special-tokens", "vocab_size": "--vocab-size"},
                         f"with {'--tokenizer' if args.tokenizer else '--init'}: no tokenizer is trained")
 
 

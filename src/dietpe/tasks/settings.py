@@ -198,6 +198,9 @@ def parse_lrs(text: str) -> tuple[float, ...]:
     bad = [lr for lr in lrs if not (lr > 0 and math.isfinite(lr))]
     if bad:
         raise ConfigError(f"--lrs {text!r}: {bad[0]:g} is not a positive learning rate (must be > 0)")
+    twice = [lr for i, lr in enumerate(lrs) if lr in lrs[:i]]
+    if twice:  # one run folder per rate: the grid would count it twice and run it once
+        raise ConfigError(f"--lrs {text!r}: {twice[0]:g} is given twice")
     return lrs
 
 
