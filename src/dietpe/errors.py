@@ -22,6 +22,11 @@ class DataError(DietError):
     """A missing, empty or malformed data file; the message names the file and line."""
 
 
+def first_line(error: BaseException) -> str:
+    """The first line of an exception's message (or its type's name): a library's reason, in one line."""
+    return str(error).splitlines()[0] if str(error) else type(error).__name__
+
+
 def module_main(main, prog: str) -> int:
     """`main()` of a `python -m dietpe....` tool, as the `dietpe` command ends: a DietError or a missing file in one
     line on stderr and exit code 2, not a traceback."""

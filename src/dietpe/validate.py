@@ -13,7 +13,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from dietpe.errors import ConfigError, DataError
+from dietpe.errors import ConfigError, DataError, first_line
 
 # -- argparse types -------------------------------------------------------------------------------------------
 
@@ -252,6 +252,6 @@ def check_model_files(model_dir: str | Path) -> None:
             with safe_open(str(file), framework="pt"):
                 pass
         except Exception as e:  # safetensors raises its own SafetensorError
-            reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+            reason = first_line(e)
             raise DataError(f"{file}: cannot read the weights ({reason}): the file is truncated or corrupt; copy "
                             f"or save the model again") from None

@@ -27,7 +27,7 @@ import re
 from pathlib import Path
 
 from dietpe.data.text import iter_lines
-from dietpe.errors import DataError
+from dietpe.errors import DataError, first_line
 
 Document = list[str]
 
@@ -165,7 +165,7 @@ def load_hf_dataset(name: str, split: str):
         loaded = datasets.load_dataset(dataset, config or None)
     except Exception as e:  # datasets raises many kinds; all mean "cannot get it here"
         offline = os.environ.get("HF_DATASETS_OFFLINE") == "1" or os.environ.get("HF_HUB_OFFLINE") == "1"
-        text = str(e).splitlines()[0] if str(e) else type(e).__name__
+        text = first_line(e)
         network = isinstance(e, (ConnectionError, TimeoutError)) or any(
             w in text.lower() for w in ("connection", "offline", "network", "resolve", "reach", "internet"))
         if offline or network:
@@ -298,7 +298,7 @@ def stream_hf_dataset(name: str, split: str, missing_ok: bool = False):
     try:
         loaded = datasets.load_dataset(dataset, config or None, streaming=True)
     except Exception as e:  # datasets raises many kinds; all mean "cannot get it here"
-        text = str(e).splitlines()[0] if str(e) else type(e).__name__
+        text = first_line(e)
         raise DataError(f"{name}: cannot stream this Hugging Face dataset ({text}); pass a local file or "
                         f"directory instead") from None
     for candidate in [split] + [s for s in SPLIT_NAMES.get(split, ()) if s != split]:

@@ -22,7 +22,7 @@ import torch
 from transformers import TrainerCallback
 
 from dietpe.data.text import write_text_atomic
-from dietpe.errors import ConfigError, DataError
+from dietpe.errors import ConfigError, DataError, first_line
 from dietpe.tasks.runtime import is_main_process
 
 COMPLETE = "diet-complete.json"
@@ -48,7 +48,7 @@ def read_result(path: str | Path, keys: tuple[str, ...] = ()) -> dict:
     try:
         result = read_json(path)
     except (OSError, UnicodeDecodeError, ValueError) as e:
-        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        reason = first_line(e)
         raise DataError(f"{path}: unreadable result of a finished run ({reason}); delete it to redo that run") \
             from None
     missing = [k for k in keys if k not in result] if isinstance(result, dict) else ["a JSON object"]
@@ -114,7 +114,7 @@ def _damage(path: Path) -> str | None:
             if bad is not None:
                 return f"its member {bad} fails its checksum"
     except Exception as e:  # noqa: BLE001 - any failure to read is the damage to report
-        return str(e).splitlines()[0] if str(e) else type(e).__name__
+        return first_line(e)
     return None
 
 
