@@ -160,4 +160,88 @@ def test_a_cell_behind_fewer_seeds_than_its_row_says_so_and_a_diverged_seed_is_l
     assert cells[5] == "3" and cells[8] == "75.0 ± 37.3" and cells[9] == "99.0 (n=1)" and cells[10] == "94.5 (n=1)"
     rows = {"a": row([float("nan"), 80, 82, 81]), "b": row([70, 71, 72, 73])}
     (res,) = CL.evaluate(CL.Claim("k", "a beats b", "src", (CL.C("a", "b"),)), rows)
-    assert res.values == [9, 10, 8] and res.verdict == stats.SUPPORTED  # seed 0 diverged: left out
+    assert res.values == [9, 10, 8] and res.diverged == {"a": [0]}  # seed 0 diverged: left out of the values
+    # ... and leaving a's diverged seed out cannot be what supports a
+    assert res.verdict == stats.UNRESOLVED and "diverged, left out: a (seed 0)" in CL._cell(res)
+
+
+def test_a_divergence_never_makes_the_verdict_it_could_have_flattered():
+    claim = CL.Claim("k", "a beats b", "src", (CL.C("a", "b"),))
+    nan, inf = float("nan"), float("inf")
+    a, b = [85, 86, 85.5, 86.2], [80, 81, 79, 80.5]
+    verdicts = {}
+    for name, rows in {"a wins, a diverged": {"a": row([nan, nan] + a[2:]), "b": row(b)},
+                       "a wins, b diverged": {"a": row(a), "b": row([inf] + b[1:])},
+                       "a loses, a diverged": {"a": row([nan] + b[1:]), "b": row(a)},
+                       "a loses, b diverged": {"a": row(b), "b": row([nan] + a[1:])},
+                       "every seed of a diverged": {"a": row([nan] * 4), "b": row(b)}}.items():
+        (res,) = CL.evaluate(claim, rows)
+        verdicts[name] = res.verdict
+    assert verdicts == {"a wins, a diverged": stats.UNRESOLVED, "a wins, b diverged": stats.SUPPORTED,
+                        "a loses, a diverged": stats.CONTRADICTED, "a loses, b diverged": stats.UNRESOLVED,
+                        "every seed of a diverged": stats.UNRESOLVED}
+    loss = CL.Claim("k", "a lower loss", "src", (CL.C("a", "b", "mlm"),))
+    (res,) = CL.evaluate(loss, {"a": row([inf, 1.0, 1.1, 1.05], "mlm"), "b": row([2, 2.1, 2.2, 2.0], "mlm")})
+    assert res.diverged == {"a": [0]} and res.verdict == stats.UNRESOLVED
+
+
+def test_one_contradicted_comparison_contradicts_a_claim_over_several():
+    claim = CL.Claim("k", "x and y beat b", "src", (CL.C("x", "b"), CL.C("y", "b")))
+    rows = {"b": row([80, 81, 82]), "x": row([70, 72, 71]), "y": row([85, 86, 87.5])}
+    results = CL.evaluate(claim, rows)
+    assert [r.verdict for r in results] == [stats.CONTRADICTED, stats.SUPPORTED]
+    assert CL.overall(results) == stats.CONTRADICTED
+
+
+def test_a_difference_with_no_spread_between_seeds_is_not_resolved():
+    claim = CL.Claim("k", "a beats b", "src", (CL.C("a", "b"),))
+    (res,) = CL.evaluate(claim, {"a": row([80.2, 70.2, 60.2]), "b": row([80.0, 70.0, 60.0])})
+    assert res.verdict == stats.UNRESOLVED and "no spread between seeds" in CL._cell(res)
+
+
+def test_saturation_needs_a_first_gain_to_saturate():
+    claim = CL.Claim("k", "saturates", "src", (CL.C("r32", "r8", kind="gain-shrinks", third="r2"),))
+    # more rank hurts throughout: the later 'gain' (-20) is smaller than the first (-10), but nothing saturates
+    rows = {"r2": row([80, 81, 82]), "r8": row([70, 72, 71]), "r32": row([50, 51, 52.5])}
+    (res,) = CL.evaluate(claim, rows)
+    assert res.verdict == stats.UNRESOLVED and "is not shown" in CL._cell(res)
+
+
+def test_seeds_needed_says_when_the_mean_points_against_the_claim():
+    md, _ = CL.claims_markdown({"absolute": row([75, 74.5, 78, 77]), "diet-abs": row([70, 75, 73, 76.5]),
+                                "diet-rel": row([76, 74, 79, 77])})
+    line = next(x for x in md.splitlines() if "| `diet-abs − absolute` | score |" in x)
+    assert line.endswith("(against) |"), line
+
+
+def test_the_family_wise_chance_of_a_false_verdict_is_stated():
+    md, _ = CL.claims_markdown({"absolute": row([70, 71, 72]), "diet-abs": row([75, 74, 78]),
+                                "diet-rel": row([75, 74, 78])})
+    assert "2 primary comparisons" in md and "at least one of the 2 about 10% of the time" in md
+
+
+def test_the_cost_quote_gives_both_lengths():
+    lines = CL.bench_lines()
+    assert any("1.02 at 128 tokens, 1.06 at 512" in x for x in lines)
+
+
+def test_the_report_names_diverged_runs_and_says_what_none_did_on_the_position_tasks():
+    from dietpe.methods import parse_method
+    from dietpe.study.report import diverged_line, none_at_chance
+    from dietpe.study.results import aggregate
+
+    def unit(order, loss=2.0):
+        return dict(val_loss=loss, curves={}, parameters=1e6, head_size=8,
+                    tasks={"order": {"averaged": {"accuracy": order}, "metrics": ["accuracy"]}})
+
+    units = {("none", 0): unit(50.0), ("none", 1): unit(51.0), ("none", 2): unit(49.5, float("inf")),
+             ("absolute", 0): unit(90.0), ("absolute", 1): unit(float("nan"))}
+    rows = aggregate([parse_method("none"), parse_method("absolute")], units, ["order"])
+    assert diverged_line(rows) == ("Diverged (a measure not finite), left out of the cells and of the claims' "
+                                   "differences: `none` seed 2 (mlm); `absolute` seed 1 (score, task:order).")
+    assert rows[0]["estimates"]["mlm"][3] == 2  # inf left out like NaN
+    assert "`none` is at chance (†) on order" in none_at_chance(rows, ["order"], {"order": 50.0})
+    units.update({("none", k): unit(90.0 + k) for k in range(3)})
+    rows = aggregate([parse_method("none")], units, ["order"])
+    assert "`none` is above chance on order" in none_at_chance(rows, ["order"], {"order": 50.0})
+    assert "no `none` row" in none_at_chance([], ["order"], {"order": 50.0})

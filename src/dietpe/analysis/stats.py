@@ -19,7 +19,8 @@ import numpy as np
 LEVEL = 0.95
 SUPPORTED, CONTRADICTED, UNRESOLVED = "supported", "contradicted", "not resolved at this budget"
 RULE = ("supported when the 95% interval of the difference excludes 0 in the claimed direction, contradicted "
-        "when it excludes 0 in the other direction, otherwise not resolved at this budget")
+        "when it excludes 0 in the other direction, otherwise not resolved at this budget (so is an interval of "
+        "zero width: every seed gave the same difference, and the seed-to-seed spread is not measured)")
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,11 @@ class Estimate:
     n: int
 
     @property
+    def no_spread(self) -> bool:
+        """Every value the same, up to float rounding (80.2 − 80.0 and 70.2 − 70.0 differ in the last bits)."""
+        return self.high - self.low <= 1e-9 * max(1.0, abs(self.mean))
+
+    @property
     def half_width(self) -> float:
         return (self.high - self.low) / 2
 
@@ -39,6 +45,8 @@ class Estimate:
         fmt = f"{{:{'+' if signed else ''}.{digits}f}}"
         if self.n < 2 or math.isnan(self.low):
             return fmt.format(self.mean) + f" (n={self.n}, no interval)"
+        if self.no_spread:
+            return fmt.format(self.mean) + f" (n={self.n}, no spread between seeds)"
         return f"{fmt.format(self.mean)} [{fmt.format(self.low)}, {fmt.format(self.high)}]"
 
 
@@ -86,7 +94,7 @@ def verdict(estimate: Estimate, direction: int) -> str:
     """`direction` +1: the claim says the difference is > 0; -1: < 0. See RULE."""
     if direction not in (1, -1):
         raise ValueError("direction must be +1 or -1")
-    if estimate.n < 2 or math.isnan(estimate.low):
+    if estimate.n < 2 or math.isnan(estimate.low) or estimate.no_spread:
         return UNRESOLVED
     low, high = estimate.low * direction, estimate.high * direction
     low, high = min(low, high), max(low, high)
@@ -100,7 +108,7 @@ def verdict(estimate: Estimate, direction: int) -> str:
 def equivalence_verdict(estimate: Estimate, low: float, high: float) -> str:
     """For claims of 'no difference': supported when the whole interval lies inside [low, high] (the stated
     margin), contradicted when it lies wholly outside, otherwise not resolved."""
-    if estimate.n < 2 or math.isnan(estimate.low):
+    if estimate.n < 2 or math.isnan(estimate.low) or estimate.no_spread:
         return UNRESOLVED
     if low <= estimate.low and estimate.high <= high:
         return SUPPORTED

@@ -98,6 +98,11 @@ def plot_task_scores(plt, out: Path, rows: list[dict], task_names: list[str], st
         for y, r in enumerate(reversed(rows)):
             colour, marker = styles[r["method"]]
             vals = [v[f"task:{t}"] for v in r["seeds"].values() if f"task:{t}" in v]
+            diverged = sum(not math.isfinite(x) for x in vals)
+            vals = [x for x in vals if math.isfinite(x)]  # as the table: a diverged seed is left out, and said
+            if diverged:
+                ax.annotate(f"{diverged} diverged", (0, y), xycoords=("axes fraction", "data"), fontsize=6,
+                            color=colour, va="center")
             if not vals:
                 continue
             ax.scatter(vals, [y] * len(vals), color=colour, marker=marker, s=22, alpha=0.6)

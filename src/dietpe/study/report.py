@@ -10,7 +10,7 @@ import numpy as np
 
 from dietpe.study import claims as CL
 from dietpe.study.plots import plot_figures
-from dietpe.study.results import claim_rows, write_csvs
+from dietpe.study.results import claim_rows, diverged, write_csvs
 from dietpe.tasks.checkpoints import write_json_atomic
 
 
@@ -61,6 +61,31 @@ def markdown_table(rows: list[dict], task_names: list[str], chance: dict[str, fl
         vals += [f"*{np.mean(known):.1f}*" if len(known) == len(task_names) else "…"]
         lines.append("| " + " | ".join(vals) + " |")
     return "\n".join(lines)
+
+
+def diverged_line(rows: list[dict]) -> str:
+    found = diverged(rows)
+    if not found:
+        return "No run diverged."
+    return (f"Diverged (a measure not finite), left out of the cells and of the claims' differences: "
+            f"{'; '.join(found)}.")
+
+
+POSITION_TASKS = ("order", "pair-order", "distance", "start")
+
+
+def none_at_chance(rows: list[dict], task_names: list[str], chance: dict[str, float] | None) -> str:
+    """What this run's `none` row shows on the built-in tasks that need position: the design says chance; a
+    cell above it is named (it would mean position leaks in some other way, or too few evaluation examples)."""
+    row = next((r for r in rows if r["method"] == "none"), None)
+    tasks = [t for t in task_names if t in POSITION_TASKS and row and row["estimates"].get(f"task:{t}")]
+    if not tasks or not chance:
+        return "This run has no `none` row scored on them to show it."
+    above = [t for t in tasks if not at_chance(row, f"task:{t}", chance.get(t))]
+    if not above:
+        return f"In this run `none` is at chance ({CHANCE_MARK}) on {', '.join(tasks)}."
+    return (f"In this run `none` is above chance on {', '.join(above)}: read those tasks' differences with "
+            f"care.")
 
 
 def chance_note(chance: dict[str, float] | None) -> str:
@@ -132,7 +157,7 @@ time (runs finished by an earlier invocation are reused).
 ## Results
 
 Mean ± half-width of the 95% t interval over pre-training seeds; "(n=k)": only k of the row's seeds have that
-measure (a run not finished or failed).
+measure (a run not finished, failed or diverged). {diverged_line(rows)}
 
 {markdown_table(rows, task_names, info.get("chance"))}
 
@@ -153,10 +178,11 @@ Figures share one colour and marker per method.
         from dietpe.analysis import compare_section
         text += "\n(Pictures of each method's first pre-training seed.)\n\n" + compare_section(indexes, out)
     if info.get("builtin"):
-        text += """
+        text += f"""
 Built-in tasks (docs/study.md): `order` (is the animal or the fruit first), `pair-order` (two segments; which
 one puts the animal first), `distance` (are the animal and the fruit adjacent or at least four words apart) and
-`start` (is the animal the first word after [CLS]) have the same words under both labels, so `none` (no
-position information) stays at chance (the *chance* row); `topic` needs only the words, a control every method should solve.
+`start` (is the animal the first word after [CLS]) have the same words under both labels, so a model without
+position information should stay at chance on them; `topic` needs only the words, a control every method should
+solve. {none_at_chance(rows, task_names, info.get("chance"))}
 """
     (out / "report.md").write_text(text, encoding="utf-8")

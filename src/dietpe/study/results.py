@@ -58,9 +58,9 @@ def aggregate(methods: list[Method], units: dict, task_names: list[str], measure
         first = next(iter(mine.values()))
         seeds = {seed: measures(u, task_names) for seed, u in mine.items()}
         keys = sorted({k for v in seeds.values() for k in v})
-        # a seed whose measure is NaN (its fine-tuning diverged at every learning rate) is left out, and the
-        # table says how many seeds stand behind the cell
-        finite = {k: [v[k] for v in seeds.values() if k in v and not math.isnan(v[k])] for k in keys}
+        # a seed whose measure is not finite (its pre-training, or its fine-tuning at every learning rate,
+        # diverged) is left out; the table says how many seeds stand behind the cell, the report which diverged
+        finite = {k: [v[k] for v in seeds.values() if k in v and math.isfinite(v[k])] for k in keys}
         est = {k: stats.t_interval(values) for k, values in finite.items() if values}
         rows.append(dict(method=method.name, position=method.position, place=position_place(method),
                          segment=method.segment, sharing=method.sharing, parameters=first["parameters"],
@@ -70,6 +70,17 @@ def aggregate(methods: list[Method], units: dict, task_names: list[str], measure
                          analysis={seed: u["analysis"] for seed, u in mine.items() if u.get("analysis")},
                          tasks={seed: u["tasks"] for seed, u in mine.items()}))
     return rows
+
+
+def diverged(rows: list[dict]) -> list[str]:
+    """'method seed S (measures)' for every pre-training seed with a measure that is not finite."""
+    found = []
+    for r in rows:
+        for seed, measures in r["seeds"].items():
+            bad = [k for k, v in measures.items() if not math.isfinite(v)]
+            if bad:
+                found.append(f"`{r['method']}` seed {seed} ({', '.join(bad)})")
+    return found
 
 
 def claim_rows(rows: list[dict]) -> dict[str, dict]:
