@@ -473,7 +473,12 @@ case("finetune --eval-files missing", f"{FT} --eval-files {{root}}/nope.tsv", "n
 case("finetune --train-split nope", f"{FT} --train-split nope", "nope.tsv", "no such")
 case("finetune on the evaluated set", f"{FT} --train-split dev", "dev.tsv", "also an evaluation set")
 case("finetune XNLI on translations of the evaluated sets", FT.replace("{order}", "{xnli_dev}", 1)
-     + " --train-split dev --eval-split dev --eval-files {xnli_dev}/dev-de.tsv", "dev-en.tsv", "translations")
+     + " --train-split dev --eval-files {xnli_dev}/dev-de.tsv", "dev-en.tsv", "translations")
+case("finetune --train-split beside --train-file", f"{FT} --train-file {{order}}/train.tsv --train-split dev",
+     "--train-split", "--train-file")
+case("finetune --eval-split beside --eval-files", f"{FT} --eval-files {{order}}/dev.tsv --eval-split test",
+     "--eval-split", "--eval-files")
+case("finetune --train-language on a GLUE-style task", f"{FT} --train-language de", "--train-language", "XNLI")
 case("finetune --task-name tsv without label", FT.replace("{order}", "{tsv_nolabel}") + " --task-name tsv",
      "train.tsv:1", "'label'")
 case("finetune -o a file", FT.replace("-o {out}", "-o {afile}"), "afile.txt", "not a folder")
@@ -604,6 +609,9 @@ case("bench --modes nope", f"{BENCH} --modes fly", "--modes", "fly", "infer")
 case("bench --shapes nope", f"{BENCH} --shapes bert-huge", "bert-huge", "bert-base")
 case("bench --long-methods absolute", f"{BENCH} --long --long-methods absolute", "--long-methods", "absolute",
      "diet-rel")
+case("bench --long-length without --long", f"{BENCH} --long-length 4096", "--long-length", "without --long")
+case("bench --methods twice", f"{BENCH} --methods diet-rel,t5,diet-rel", "--methods", "diet-rel", "more than once")
+case("bench --lengths twice", f"{BENCH} --lengths 16,16", "--lengths", "'16,16'", "more than once")
 case("bench --json under a file", f"{BENCH} --json {{afile}}/b.json", "afile.txt", "not a folder")
 case("bench --markdown a folder", f"{BENCH} --markdown {{existing}}", "existing", "a folder")
 

@@ -277,9 +277,12 @@ def register_finetune(subparsers) -> None:
     p.add_argument("--train-file", help="training file, overriding the directory layout (e.g. MNLI's "
                                         "train.tsv for XNLI, SQuAD's train-v1.1.json for XQuAD)")
     p.add_argument("--eval-files", nargs="+", help="evaluation files, overriding the directory layout")
-    p.add_argument("--train-split", default="train", help="file prefix of the training split (XNLI: dev)")
-    p.add_argument("--eval-split", default="dev", help="file prefix of the evaluation split (XNLI: test)")
-    p.add_argument("--train-language", default="en", help="cross-lingual: the language fine-tuned on")
+    p.add_argument("--train-split", help="file prefix of the training split in the task's directory (XNLI: dev) "
+                                         "(default: train)")
+    p.add_argument("--eval-split", help="file prefix of the evaluation split in the task's directory (XNLI: test) "
+                                        "(default: dev)")
+    p.add_argument("--train-language", help="XNLI and QA: the language fine-tuned on, and the checkpoint chosen "
+                                            "on (default: en)")
     p.add_argument("-o", "--output-dir", default="runs/finetune",
                    help="where each run's result.json and fine-tuned model (LR-SEED/model) go")
     p.add_argument("--no-save-model", dest="save_model", action="store_false",
@@ -551,13 +554,21 @@ def _ints(text: str) -> list[int]:
     return values
 
 
+def _distinct_ints(text: str) -> list[int]:
+    values = _ints(text)
+    if len(set(values)) < len(values):
+        raise argparse.ArgumentTypeError(f"{text!r} lists a length more than once")
+    return values
+
+
 def register_bench(subparsers) -> None:
     p = subparsers.add_parser("bench", help="time and memory of every position method against `none`",
                               description=_doc("dietpe.bench.cli"), formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shapes", type=V.names, default=["bert-small", "bert-base"],
                    help="model presets, or lm-<preset> for the causal LM at its sizes (default: "
                         "bert-small,bert-base)")
-    p.add_argument("--lengths", type=_ints, default=[128, 512], help="sequence lengths (default: 128,512)")
+    p.add_argument("--lengths", type=_distinct_ints, default=[128, 512],
+                   help="sequence lengths (default: 128,512)")
     p.add_argument("--batch", type=_ints, default=None,
                    help="batch size, one for all lengths or one per length (default: 8 at 128, 2 at 512, "
                         "so 1,024 tokens per step; elsewhere max(1, 1024 // length))")
@@ -586,9 +597,8 @@ def register_bench(subparsers) -> None:
                    help="skip peak memory (one fresh process per configuration)")
     p.add_argument("--long", action="store_true",
                    help="also: inference at --long-length tokens for the methods with no absolute table")
-    p.add_argument("--long-length", type=V.positive_int, default=8192, help="length for --long (default: 8192)")
-    p.add_argument("--long-methods", type=V.names, default=["none", "diet-rel", "diet-rel+seg", "t5", "alibi",
-                                                           "rotary"],
+    p.add_argument("--long-length", type=V.positive_int, help="length for --long (default: 8192)")
+    p.add_argument("--long-methods", type=V.names,
                    help="methods for --long (default: none,diet-rel,diet-rel+seg,t5,alibi,rotary)")
     p.add_argument("--json", default=None, help="also write the results as JSON to this path")
     p.add_argument("--markdown", default=None, help="also write the tables as Markdown to this path")

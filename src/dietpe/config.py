@@ -9,6 +9,8 @@ them. Everything is validated once, in `DietConfig.validate()`, with errors that
 
 from __future__ import annotations
 
+import difflib
+import inspect
 from typing import ClassVar, Literal, get_args
 
 from transformers import PretrainedConfig
@@ -42,6 +44,41 @@ SHAREABLE_POSITIONS = names(shareable=True)
 LOGIT_SCALE = 10.0
 
 
+#: Hugging Face's `attn_implementation` names, and the diet backend each asks for
+HF_IMPLEMENTATIONS = {"eager": "eager", "sdpa": "sdpa", "flex_attention": "flex"}
+# keywords PretrainedConfig takes that lie close to a diet field's name: never taken for its misspelling
+_HF_KEYWORDS = frozenset({"num_labels", "sep_token_id", "tie_encoder_decoder", "is_decoder", "add_cross_attention",
+                          "torch_dtype", "tokenizer_class", "prefix", "task_specific_params", "finetuning_task",
+                          "output_attentions", "pruned_heads", "use_return_dict", "experts_implementation"})
+
+
+def backend_for(implementation, attn_backend: str = "auto") -> str:
+    """The `attn_backend` Hugging Face's `attn_implementation` asks for. One diet has no backend for, or one
+    that contradicts an `attn_backend` also given, is refused rather than run on another backend."""
+    if implementation not in HF_IMPLEMENTATIONS:
+        raise ConfigError(f"attn_implementation={implementation!r}: diet's models take "
+                          f"{', '.join(map(repr, HF_IMPLEMENTATIONS))}, or attn_backend= one of "
+                          f"{', '.join(map(repr, backend_names()))} (docs/gpu.md)")
+    backend = HF_IMPLEMENTATIONS[implementation]
+    if attn_backend not in ("auto", backend):
+        raise ConfigError(f"attn_implementation={implementation!r} asks for attn_backend={backend!r}, but "
+                          f"attn_backend={attn_backend!r} is given too; give one of them")
+    return backend
+
+
+def _refuse_misspelt(config_class, keys) -> None:
+    """Hugging Face keeps an unknown keyword as an attribute, so `positon='diet-rel'` would build BERT's table
+    without a word: a keyword close to one of diet's own fields is refused as its misspelling."""
+    ours = set(FIELDS)
+    for cls in config_class.__mro__:
+        if issubclass(cls, DietConfig):
+            ours |= set(inspect.signature(cls.__init__).parameters) - {"self", "kwargs"}
+    for key in keys:
+        close = difflib.get_close_matches(key, sorted(ours), n=1, cutoff=0.8)
+        if close and key not in ours and key not in _HF_KEYWORDS:
+            raise ConfigError(f"{config_class.__name__}: unknown field {key!r}; did you mean {close[0]!r}?")
+
+
 def _check(name: str, value, allowed) -> None:
     if value not in allowed:
         raise ConfigError(f"{name}={value!r} is not one of {', '.join(map(repr, allowed))}")
@@ -69,6 +106,8 @@ class DietConfig(PretrainedConfig):
         `linformer_k`; with `diet-abs` this is DIET-ABS-LIN, eq. 4).
     attn_backend: `auto` (SDPA unless the method needs the probabilities), or a backend registered in
         `dietpe.attention.registry`: `eager` (the reference), `sdpa`, `flex` (FlexAttention), `banded` (Shaw).
+        Hugging Face's `attn_implementation` ('eager', 'sdpa', 'flex_attention'), here, in `from_pretrained`,
+        `from_config` or `set_attn_implementation`, sets it.
     sparse_prediction: the masked LM given `labels` runs its head on the labelled tokens only (label != -100)
         and returns their logits, (N, vocab_size) in row-major order, as transformers' ModernBERT does: the
         same loss without the (B, L, vocab_size) logits (`dietpe pretrain` sets it). Without labels, or False
@@ -130,6 +169,9 @@ class DietConfig(PretrainedConfig):
         self.linformer_k = linformer_k
         for name in FIELDS:  # the methods' own fields (dietpe.positions.registry.FIELDS)
             setattr(self, name, kwargs.pop(name) if name in kwargs else self.field_default(name))
+        if kwargs.get("attn_implementation") is not None:
+            attn_backend = backend_for(kwargs.pop("attn_implementation"), attn_backend)
+        _refuse_misspelt(type(self), kwargs)
         self.input_positions = input_positions
         self.logit_scale = logit_scale
         self.attn_backend = attn_backend

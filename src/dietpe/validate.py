@@ -99,10 +99,13 @@ def fraction(text: str) -> float:
 
 
 def names(text: str) -> list[str]:
-    """A comma-separated, non-empty list of names."""
+    """A comma-separated, non-empty list of distinct names (one named twice would be run or counted once)."""
     values = [x.strip() for x in text.split(",") if x.strip()]
     if not values:
         raise argparse.ArgumentTypeError(f"{text!r} names nothing (give a comma-separated list)")
+    twice = sorted({v for v in values if values.count(v) > 1})
+    if twice:
+        raise argparse.ArgumentTypeError(f"{text!r} names {', '.join(twice)} more than once")
     return values
 
 

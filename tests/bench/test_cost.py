@@ -259,8 +259,8 @@ def test_a_method_named_with_its_backend_runs_there_alone():
     from dietpe.bench.cli import _parse
 
     args = argparse.Namespace(repeats=1, warmup=0, threads=1, attention_dropout=None, json=None, markdown=None,
-                              modes=["train"], backends=["fused", "sdpa"], long=False, long_methods=[],
-                              shapes=["bert-tiny"], peers=False,
+                              modes=["train"], backends=["fused", "sdpa"], long=False, long_methods=None,
+                              long_length=None, shapes=["bert-tiny"], peers=False,
                               methods=["none@fused", "rotary@auto", "diet-rel", "t5@sdpa"])
     variants = _parse(args)[0]
     assert [(v.position, v.backend) for v in variants] == [

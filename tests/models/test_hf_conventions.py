@@ -1,6 +1,7 @@
 """diet's models keep Hugging Face's conventions where a user of BERT or Llama relies on them: return_dict=False
 tuples, output_attentions / output_hidden_states from the config, resize_token_embeddings, the heads' label
-shapes and problem_type, and a config override given to from_pretrained checked like a constructor's."""
+shapes and problem_type, a config override given to from_pretrained checked like a constructor's, and Hugging
+Face's attn_implementation choosing the backend that runs (never recorded while another runs)."""
 
 import pytest
 import torch
@@ -98,3 +99,49 @@ def test_a_from_pretrained_override_is_checked_like_a_constructors(tmp_path):
         DietConfig(hidden_act="gleu")
     with pytest.raises(ConfigError, match=r"pad_token_id=99 must be a token id in \[0, 49\]"):
         DietCausalConfig(vocab_size=50, pad_token_id=99)
+
+
+def _backends(model) -> set[str]:
+    from dietpe.attention.layer import MultiHeadAttention
+
+    return {m.backend.name for m in model.modules() if isinstance(m, MultiHeadAttention)}
+
+
+def test_attn_implementation_chooses_the_backend_that_runs(tmp_path):
+    from transformers import AutoModelForMaskedLM
+
+    DietForMaskedLM(tiny(position="diet-rel")).save_pretrained(tmp_path)
+    for implementation, backend in (("eager", "eager"), ("sdpa", "sdpa")):
+        model = DietForMaskedLM.from_pretrained(tmp_path, attn_implementation=implementation)
+        assert model.config.attn_backend == backend and _backends(model) == {backend}
+        model = AutoModelForMaskedLM.from_config(tiny(position="diet-rel"), attn_implementation=implementation)
+        assert _backends(model) == {backend}
+        assert _backends(DietForCausalLM(tiny_lm("t5", attn_implementation=implementation))) == {backend}
+    model = DietForMaskedLM.from_pretrained(tmp_path, attn_implementation="eager").eval()
+    x = _ids()
+    eager = model(x).logits
+    model.set_attn_implementation("sdpa")
+    assert _backends(model) == {"sdpa"} and model.config.attn_backend == "sdpa"
+    torch.testing.assert_close(model(x).logits, eager, atol=1e-5, rtol=1e-5)
+
+
+def test_an_attn_implementation_diet_cannot_run_is_refused_naming_the_choices(tmp_path):
+    DietForMaskedLM(tiny()).save_pretrained(tmp_path)
+    with pytest.raises(ConfigError, match="'flash_attention_2'.*'eager', 'sdpa', 'flex_attention'"):
+        DietForMaskedLM.from_pretrained(tmp_path, attn_implementation="flash_attention_2")
+    with pytest.raises(ConfigError, match="attn_backend='sdpa' is given too"):
+        DietConfig(attn_implementation="eager", attn_backend="sdpa")
+    with pytest.raises(ConfigError, match="'paged_attention'"):
+        DietForMaskedLM(tiny()).set_attn_implementation("paged_attention")
+    with pytest.raises(ConfigError, match="attn_backend='sdpa' cannot serve position='shaw'"):
+        DietForMaskedLM(tiny(position="shaw")).set_attn_implementation("sdpa")
+
+
+@pytest.mark.parametrize("typo, meant", [("positon", "position"), ("segmnet", "segment"),
+                                         ("t5_num_bucket", "t5_num_buckets"), ("num_decoder_layer", None)])
+def test_a_misspelt_field_is_refused_naming_the_field_meant(typo, meant):
+    from dietpe.models.seq2seq import DietSeq2SeqConfig
+
+    with pytest.raises(ConfigError, match=f"unknown field '{typo}'; did you mean '{meant or 'num_decoder_layers'}'"):
+        (DietSeq2SeqConfig if meant is None else DietConfig)(**{typo: 1})
+    assert DietConfig(num_labels=3, sep_token_id=1, my_note="kept").my_note == "kept"  # Hugging Face's keywords

@@ -26,6 +26,10 @@ from dietpe.errors import ConfigError
 from dietpe.tasks.runtime import resolve_device, set_threads
 
 
+LONG_LENGTH = 8192
+LONG_METHODS = ("none", "diet-rel", "diet-rel+seg", "t5", "alibi", "rotary")
+
+
 def _batches(args) -> list[int]:
     if args.batch is None:
         return [max(1, 1024 // n) for n in args.lengths]
@@ -55,6 +59,10 @@ def _parse(args) -> tuple[list[cost.Variant], list[cost.Variant], list[str]]:
     # a method named with its own backend (rotary@auto) runs there alone; --backends applies to the others
     variants = list(dict.fromkeys(cost.Variant.parse(m) if "@" in m else cost.Variant.parse(m).on(b)
                                   for m in (args.methods or cost.DEFAULT_METHODS) for b in args.backends))
+    if not args.long:
+        V.refuse_unused(args, {"long_length": "--long-length", "long_methods": "--long-methods"}, "without --long")
+    args.long_length = args.long_length or LONG_LENGTH
+    args.long_methods = args.long_methods or list(LONG_METHODS)
     long_variants = [cost.Variant.parse(m) for m in args.long_methods] if args.long else []
     for v in long_variants:
         if v.label not in cost.LENGTH_FREE:

@@ -10,6 +10,7 @@ passes them down; layers never look at the method's name.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 
 import torch
@@ -27,10 +28,12 @@ from transformers.modeling_outputs import (
 
 from dietpe.attention.layer import MultiHeadAttention
 from dietpe.attention.masks import additive, attention_dtype, check_4d, is_4d, keep_of, refuse_empty_rows
-from dietpe.config import DietConfig
+from dietpe.attention.registry import resolve_backend
+from dietpe.config import NEEDS_PROBABILITIES, DietConfig, backend_for
 from dietpe.errors import ConfigError, InputError, may_read, value_range
 from dietpe.positions.encoding import PositionEncoding
 from dietpe.positions.method import PositionMethod
+from dietpe.positions.registry import REGISTRY
 from dietpe.positions.segments import InputSegments
 
 
@@ -141,6 +144,21 @@ def _refuse_reentrant(checkpointing_kwargs: dict | None) -> None:
                           "reach layers outside their tensor arguments; use use_reentrant=False (the default)")
 
 
+def _implementation_to_backend(kwargs: dict) -> None:
+    """`from_pretrained(..., attn_implementation=...)`: the request becomes `attn_backend`, overriding the saved
+    one (Hugging Face's own handling would keep the saved backend and record the request only)."""
+    if kwargs.get("attn_implementation") is None:
+        return
+    backend = backend_for(kwargs.pop("attn_implementation"), kwargs.get("attn_backend", "auto"))
+    config = kwargs.get("config")
+    if isinstance(config, PretrainedConfig):
+        kwargs["config"] = config = copy.deepcopy(config)
+        config.attn_backend = backend
+        config.validate()
+    else:
+        kwargs["attn_backend"] = backend
+
+
 class DietPreTrainedModel(PreTrainedModel):
     config_class = DietConfig
     config: DietConfig
@@ -180,7 +198,31 @@ class DietPreTrainedModel(PreTrainedModel):
                 raise ConfigError(f"{pretrained_model_name_or_path}: model_type {found!r} was not written by diet "
                                   f"({cls.__name__} reads model_type {wanted!r}); load it with its own class and "
                                   f"use {way} (see docs/integrate.md)")
+        _implementation_to_backend(kwargs)
         return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
+
+    @classmethod
+    def _from_config(cls, config, **kwargs):
+        """`AutoModel.from_config(config, attn_implementation=...)`: the request becomes the backend."""
+        if kwargs.get("attn_implementation") is not None:
+            config = copy.deepcopy(config)
+            config.attn_backend = backend_for(kwargs.pop("attn_implementation"), kwargs.pop("attn_backend", "auto"))
+            config.validate()
+        return super()._from_config(config, **kwargs)
+
+    def set_attn_implementation(self, attn_implementation, allow_all_kernels: bool = False):
+        """Hugging Face's switch between attention implementations, onto diet's backends: 'eager', 'sdpa' or
+        'flex_attention' (a backend that cannot serve the method is refused, naming it)."""
+        if isinstance(attn_implementation, dict):
+            attn_implementation = attn_implementation.get("", attn_implementation)
+        backend = backend_for(attn_implementation)
+        for module in self.modules():
+            if isinstance(module, MultiHeadAttention):
+                module.backend = resolve_backend(backend, value_terms=self.config.position in NEEDS_PROBABILITIES,
+                                                 dropout=self.config.attention_probs_dropout_prob,
+                                                 subject=f"position={self.config.position!r}",
+                                                 method=REGISTRY[self.config.position])
+        self.config.attn_backend = backend
 
     def resize_token_embeddings(self, *args, **kwargs):
         """Hugging Face's, with the LM head's output bias resized too."""

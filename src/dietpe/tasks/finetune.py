@@ -26,7 +26,8 @@ import numpy as np
 from dietpe import validate as V
 from dietpe.data import metrics as M
 from dietpe.data.qa import best_answers, encode_eval, encode_train
-from dietpe.data.tasks import TaskData, load_task
+from dietpe.data.corpus import is_hf_name
+from dietpe.data.tasks import XNLI, TaskData, load_task
 from dietpe.data.tokenizer import load_tokenizer
 from dietpe.errors import DataError
 from dietpe.tasks.checkpoints import (
@@ -56,6 +57,20 @@ from dietpe.tasks.settings import FinetuneSettings
 
 RESULT = "result.json"
 SUMMARY = "summary.json"
+
+
+def split_options(args) -> None:
+    """The split prefixes pick files of a task's directory: beside the files named, or a Hugging Face task (its
+    splits are train and validation), they would be ignored, so they are refused. Unset, they are the defaults."""
+    if is_hf_name(args.task):
+        V.refuse_unused(args, {"train_file": "--train-file", "eval_files": "--eval-files",
+                               "train_split": "--train-split", "eval_split": "--eval-split"},
+                        "to a Hugging Face task: it is read from the hub's train and validation splits")
+    if args.train_file:
+        V.refuse_unused(args, {"train_split": "--train-split"}, "beside --train-file, which names the training file")
+    if args.eval_files:
+        V.refuse_unused(args, {"eval_split": "--eval-split"}, "beside --eval-files, which name the evaluated files")
+    args.train_split, args.eval_split = args.train_split or "train", args.eval_split or "dev"
 
 
 def refuse_unused_options(args, tasks: list[TaskData]) -> None:
@@ -337,9 +352,14 @@ def main(args) -> int:
     s = settings(args)
     device_args = trainer_device_args(args.device, args.precision, args.deterministic, args.compile)
     out = V.check_output_dir(args.output_dir, "-o")
+    split_options(args)
     data = load_task(args.task, args.task_type, args.train_file, args.eval_files, args.train_split,
-                     args.eval_split, args.train_language, args.max_train)
+                     args.eval_split, args.train_language or "en", args.max_train)
     refuse_unused_options(args, [data])
+    if not (data.spec.kind == "qa" or data.spec is XNLI):
+        V.refuse_unused(args, {"train_language": "--train-language"},
+                        f"to {data.spec.name}: it names the language XNLI and QA fine-tune on")
+    args.train_language = args.train_language or "en"
     model_dir = V.find_model_dir(args.model)  # MODEL or a `dietpe pretrain` run folder holding MODEL/model
     with V.created_only_on_success(out):
         summary = run_finetune(model_dir, data, out, s, train_language=args.train_language, device_args=device_args,
