@@ -178,6 +178,22 @@ def test_save_and_load_restore_the_method(tmp_path):
     torch.testing.assert_close(loaded(x).logits, model(x).logits, atol=1e-6, rtol=0)
 
 
+@pytest.mark.parametrize("pinned", ["sdpa", "eager", None])
+def test_a_pinned_backend_survives_save_and_load(tmp_path, pinned):
+    dietpe.attach(build("llama"), "diet-rel", backend=pinned).save_pretrained(tmp_path)
+    assert LlamaForCausalLM.from_pretrained(tmp_path).model.diet_positions.backend == pinned
+
+
+def test_a_record_of_an_earlier_version_follows_the_implementation(tmp_path):
+    import json
+
+    dietpe.attach(build("llama"), "diet-rel").save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["dietpe"] = {"method": "diet-rel", "backend": "sdpa"}  # what attach wrote by default before
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert LlamaForCausalLM.from_pretrained(tmp_path).model.diet_positions.backend is None
+
+
 def enable_checkpointing(model, reentrant: bool):
     """Hugging Face's activation checkpointing under either of its names (transformers 5.17: gradient_...)."""
     enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable

@@ -228,7 +228,8 @@ def attach(model: PreTrainedModel, spec: str, backend: str | None = None, _init:
     _wire(attached, base, modules)
     dispatch.install()
     _own_config(model)
-    model.config.dietpe = {"method": spec, "backend": backend}
+    # "pinned" tells a backend given here from one an earlier version recorded by default (sdpa)
+    model.config.dietpe = {"method": spec, "backend": backend, "pinned": backend is not None}
     return model
 
 
@@ -296,7 +297,8 @@ def _post_init(self: PreTrainedModel) -> None:
     if isinstance(record, dict) and "method" in record and self.base_model is self \
             and "diet_positions" not in self._modules and getattr(self.config, "model_type", None) in FAMILIES:
         backend = record.get("backend")
-        if backend == dispatch.BACKEND_OF.get(record.get("attn_implementation"), backend) or backend == "sdpa":
+        if not record.get("pinned") and (backend == dispatch.BACKEND_OF.get(record.get("attn_implementation"),
+                                                                              backend) or backend == "sdpa"):
             backend = None  # written before the backend followed the implementation: follow it
         attach(self, record["method"], backend, _init=True)
 
@@ -317,7 +319,7 @@ def _set_attn_implementation(self: PreTrainedModel, attn_implementation, *args, 
     if attached is not None:
         attached.backend = None
         if isinstance(getattr(self.config, "dietpe", None), dict):
-            self.config.dietpe = {**self.config.dietpe, "backend": None}
+            self.config.dietpe = {**self.config.dietpe, "backend": None, "pinned": False}
     return out
 
 
