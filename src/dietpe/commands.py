@@ -519,6 +519,9 @@ def register_lm(subparsers) -> None:
     p.add_argument("--eval-tokens", type=V.positive_int, help="held-out tokens scored at every length "
                                                                "(default: 8 windows of the longest)")
     p.add_argument("--threads", type=V.positive_int, default=1, help="CPU threads")
+    p.add_argument("--ignore-memory-check", action="store_true",
+                   help="train and score even when the estimated memory of a step, or of scoring the longest "
+                        "length, exceeds what this machine has available (checked before any work)")
     add_device_options(p)
     add_compile_option(p, "train each model compiled: torch.compile's mode (default, reduce-overhead for CUDA "
                           "graphs, max-autotune, max-autotune-no-cudagraphs), or the backends aot_eager and eager, "
@@ -539,6 +542,9 @@ def register_lm(subparsers) -> None:
                                                                "(default: 8 windows of the longest)")
     q.add_argument("-o", "--output-dir", default="lengths", help="where the table and JSON go")
     q.add_argument("--threads", type=V.positive_int, default=1, help="CPU threads")
+    q.add_argument("--ignore-memory-check", action="store_true",
+                   help="score even when the estimated memory of scoring the longest length exceeds what this "
+                        "machine has available (checked before any work)")
     add_device_options(q, training=False)
     q.set_defaults(func=_later("dietpe.tasks.lengths", "main"))
 

@@ -161,3 +161,28 @@ def test_lm_refuses_fp16_which_its_loop_cannot_scale(data, tmp_path, capsys):
                 "--precision", "fp16", "-o", str(tmp_path / "lm")]) == 2
     assert "--precision fp16: dietpe lm's training loop scales no loss" in capsys.readouterr().err
     assert not (tmp_path / "lm").exists()
+
+
+@pytest.mark.parametrize("extra, words", [
+    (["--batch-size", "100000000"], ["needs about", "batch of 100000000 x 8 tokens", "lower --batch-size"]),
+    (["--lengths", "1,1000000"], ["scored at 8,000,000 tokens", "lower --lengths"]),
+])
+def test_lm_refuses_a_step_or_a_scoring_far_beyond_memory_before_any_work(data, tmp_path, capsys, extra, words):
+    base = ["lm", str(data["corpus"]), "--methods", "alibi", "--steps", "2", "--max-length", "8",
+            "-o", str(tmp_path / "lm")]
+    assert cli(base + extra) == 2
+    err = capsys.readouterr().err
+    assert all(w in err for w in words) and "GiB available" in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "lm").exists()
+
+
+def test_lengths_refuses_scoring_far_beyond_memory_before_any_work(data, tmp_path, capsys):
+    out = tmp_path / "lm"
+    assert cli(["lm", str(data["corpus"]), "--methods", "alibi", "--steps", "2", "--max-length", "8",
+                "--vocab-size", "100", "--batch-size", "4", "--lengths", "1", "-o", str(out)]) == 0
+    capsys.readouterr()
+    assert cli(["lengths", str(out / "alibi"), "--data", str(data["corpus"]), "--lengths", "1,2000000",
+                "-o", str(tmp_path / "far")]) == 2
+    err = capsys.readouterr().err
+    assert "alibi scored at 16,000,000 tokens needs about" in err and "lower --lengths" in err, err
+    assert not (tmp_path / "far").exists()

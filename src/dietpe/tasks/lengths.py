@@ -17,9 +17,9 @@ from dietpe import validate as V
 from dietpe.errors import ConfigError, DataError
 from dietpe.tasks.checkpoints import read_result
 from dietpe.tasks.lm import RESULT
-from dietpe.tasks.perplexity import (check_windows, length_perplexities, log, position_config, read_stream,
-                                     write_report)
-from dietpe.tasks.runtime import resolve_device
+from dietpe.tasks.perplexity import (SCORING_BATCH, check_windows, length_perplexities, log, position_config,
+                                     read_stream, write_report)
+from dietpe.tasks.runtime import check_memory, resolve_device
 
 
 def _run_info(path: Path, train_length: int | None) -> tuple[Path, str, int]:
@@ -62,6 +62,10 @@ def main(args) -> int:
         # an attached method (`dietpe` field: `dietpe lm --arch llama`) is in a causal LM
         causal = bool(getattr(config, "dietpe", None) or getattr(config, "causal", False))
         check_windows(length, args.lengths, causal, tokens=args.eval_tokens)
+        if not args.ignore_memory_check and not getattr(config, "dietpe", None):  # diet's own model
+            longest = max(args.lengths) * length
+            check_memory(config, SCORING_BATCH, longest, args.device, f"{config.position} scored at {longest:,} "
+                         f"tokens", fix="lower --lengths", scoring=True)
     rows, lengths = [], set()
     for (run, model_dir, method, length), config in zip(infos, configs):
         if getattr(config, "dietpe", None):  # a Hugging Face model with a method attached (`--arch llama`)

@@ -91,8 +91,12 @@ def beyond_table(config, length: int) -> bool:
     return REGISTRY[config.position].learned_table and length > config.max_position_embeddings
 
 
+#: windows scored in one forward
+SCORING_BATCH = 8
+
+
 @torch.no_grad()
-def causal_loss(model, stream: list[int], length: int, tokens: int, batch_size: int = 8) -> float | None:
+def causal_loss(model, stream: list[int], length: int, tokens: int, batch_size: int = SCORING_BATCH) -> float | None:
     """Mean next-token cross-entropy over windows of `length` tokens covering the first `tokens` of `stream`;
     None beyond a learned table."""
     if beyond_table(position_config(model), length):
@@ -112,7 +116,7 @@ def causal_loss(model, stream: list[int], length: int, tokens: int, batch_size: 
 
 
 @torch.no_grad()
-def masked_loss(model, tokenizer, stream: list[int], length: int, tokens: int, batch_size: int = 8,
+def masked_loss(model, tokenizer, stream: list[int], length: int, tokens: int, batch_size: int = SCORING_BATCH,
                 seed: int = MASK_SEED) -> float | None:
     """Mean masked-token cross-entropy: the first `tokens` of `stream` masked once (fixed seed), windows
     [CLS] + length - 2 tokens + [SEP]; None beyond a learned table."""

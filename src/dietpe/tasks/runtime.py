@@ -268,29 +268,45 @@ def layer_activations(config, batch: int, length: int, scores: bool = True) -> f
     return 68.0 * batch * length * h + (10.0 * heads * length * length * batch if scores else 0.0)
 
 
+def _parameters(config) -> int:
+    """The parameter count of the model `config` builds (a causal LM's or a masked LM's), on the meta device."""
+    from dietpe.models import DietForCausalLM, DietForMaskedLM
+
+    with torch.device("meta"):
+        model = (DietForCausalLM if getattr(config, "causal", False) else DietForMaskedLM)(config)
+        return sum(p.numel() for p in model.parameters())
+
+
 def training_memory(config, batch: int, length: int) -> tuple[float, float]:
-    """Bytes an fp32 masked-LM training step needs: (parameters, gradients and Adam's two moments: 16 bytes a
-    parameter; activations kept for the backward pass). Activations per layer follow Korthikanti et al. (2022,
+    """Bytes an fp32 language-model training step needs: (parameters, gradients and Adam's two moments: 16 bytes
+    a parameter; activations kept for the backward pass). Activations per layer follow Korthikanti et al. (2022,
     34sbh + 5as^2b bytes in 16 bits), doubled for fp32, plus the logits over the vocabulary and their gradient.
     An estimate for refusing sizes far beyond memory, not a budget."""
-    layers = config.num_hidden_layers
-    with torch.device("meta"):
-        from dietpe.models import DietForMaskedLM
-        n_params = sum(p.numel() for p in DietForMaskedLM(config).parameters())
-    activations = layers * layer_activations(config, batch, length) + 8 * batch * length * config.vocab_size
-    return 16.0 * n_params, float(activations)
+    activations = config.num_hidden_layers * layer_activations(config, batch, length) + \
+        8 * batch * length * config.vocab_size
+    return 16.0 * _parameters(config), float(activations)
 
 
-def check_memory(config, batch: int, length: int, device: str | None, what: str) -> None:
-    """Refuse, before any work, a model and batch whose estimated training memory exceeds what is available."""
+def scoring_memory(config, batch: int, length: int) -> tuple[float, float]:
+    """Bytes a forward without gradients needs at its peak: (the fp32 parameters; one layer's working set, which
+    the next layer frees, and the logits with their float copy for the loss)."""
+    return 4.0 * _parameters(config), layer_activations(config, batch, length) + 8.0 * batch * length * \
+        config.vocab_size
+
+
+def check_memory(config, batch: int, length: int, device: str | None, what: str,
+                 fix: str = "lower --device-batch-size, --max-length or --size", scoring: bool = False) -> None:
+    """Refuse, before any work, a model and batch whose estimated training memory (`scoring`: that of a forward
+    without gradients) exceeds what is available; `fix` names the options that lower it."""
     available = available_memory(device)
     if available is None:
         return
-    state, activations = training_memory(config, batch, length)
+    state, activations = (scoring_memory if scoring else training_memory)(config, batch, length)
     if state + activations > available:
+        held = "parameters" if scoring else "parameters, gradients and optimizer state"
         raise ConfigError(
-            f"{what} needs about {(state + activations) / GiB:.1f} GiB (parameters, gradients and optimizer state "
-            f"{state / GiB:.1f} GiB, activations of a batch of {batch} x {length} tokens {activations / GiB:.1f} "
-            f"GiB), this machine has {available / GiB:.1f} GiB available "
+            f"{what} needs about {(state + activations) / GiB:.1f} GiB ({held} {state / GiB:.1f} GiB, activations "
+            f"of a batch of {batch} x {length} tokens {activations / GiB:.1f} GiB), this machine has "
+            f"{available / GiB:.1f} GiB available "
             f"{'on the GPU' if (device or default_device()) == 'cuda' else ''}".rstrip()
-            + "; lower --device-batch-size, --max-length or --size, or pass --ignore-memory-check")
+            + f"; {fix}, or pass --ignore-memory-check")
