@@ -89,6 +89,16 @@ def make_fixtures(root: str | Path) -> dict[str, str]:
     f["noweights"] = root / "noweights"
     shutil.copytree(model_dir, f["noweights"])
     (f["noweights"] / "model.safetensors").unlink()
+    from safetensors.torch import load_file, save_file
+
+    f["lackweight"], f["resized"] = root / "lackweight", root / "resized"
+    for name in ("lackweight", "resized"):
+        shutil.copytree(model_dir, f[name])
+    held = load_file(str(model_dir / "model.safetensors"))
+    del held["diet.layers.0.attention.query.weight"]
+    save_file(held, str(f["lackweight"] / "model.safetensors"), metadata={"format": "pt"})
+    (f["resized"] / "config.json").write_text(text.replace('"intermediate_size": 32', '"intermediate_size": 48'),
+                                              encoding="utf-8")
     f["notmodel"] = root / "notmodel"
     f["notmodel"].mkdir()
     (f["notmodel"] / "readme.txt").write_text("nothing here\n")
@@ -434,6 +444,8 @@ for name, model, needles in [
     ("truncated safetensors", "{truncated}", ("truncated/model.safetensors", "truncated")),
     ("invalid config.json", "{badconfig}", ("badconfig/config.json:3", "JSON")),
     ("model without weights", "{noweights}", ("noweights", "model.safetensors")),
+    ("model lacking a weight", "{lackweight}", ("lackweight", "lack diet.layers.0.attention.query.weight")),
+    ("config.json resized", "{resized}", ("resized", "diet.layers.0.intermediate.weight at [32, 16]", "[48, 16]")),
     ("config.json with a byte-order mark", "{bomconfig}", ("bomconfig/config.json", "byte-order mark")),
     ("config.json not an object", "{listconfig}", ("listconfig/config.json", "not an object")),
 ]:

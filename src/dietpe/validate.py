@@ -250,11 +250,39 @@ def check_model_files(model_dir: str | Path) -> None:
                         f"{held}")
     from safetensors import safe_open
 
+    held = {}
     for file in weights:
         try:
-            with safe_open(str(file), framework="pt"):
-                pass
+            with safe_open(str(file), framework="pt") as f:
+                held.update({k: tuple(f.get_slice(k).get_shape()) for k in f.keys()})
         except Exception as e:  # safetensors raises its own SafetensorError
             reason = first_line(e)
             raise DataError(f"{file}: cannot read the weights ({reason}): the file is truncated or corrupt; copy "
                             f"or save the model again") from None
+    _check_encoder_weights(model_dir, fields, held)
+
+
+def _check_encoder_weights(model_dir: Path, fields: dict, held: dict[str, tuple]) -> None:
+    """A diet model's encoder weights are all there at the shapes config.json gives, before any data is read
+    (`load_whole` refuses the same as it loads, heads included; this is the early word)."""
+    if fields.get("model_type") not in ("diet", "diet-causal"):
+        return
+    import torch
+    from transformers import AutoConfig
+
+    from dietpe.models.causal import DietCausalModel
+    from dietpe.models.modeling import DietModel
+
+    cls = DietCausalModel if fields["model_type"] == "diet-causal" else DietModel
+    config = AutoConfig.from_pretrained(str(model_dir))
+    with torch.device("meta"):
+        expected = {k: tuple(v.shape) for k, v in cls(config).state_dict().items() if not k.startswith("pooler.")}
+    prefix = cls.base_model_prefix + "."
+    held = {k.removeprefix(prefix): shape for k, shape in held.items()}
+    problems = [f"lack {prefix}{k}" for k in expected if k not in held]
+    problems += [f"hold {prefix}{k} at {list(held[k])}, where config.json gives {list(shape)}"
+                 for k, shape in expected.items() if k in held and held[k] != shape]
+    if problems:
+        more = f" (and {len(problems) - 2} more)" if len(problems) > 2 else ""
+        raise DataError(f"{model_dir}: the weights {'; '.join(problems[:2])}{more}: the folder is damaged or its "
+                        f"config.json edited")

@@ -353,6 +353,7 @@ def main(args) -> int:
     device_args = trainer_device_args(args.device, args.precision, args.deterministic, args.compile)
     out = V.check_output_dir(args.output_dir, "-o")
     split_options(args)
+    model_dir = V.find_model_dir(args.model)  # MODEL or a `dietpe pretrain` run folder holding MODEL/model
     data = load_task(args.task, args.task_type, args.train_file, args.eval_files, args.train_split,
                      args.eval_split, args.train_language or "en", args.max_train)
     refuse_unused_options(args, [data])
@@ -360,7 +361,6 @@ def main(args) -> int:
         V.refuse_unused(args, {"train_language": "--train-language"},
                         f"to {data.spec.name}: it names the language XNLI and QA fine-tune on")
     args.train_language = args.train_language or "en"
-    model_dir = V.find_model_dir(args.model)  # MODEL or a `dietpe pretrain` run folder holding MODEL/model
     with V.created_only_on_success(out):
         summary = run_finetune(model_dir, data, out, s, train_language=args.train_language, device_args=device_args,
                                save_model=args.save_model)
