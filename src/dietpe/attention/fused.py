@@ -110,8 +110,10 @@ def _check_runs(found: list, mask: Tensor | CausalMask | None) -> None:
         causal = isinstance(mask, CausalMask)
         if not runs.hold(None if causal else mask, causal):
             raise NotServed("attn_backend='fused' reads relative terms along the diagonals i - j, but these "
-                            "per-example position_ids differ from i - j on pairs the attention mask leaves "
-                            "open (packed documents need a block-diagonal mask); use attn_backend='sdpa'")
+                            "position_ids differ from i - j on pairs the attention mask leaves open (runs of "
+                            "consecutive positions are served: packed documents restarting at 0 with a "
+                            "block-diagonal mask, or a shift; strided or reversed positions are not); use "
+                            "attn_backend='sdpa'")
 
 
 def plan(terms: list[LogitTerm], mask: Tensor | CausalMask | None = None) -> Plan:

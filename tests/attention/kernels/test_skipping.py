@@ -150,3 +150,29 @@ def test_a_query_that_sees_nothing_gets_the_equations_value(device):
     assert torch.isfinite(out).all() and out[0].abs().sum() > 0
     _assert_close((out, torch.autograd.grad((out * w).sum(), leaves)),
                   (want, torch.autograd.grad((want * w).sum(), leaves)))
+
+
+@pytest.mark.parametrize("mask_kind", ["a-row-all-padded", "left-padding-causal"])
+def test_a_query_that_sees_nothing_passes_no_gradient_even_where_a_loss_reads_it(mask_kind, device):
+    """Its log-sum-exp (about -1.4e30) keeps no digits to recompute P from: the kernel passes no gradient through
+    such a query, finite, where recomputing would overflow into gradients many times the others' (a loss that
+    reads padding: pad tokens left unmasked in the labels, a mean over every position). The gradients equal the
+    equation's with that query's output read by no loss."""
+    from dietpe.attention.kernels.attention import fused_attention
+
+    from tests.attention.kernels.test_attention import reference
+
+    causal = mask_kind.endswith("causal")
+    inputs, ex = _case(device, torch.float32, b=2, h=2, lq=N, lk=N, dq=16, dv=16, table_heads=2, nseg=2,
+                       causal=causal)
+    mask = _padding(2, N, TAIL, left=causal, every_key_of_row=None if causal else 0)
+    ex = dataclasses.replace(ex, mask=mask.to(device))
+    leaves = [x for x in inputs if x is not None]
+    w = torch.randn(2, 2, N, 16, generator=torch.Generator().manual_seed(1)).to(device)  # reads every query
+    out = fused_attention(*inputs[:3], 0.3, *inputs[3:], ex)
+    want = reference(*inputs[:3], 0.3, *inputs[3:], ex)
+    got = torch.autograd.grad((out * w).sum(), leaves)
+    for g in got:
+        assert torch.isfinite(g).all()
+    reads = (_weights(ex, out.shape, device) != 0).to(w.dtype)  # 0 on the queries that see no open key
+    _assert_close((out, got), (want, torch.autograd.grad((want * reads * w).sum(), leaves)))

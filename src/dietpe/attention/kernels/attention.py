@@ -88,6 +88,8 @@ MASK_FLOOR = tl.constexpr(-1e30)
 # log-sum-exp (log2 units) is then above LSE_OPEN
 MASK_SKIP = tl.constexpr(-1e4)
 LSE_OPEN = tl.constexpr(-5e3)
+# below this a row's log-sum-exp is a blocked score's (MASK_FLOOR · log2 e): the row saw no open key
+NO_OPEN_LSE = -1e20
 LOG2E_C = tl.constexpr(LOG2E)
 
 
@@ -1635,6 +1637,9 @@ def attention_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
     caller has it."""
     do = do if do.stride(-1) == 1 else do.contiguous()
     call = _record(sig or signature(q, k, v, scale, table, segments, ex), q, k, v, ex)
+    # a query that sees no open key (a padded row) passes no gradient: its log-sum-exp, about -1.4e30, keeps no
+    # digits to recompute its P from (exp2 would overflow); +inf makes that P 0, as for the rows past Lq
+    lse = torch.where(lse < NO_OPEN_LSE, float("inf"), lse)
     delta = torch.empty_like(lse)  # rowsum(dO ∘ O), written by the dQ kernel, read by the dK/dV and band kernels
     # each gradient laid out as its input where that is token-major, else dense (a split or an expanded view
     # would make empty_like's differ): `_Call.grads`
