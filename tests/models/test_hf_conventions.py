@@ -145,3 +145,29 @@ def test_a_misspelt_field_is_refused_naming_the_field_meant(typo, meant):
     with pytest.raises(ConfigError, match=f"unknown field '{typo}'; did you mean '{meant or 'num_decoder_layers'}'"):
         (DietSeq2SeqConfig if meant is None else DietConfig)(**{typo: 1})
     assert DietConfig(num_labels=3, sep_token_id=1, my_note="kept").my_note == "kept"  # Hugging Face's keywords
+
+
+def test_a_masked_lm_step_split_into_accumulated_micro_batches_is_the_one_batch_step(tmp_path):
+    """The loss is the mean over the step's labelled tokens (their number varies by micro-batch): 8 examples
+    as 8 x 1 and as 4 x 2 accumulated give the same update, up to float rounding (a mean of micro-batch means
+    would weight the tokens of a sparsely masked micro-batch more)."""
+    from transformers import Trainer, TrainingArguments
+
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, 50, (8, 12), generator=g)
+    labels = torch.full_like(ids, -100)
+    for i, n in enumerate([1, 1, 1, 1, 1, 1, 1, 12]):  # however shuffled, one micro-batch holds 4 labels, one 15
+        labels[i, :n] = ids[i, :n]
+    rows = [{"input_ids": ids[i], "labels": labels[i]} for i in range(8)]
+    weights = []
+    for per_device, accumulate in ((8, 1), (4, 2)):
+        torch.manual_seed(0)
+        model = DietForMaskedLM(tiny(position="diet-rel"))
+        args = TrainingArguments(str(tmp_path / f"{per_device}"), per_device_train_batch_size=per_device,
+                                 gradient_accumulation_steps=accumulate, max_steps=1, learning_rate=0.1,
+                                 optim="sgd", lr_scheduler_type="constant", report_to=[], save_strategy="no",
+                                 use_cpu=True, disable_tqdm=True, dataloader_drop_last=False, seed=0)
+        Trainer(model=model, args=args, train_dataset=rows).train()
+        weights.append({k: v.detach().clone() for k, v in model.state_dict().items()})
+    moved = max((weights[0][k] - weights[1][k]).abs().max().item() for k in weights[0])
+    assert moved < 1e-6, moved

@@ -165,7 +165,8 @@ class DietPreTrainedModel(PreTrainedModel):
     base_model_prefix = "diet"
     supports_gradient_checkpointing = True  # non-reentrant only (see activation_checkpointing_enable)
     _no_split_modules = ["DietLayer"]
-    # our losses are means over the batch: Trainer must scale them for accumulation and DDP itself
+    # a head's loss is a mean over its batch: Trainer scales it for accumulation and DDP (the masked LM's, a mean
+    # over labelled tokens that vary in number, takes the step's count instead)
     accepts_loss_kwargs = False
 
     def _outputs_asked(self, attentions: bool | None, hidden_states: bool | None) -> tuple[bool, bool]:
@@ -418,7 +419,12 @@ class DietLMHead(nn.Module):
 
 
 class DietForMaskedLM(DietPreTrainedModel):
+    """BERT's masked LM. Its loss is the mean over the batch's labelled tokens; under Trainer, over the whole
+    step's (`num_items_in_batch`: every accumulated micro-batch of every process), so that how a batch is split
+    over processes and accumulation changes float rounding only, as one batch of BERT's would be."""
+
     _tied_weights_keys = {"lm_head.decoder.weight": "diet.embeddings.word_embeddings.weight"}
+    accepts_loss_kwargs = True
 
     def __init__(self, config: DietConfig):
         super().__init__(config)
@@ -434,7 +440,7 @@ class DietForMaskedLM(DietPreTrainedModel):
 
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None, labels=None,
                 output_attentions=None, output_hidden_states=None, return_dict=None, inputs_embeds=None,
-                **kwargs) -> MaskedLMOutput:
+                num_items_in_batch=None, **kwargs) -> MaskedLMOutput:
         check_kwargs(kwargs, f"{type(self).__name__}.forward")
         out = self.diet(input_ids, attention_mask, token_type_ids, position_ids, output_attentions,
                         output_hidden_states, return_dict=True, inputs_embeds=inputs_embeds)
@@ -454,7 +460,10 @@ class DietForMaskedLM(DietPreTrainedModel):
             hidden, labels = hidden[keep], labels[keep]
         logits = self.lm_head(hidden)
         loss = None
-        if labels is not None:
+        if labels is not None and num_items_in_batch is not None:  # this micro-batch's share of the step's mean
+            loss = nn.functional.cross_entropy(logits.view(-1, logits.shape[-1]).float(), labels.view(-1),
+                                               ignore_index=-100, reduction="sum") / num_items_in_batch
+        elif labels is not None:
             loss = nn.functional.cross_entropy(logits.view(-1, logits.shape[-1]).float(), labels.view(-1),
                                                ignore_index=-100)
         return self._returned(MaskedLMOutput(loss=loss, logits=logits, hidden_states=out.hidden_states,
