@@ -178,14 +178,16 @@ def _remove_empty(folder: Path, stop: Path) -> None:
 
 @contextlib.contextmanager
 def created_only_on_success(path: str | Path, disposable: tuple[str, ...] = ("run_settings.json",)):
-    """If the command fails, remove the output folder (and the parents it made) again when it did not exist
-    before and holds nothing but `disposable` bookkeeping files: a mistake in the input leaves no trace, and
-    fixing it does not meet a folder "holding a run with other settings"."""
+    """The command's hold on its output folder (`run_lock`). If the command fails, remove the folder (and the
+    parents it made) again when it did not exist before and holds nothing but `disposable` bookkeeping files: a
+    mistake in the input leaves no trace, and fixing it does not meet a folder "holding a run with other
+    settings"."""
     path = Path(path).absolute()
     existed = path.exists()
     ancestor = _existing_ancestor(path)
     try:
-        yield
+        with run_lock(path):
+            yield
     except Exception:
         if not existed and path.is_dir():
             entries = list(path.iterdir())
@@ -194,6 +196,48 @@ def created_only_on_success(path: str | Path, disposable: tuple[str, ...] = ("ru
                     p.unlink(missing_ok=True)
                 _remove_empty(path, ancestor)
         raise
+
+
+LOCK_PREFIX = ".diet-lock-"
+_held: dict[Path, list] = {}  # folder -> [fd, depth]: one lock per folder and process, however nested
+
+
+@contextlib.contextmanager
+def run_lock(path: Path):
+    """One process per rank writes into an output folder: a second command there, or a worker left running by a
+    killed torchrun, is refused in one line instead of racing the run. A POSIX record lock on
+    `path/.diet-lock-RANK`: the kernel releases it when its process exits, however it exits, and a forked child
+    (a data-loader or study worker) does not inherit it, so a rerun right after a kill is not refused."""
+    try:
+        import fcntl
+    except ImportError:  # no POSIX locks (Windows): run unguarded
+        yield
+        return
+    if path in _held:
+        _held[path][1] += 1
+        try:
+            yield
+        finally:
+            _held[path][1] -= 1
+        return
+    path.mkdir(parents=True, exist_ok=True)
+    lock = path / f"{LOCK_PREFIX}{os.environ.get('RANK', '0')}"
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise ConfigError(f"{path}: another dietpe process (pid {holder}) is running in this folder, a second "
+                          f"command or a worker of a killed torchrun; let it end or stop it, then rerun") from None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    _held[path] = [fd, 1]
+    try:
+        yield
+    finally:
+        del _held[path]
+        os.close(fd)  # releases the lock; the file stays, so that a waiting command locks the same one
 
 
 # -- model folders ----------------------------------------------------------------------------------------------

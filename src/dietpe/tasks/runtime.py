@@ -193,7 +193,13 @@ def start_afresh(path: Path, use_cpu: bool) -> None:
 
         state = PartialState(cpu=use_cpu)
     if is_main_process() and path.exists():
-        shutil.rmtree(path)
+        from dietpe.validate import LOCK_PREFIX
+
+        for entry in path.iterdir():  # the run's locks stay: the folder is still held while it is emptied
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            elif not entry.name.startswith(LOCK_PREFIX):
+                entry.unlink()
     if state is not None:
         state.wait_for_everyone()
 
