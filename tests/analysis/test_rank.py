@@ -67,3 +67,34 @@ def test_tupe_reset_adds_two_rank_one_columns():
     assert ranks.tolist() == [66, 66]
     no_reset = numerical_rank(position_pattern(model("tupe-a", tupe_reset=False), 96)[0])
     assert no_reset.tolist() == [64, 64]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_theorem_1_holds_for_a_model_in_any_precision_and_the_model_comes_back_as_it_was(dtype):
+    """The ranks are taken on float64 logits of the model's own weights: a bfloat16 model's float32 rounding
+    noise would otherwise read full rank (96) in every head of an input-additive model."""
+    from dietpe.analysis import analyze
+
+    m = model("absolute", segment="input").to(dtype)
+    before = {k: v.clone() for k, v in m.state_dict().items()}
+    ids = torch.randperm(995)[:192].view(2, 96) + 5
+    a = analyze(m, {"input_ids": ids})
+    assert a.ranks["full logits"].max() <= 64  # d_h
+    after = m.state_dict()
+    assert all(after[k].dtype == v.dtype and torch.equal(after[k], v) for k, v in before.items())
+
+
+def test_a_padded_batch_and_a_causal_lm_are_refused_naming_why():
+    from dietpe.analysis import analyze
+    from dietpe.errors import InputError
+    from dietpe.models.causal import DietCausalConfig, DietForCausalLM
+
+    ids = torch.randint(5, 1000, (2, 16))
+    mask = torch.ones_like(ids)
+    mask[1, 10:] = 0
+    with pytest.raises(InputError, match="padding"):
+        analyze(model("diet-rel"), {"input_ids": ids, "attention_mask": mask})
+    lm = DietForCausalLM(DietCausalConfig(vocab_size=1000, hidden_size=32, num_hidden_layers=1,
+                                          num_attention_heads=2, intermediate_size=64, position="alibi"))
+    with pytest.raises(InputError, match="causal LM"):
+        analyze(lm, ids)

@@ -53,15 +53,14 @@ def _run_task(run: Path) -> str | None:
 
 def training_length(checkpoint: Path) -> int | None:
     """The sequence length the run that wrote `checkpoint` trained on, where the run folder above it records it:
-    `dietpe pretrain` (settings.max_length), `dietpe translate train` (max_length), `dietpe lm` (train_length).
-    None otherwise: max_position_embeddings may exceed the training length, so it is no substitute."""
+    `dietpe pretrain` (settings.max_length), `dietpe translate train` (max_length). None otherwise:
+    max_position_embeddings may exceed the training length, so it is no substitute."""
     run = checkpoint.parent
     settings = _read_record(run / "run_settings.json")
     pretrain = _read_record(run / "pretrain_results.json").get("settings") or (
         settings.get("settings") if settings.get("task") == "pretrain" else None)
     candidates = [pretrain.get("max_length") if isinstance(pretrain, dict) else None,
-                  settings.get("max_length") if settings.get("task") == "translate train" else None,
-                  _read_record(run / "lm_result.json").get("train_length")]
+                  settings.get("max_length") if settings.get("task") == "translate train" else None]
     return next((n for n in candidates if isinstance(n, int) and not isinstance(n, bool) and n > 0), None)
 
 

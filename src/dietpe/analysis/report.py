@@ -9,6 +9,8 @@ Fig. 6, computed by `analyze`, drawn and indexed by `report`.
 
 from __future__ import annotations
 
+import contextlib
+
 import json
 import math
 import os
@@ -35,7 +37,7 @@ from dietpe.analysis.patterns import (
 )
 from dietpe.analysis.rank import FLOAT32_EPS, default_rtol, numerical_rank
 from dietpe.data.corpus import read_file
-from dietpe.errors import DataError
+from dietpe.errors import DataError, InputError
 from dietpe.positions.registry import REGISTRY
 
 # ---------------------------------------------------------------------------------------------------
@@ -153,6 +155,36 @@ def _mean_rank(term: Tensor | None, heads: int, rtol: float) -> np.ndarray:
     return host(r.expand(heads)).numpy()
 
 
+def _check_analysable(config, batch: dict[str, Tensor]) -> None:
+    """The ranks are of each sequence's whole L × L logits, as DIET's Theorem 1 and Fig. 2 take an encoder's."""
+    if getattr(config, "causal", False):
+        raise InputError(f"position={config.position!r} in a causal LM: its softmax sees each query's earlier keys "
+                         f"only, and its text has no [CLS] or [SEP]; analyze reads encoders (a `dietpe pretrain` "
+                         f"model, a translation model's encoder)")
+    mask = batch.get("attention_mask")
+    if mask is not None and bool((mask == 0).any()):
+        raise InputError("the batch holds padding (attention_mask has zeros): the ranks are of each sequence's "
+                         "whole L × L logits, so give sequences of one length without padding (sample_batch "
+                         "makes such a batch)")
+
+
+@contextlib.contextmanager
+def _exact(model: nn.Module):
+    """The model's floating-point weights in float64 for the analysis, then as they were (float64 holds every
+    bfloat16, float16 and float32 value exactly, so the round trip changes no bit): the ranks' tolerance is
+    float32's rounding, which a bfloat16 or float16 model's logits exceed (every head then reads full rank), and
+    a float32 sum of cancelling terms can too."""
+    tensors = [t for t in (*model.parameters(), *model.buffers()) if t.is_floating_point()]
+    dtypes = [t.dtype for t in tensors]
+    try:
+        for t in tensors:
+            t.data = t.data.to(torch.float64)
+        yield model
+    finally:
+        for t, dtype in zip(tensors, dtypes):
+            t.data = t.data.to(dtype)
+
+
 @torch.no_grad()
 def analyze(model: nn.Module, batch: dict[str, Tensor] | Tensor, pattern_length: int | None = None,
             rtol: float | None = None) -> Analysis:
@@ -161,6 +193,14 @@ def analyze(model: nn.Module, batch: dict[str, Tensor] | Tensor, pattern_length:
     if isinstance(batch, Tensor):
         batch = {"input_ids": batch}
     encoder = encoder_of(model)
+    config = encoder.config
+    _check_analysable(config, batch)
+    with _exact(model):
+        return _analyze(model, encoder, batch, pattern_length, rtol)
+
+
+def _analyze(model: nn.Module, encoder: nn.Module, batch: dict[str, Tensor], pattern_length: int | None,
+             rtol: float | None) -> Analysis:
     config = encoder.config
     pe = encoder.positions
     heads = config.num_attention_heads
