@@ -98,3 +98,15 @@ def test_a_padded_batch_and_a_causal_lm_are_refused_naming_why():
                                           num_attention_heads=2, intermediate_size=64, position="alibi"))
     with pytest.raises(InputError, match="causal LM"):
         analyze(lm, ids)
+
+
+@pytest.mark.parametrize("kwargs, words", [(dict(length=2), "length=2 must be an integer >= 3"),
+                                           (dict(length=0), "length=0"), (dict(batch_size=0), "batch_size=0")])
+def test_sample_batch_refuses_sizes_it_cannot_cut(kwargs, words):
+    from dietpe.analysis import sample_batch
+    from dietpe.data.tokenizer import train_wordpiece
+    from dietpe.errors import InputError
+
+    tok = train_wordpiece(["the cat sat on the mat"] * 20, vocab_size=60, min_frequency=1)
+    with pytest.raises(InputError, match=words):
+        sample_batch(tok, ["the cat sat on the mat"], **kwargs)

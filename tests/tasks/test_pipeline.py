@@ -323,3 +323,10 @@ def test_budget_scales_rows_fine_tuning_protocol_and_seeds():
     assert full.seeds == 3 and len(full.learning_rates) >= 2  # the papers' protocol: grid x median of seeds
     assert FINETUNE_RECIPES["study"].epochs == full.epochs  # the default differs only in grid and seeds
     assert budget_defaults(2, builtin=False)["ft_recipe"] == "cpu"
+
+
+@pytest.mark.parametrize("steps, save_steps, want", [(600, 100, 25), (1000, 200, 50), (6, 2, 1), (500, 125, 25),
+                                                      (1000, 7, 7), (1000, 13, 13), (1000, 97, 1)])
+def test_the_loss_is_logged_at_a_divisor_of_the_checkpoint_interval(steps, save_steps, want):
+    """A resumed run logs the same windows of steps as one not killed: every checkpoint is a logging step."""
+    assert pt.logging_steps(steps, save_steps) == want

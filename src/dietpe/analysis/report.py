@@ -50,6 +50,10 @@ def sample_batch(tokenizer, data: str | Path | list[str], batch_size: int = 8, l
     """`batch_size` windows of exactly `length` tokens, `[CLS] ... [SEP]`, cut from the tokenised text of randomly
     chosen documents of `data` (a text file, one paragraph per line, or a list of texts). No padding, so every
     logit matrix is a full length × length matrix. Shorter text gives a shorter or smaller batch."""
+    for name, value, least in (("batch_size", batch_size, 1), ("length", length, 3)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise InputError(f"{name}={value!r} must be an integer >= {least}"
+                             + (" ([CLS], a token, [SEP])" if name == "length" else ""))
     if isinstance(data, (str, Path)):
         docs = read_file(data)  # DataError naming the file when it is missing
         where = str(data)

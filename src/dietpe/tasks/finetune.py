@@ -353,6 +353,7 @@ def main(args) -> int:
     device_args = trainer_device_args(args.device, args.precision, args.deterministic, args.compile)
     out = V.check_output_dir(args.output_dir, "-o")
     split_options(args)
+    batch_layout(s.batch_size, s.batch_size)  # a batch the processes cannot share, refused before any work
     model_dir = V.find_model_dir(args.model)  # MODEL or a `dietpe pretrain` run folder holding MODEL/model
     data = load_task(args.task, args.task_type, args.train_file, args.eval_files, args.train_split,
                      args.eval_split, args.train_language or "en", args.max_train)

@@ -180,6 +180,13 @@ def run_record(job: PretrainJob, per_device: int, accumulation: int, prepared) -
     return run
 
 
+def logging_steps(steps: int, save_steps: int) -> int:
+    """About 20 training-loss points a run (at most every 50 steps), at a divisor of the checkpoint interval: a
+    run resumed from a checkpoint then logs the same windows of steps, so the same curve, as one not killed."""
+    most = max(1, min(50, steps // 20))
+    return max(n for n in range(1, most + 1) if save_steps % n == 0)
+
+
 def training_arguments(job: PretrainJob, per_device: int, accumulation: int):
     from transformers import TrainingArguments
 
@@ -189,7 +196,7 @@ def training_arguments(job: PretrainJob, per_device: int, accumulation: int):
         lr_scheduler_type="linear", weight_decay=s.weight_decay, adam_epsilon=s.adam_epsilon,
         max_grad_norm=s.max_grad_norm, per_device_train_batch_size=per_device,
         per_device_eval_batch_size=64, gradient_accumulation_steps=accumulation,
-        logging_steps=max(1, min(50, s.steps // 20)), eval_strategy="steps", eval_steps=s.save_steps,
+        logging_steps=logging_steps(s.steps, s.save_steps), eval_strategy="steps", eval_steps=s.save_steps,
         save_strategy="steps", save_steps=s.save_steps, save_total_limit=2, seed=job.seed, data_seed=job.seed,
         report_to=[job.report_to] if job.report_to != "none" else [],
         **trainer_device_args(job.device, job.precision, job.deterministic, job.compile),
