@@ -271,3 +271,18 @@ def test_generate_leaves_out_the_labels_seq2seq_trainer_passes():
     ids, mask = source()
     plain = model.generate(ids, attention_mask=mask, max_new_tokens=4)
     assert torch.equal(model.generate(ids, attention_mask=mask, labels=ids[:, :5], max_new_tokens=4), plain)
+
+
+@pytest.mark.parametrize("position", ["diet-rel", "t5", "sinusoidal"])
+def test_assisted_decoding_gives_the_models_own_greedy_output(position):
+    """generate(assistant_model=...): a smaller draft model proposes, the model verifies; greedy, the tokens are
+    the model's own. transformers hands the encoder `logits_to_keep`, which an encoder has no logits to apply to."""
+    torch.manual_seed(0)
+    model = DietForConditionalGeneration(tiny_s2s(position)).eval()
+    torch.manual_seed(1)
+    draft = DietForConditionalGeneration(tiny_s2s(position, num_hidden_layers=1, num_decoder_layers=1)).eval()
+    src = torch.randint(3, 40, (1, 7), generator=torch.Generator().manual_seed(2))
+    kwargs = dict(max_new_tokens=10, min_new_tokens=10, do_sample=False, num_beams=1, no_repeat_ngram_size=1)
+    plain = model.generate(src, **kwargs)
+    assisted = model.generate(src, assistant_model=draft, **kwargs)
+    assert len(set(plain[0, 1:].tolist())) == 10 and torch.equal(assisted, plain)

@@ -39,7 +39,7 @@ from dietpe.positions.segments import InputSegments
 
 # Keyword arguments the Hugging Face stack may pass that carry nothing for an encoder; anything else unknown
 # is refused rather than silently ignored.
-HARMLESS_KWARGS = frozenset({"use_cache"})
+HARMLESS_KWARGS = frozenset({"use_cache", "logits_to_keep"})  # an encoder has no cache and no logits
 
 
 def check_kwargs(kwargs: dict, where: str, allowed: frozenset = HARMLESS_KWARGS) -> None:
