@@ -668,6 +668,8 @@ case("compare --train-language on the built-in tasks", "compare -o {out} --threa
 case("finetune --doc-stride on a classification task", f"{FT} --doc-stride 8", "--doc-stride", "does not apply",
      "QA")
 case("compare --doc-stride without a QA task", f"{CMP} --doc-stride 8", "--doc-stride", "does not apply", "QA")
+case("compare --doc-stride no window has room for", f"{CMP.replace('{order}', '{qa}=qa')} --doc-stride 20",
+     "--doc-stride 20", "less than 20", "--ft-max-length 24")
 case("translate train --train-source with --data", f"{TT} --train-source {{para}}/train.de", "--train-source",
      "does not apply", "--data")
 

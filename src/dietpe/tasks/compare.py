@@ -25,7 +25,7 @@ from pathlib import Path
 from dietpe import validate as V
 from dietpe.commands import BUILTIN_SIZE, BUILTIN_TASKS
 from dietpe.data.tasks import TaskData, load_task
-from dietpe.errors import ConfigError, DataError
+from dietpe.errors import ConfigError
 from dietpe.methods import Method, parse_methods
 from dietpe.positions.encoding import check_length
 from dietpe.study import claims as CL
@@ -120,10 +120,7 @@ def study_data(args, out: Path, builtin: bool, s_ft: FinetuneSettings) -> tuple[
             raise ConfigError(f"task {data.spec.name} given twice")
         tasks[data.spec.name] = data
     ft.refuse_unused_options(args, list(tasks.values()))
-    for name, data in tasks.items():  # refused now rather than after every method's pre-training
-        if data.spec.kind != "qa" and len(data.train) < s_ft.batch_size:
-            raise DataError(f"{data.source}: {len(data.train)} training examples of {name}, fewer than one "
-                            f"fine-tuning batch of {s_ft.batch_size} (--ft-batch-size)")
+    ft.check_tasks(tasks, s_ft)  # refused now rather than after every method's pre-training
     return corpus, tasks
 
 

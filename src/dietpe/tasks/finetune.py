@@ -25,11 +25,12 @@ import numpy as np
 
 from dietpe import validate as V
 from dietpe.data import metrics as M
+from dietpe.data.qa import SPECIAL as QA_SPECIAL
 from dietpe.data.qa import best_answers, encode_eval, encode_train
 from dietpe.data.corpus import is_hf_name
 from dietpe.data.tasks import XNLI, TaskData, load_task
 from dietpe.data.tokenizer import load_tokenizer
-from dietpe.errors import DataError
+from dietpe.errors import ConfigError, DataError
 from dietpe.tasks.checkpoints import (
     CompleteCheckpoints,
     check_run_settings,
@@ -78,6 +79,21 @@ def refuse_unused_options(args, tasks: list[TaskData]) -> None:
     if not any(t.spec.kind == "qa" for t in tasks):
         names = ", ".join(t.spec.name for t in tasks)
         V.refuse_unused(args, {"doc_stride": "--doc-stride"}, f"to {names}: it sets QA's context windows")
+
+
+def check_tasks(tasks: dict[str, TaskData], s: FinetuneSettings) -> None:
+    """What a study can refuse about its tasks before pre-training: a training set smaller than one batch, and
+    a QA stride no window has room for (less than --ft-max-length leaves after the special tokens and a
+    question of one token; the questions' own lengths wait for the tokenizer)."""
+    for name, data in tasks.items():
+        if data.spec.kind != "qa" and len(data.train) < s.batch_size:
+            raise DataError(f"{data.source}: {len(data.train)} training examples of {name}, fewer than one "
+                            f"fine-tuning batch of {s.batch_size} (--ft-batch-size)")
+        room = s.max_length - QA_SPECIAL - 1
+        if data.spec.kind == "qa" and s.doc_stride >= room:
+            raise ConfigError(f"--doc-stride {s.doc_stride} must be less than {room}, the most room for context "
+                              f"that --ft-max-length {s.max_length} leaves after {QA_SPECIAL} special tokens and a "
+                              f"question ({name}); lower --doc-stride or raise --ft-max-length")
 
 
 def settings(args) -> FinetuneSettings:

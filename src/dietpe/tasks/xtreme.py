@@ -25,7 +25,7 @@ from pathlib import Path
 from dietpe import validate as V
 from dietpe.data import xtreme as XD
 from dietpe.data.tasks import TaskData, load_task
-from dietpe.errors import ConfigError, DataError
+from dietpe.errors import ConfigError
 from dietpe.study import scheduler
 from dietpe.study import xtreme as XS
 from dietpe.methods import parse_method
@@ -124,10 +124,7 @@ def _main(args) -> int:
         "another -o (or delete the folder)", products=("tokenizer", "pretrain", "finetune", "report.md"))
     corpus, tasks, note = suite_data(args, out, builtin)
     ft.refuse_unused_options(args, list(tasks.values()))
-    for name, data in tasks.items():
-        if data.spec.kind != "qa" and len(data.train) < s_ft.batch_size:
-            raise DataError(f"{data.source}: {len(data.train)} training examples of {name}, fewer than one "
-                            f"fine-tuning batch of {s_ft.batch_size} (--ft-batch-size)")
+    ft.check_tasks(tasks, s_ft)  # refused now rather than after every method's pre-training
     log = (lambda m: print(f"[xtreme] {m}", file=sys.stderr)) if is_main_process() else (lambda m: None)
     out.mkdir(parents=True, exist_ok=True)
     prepared = pt.prepare_data(corpus, None, args.tokenizer, s_pre.vocab_size, s_pre.max_length, out,
