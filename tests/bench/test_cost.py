@@ -279,3 +279,20 @@ def test_a_failed_memory_measurement_is_one_line_naming_it(monkeypatch):
     with pytest.raises(DietError, match=r"memory measurement of diet-rel at bert-small, length 512, batch 8 \(train\) "
                                         r"failed: killed by signal 9; --no-memory skips it"):
         memory.measure_peak(spec)
+
+
+def test_a_method_with_its_own_fields_is_a_row_of_its_own():
+    from dietpe.bench.cost import Variant, model_config
+    from dietpe.errors import ConfigError
+
+    v = Variant.parse("shaw:shaw_max_distance=1024")
+    assert v.label == "shaw:shaw_max_distance=1024" and v != Variant.parse("shaw")
+    assert model_config("bert-tiny", v).shaw_max_distance == 1024
+    seg = Variant.parse("diet-abs:position_rank=8:sharing=layer+seg@sdpa")
+    assert (seg.segment, seg.backend, dict(seg.fields)) == ("per-head", "sdpa", {"position_rank": 8, "sharing": "layer"})
+    config = model_config("bert-tiny", seg)
+    assert (config.position_rank, config.sharing, config.segment) == (8, "layer", "per-head")
+    with pytest.raises(ConfigError, match="'\\+seg'"):
+        Variant.parse("diet-rel:segment=input")
+    with pytest.raises(ConfigError, match="shaw_max_distanc"):
+        Variant.parse("shaw:shaw_max_distanc=3")

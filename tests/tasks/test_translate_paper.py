@@ -202,3 +202,16 @@ def test_prepare_defaults_to_multi30k_and_reads_wmt_rows_by_name(tmp_path, monke
     assert (tmp_path / "w" / "valid.en").read_text().count("\n") == 3 and not (tmp_path / "w" / "test.cs").exists()
     with pytest.raises(DataError, match="no such file"):
         wmt.read_segments(tmp_path / "none.sgm")
+
+
+def test_the_paper_recipe_stores_the_logit_tables_as_used_as_the_paper_trains_them():
+    """DIET trains R_{i-j} as eq. 3 writes it: the paper recipes store logit-unit tables at scale 1 (a spec's
+    own logit_scale= still wins); the cpu recipe keeps dietpe's 10 (docs/parametrization.md)."""
+    tok = SimpleNamespace(pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    scales = {}
+    for recipe, spec in (("paper", "diet-rel"), ("cpu", "diet-rel"), ("paper", "diet-rel:logit_scale=4")):
+        args = recipe_args(recipe=recipe, dropout=None)
+        T.apply_recipe(args)
+        args.preset, args.max_length = "transformer-small", 64
+        scales[recipe, spec] = T.build_config(args, T.parse_translation_method(spec), 100, tok).logit_scale
+    assert scales == {("paper", "diet-rel"): 1.0, ("cpu", "diet-rel"): 10.0, ("paper", "diet-rel:logit_scale=4"): 4.0}

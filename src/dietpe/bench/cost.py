@@ -54,28 +54,45 @@ class Variant:
     position: str
     segment: str = "input"
     backend: str = "auto"
+    fields: tuple[tuple[str, object], ...] = ()  # the method's own config fields given in its spec
 
     @property
     def label(self) -> str:
-        name = self.position + ("+seg" if self.segment == "per-head" else "")
+        name = self.position + "".join(f":{k}={'none' if v is None else v}" for k, v in self.fields) + \
+            ("+seg" if self.segment == "per-head" else "")
         return name if self.backend == "auto" or self == BASELINE else f"{name}@{self.backend}"
 
     @classmethod
     def parse(cls, label: str) -> "Variant":
         spec, at, backend = label.partition("@")
-        position, plus, rest = spec.partition("+")
+        method, plus, rest = spec.partition("+")
+        position, colon, _ = method.partition(":")
         if position not in POSITIONS or (plus and rest != "seg"):
-            raise ConfigError(f"method {label!r} is not a position method, optionally with '+seg' (per-head "
-                              f"segments) and '@backend'; allowed: {', '.join(POSITIONS)}")
+            raise ConfigError(f"method {label!r} is not a position method, optionally with its fields "
+                              f"(shaw:shaw_max_distance=1024), '+seg' (per-head segments) and '@backend'; allowed: "
+                              f"{', '.join(POSITIONS)}")
         if at and backend not in backend_names():
             raise ConfigError(f"method {label!r}: backend {backend!r} is not one of {', '.join(backend_names())}")
         if spec == "none" and backend in ("", "sdpa"):
             return BASELINE
-        return cls(position, "per-head" if plus else "input", backend or "auto")
+        return cls(position, "per-head" if plus else "input", backend or "auto",
+                   _spec_fields(method, label) if colon else ())
 
     def on(self, backend: str) -> "Variant":
         """This method on `backend` (the baseline stays itself)."""
-        return self if self == BASELINE else Variant(self.position, self.segment, backend)
+        return self if self == BASELINE else Variant(self.position, self.segment, backend, self.fields)
+
+
+def _spec_fields(method: str, label: str) -> tuple[tuple[str, object], ...]:
+    """The fields a spec such as `shaw:shaw_max_distance=1024` sets beyond its method's defaults, checked as the
+    method's own (dietpe.methods.parse_method); segments are `+seg`'s, not a field."""
+    from dietpe.methods import parse_method
+
+    if "segment=" in method:
+        raise ConfigError(f"method {label!r}: segments are chosen with '+seg' (per-head) here, not segment=")
+    given = parse_method(method).config_fields()
+    plain = parse_method(method.partition(":")[0]).config_fields()
+    return tuple((k, v) for k, v in given.items() if k not in ("position", "segment") and plain.get(k) != v)
 
 
 #: the baseline every ratio divides by: no position term, on SDPA (FlashAttention's kernel on a GPU)
@@ -96,7 +113,8 @@ def model_config(shape: str, variant: Variant, max_length: int = 512, **override
     if preset not in PRESETS:
         raise ConfigError(f"shape {shape!r} is not one of {', '.join(map(repr, PRESETS))}, or one of them after "
                           f"{LM!r} (the causal LM)")
-    kw = dict(position=variant.position, max_position_embeddings=max_length, attn_backend=variant.backend)
+    kw = dict(position=variant.position, max_position_embeddings=max_length, attn_backend=variant.backend,
+              **dict(variant.fields))
     if shape.startswith(LM):
         from dietpe.models.causal import DietCausalConfig
 

@@ -1,6 +1,7 @@
 """`dietpe pretrain`: masked-LM pre-training as in the DIET paper (appendix A): BERT's MLM without the
-next-sentence task, full sentences packed to the maximum length (RoBERTa), AdamW with linear warm-up and
-decay, gradient clipping, the hyper-parameters of its Table 7 as the `paper` recipe.
+next-sentence task, full sentences packed to the maximum length (RoBERTa), AdamW (LAMB in the `paper` recipe,
+whose Table 7 values are LAMB's batch-4K setting) with linear warm-up and decay, gradient clipping; Table 7's
+hyper-parameters as the `paper` recipe.
 
 Runs on the Hugging Face `Trainer`, so `torchrun --nproc_per_node N` or `accelerate launch` distribute it
 (gloo on CPU). Checkpoints are marked complete after they are written and a rerun resumes from the newest

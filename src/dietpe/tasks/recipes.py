@@ -139,7 +139,7 @@ PRETRAIN_RECIPES = {
     # DIET appendix A, Table 7 (multilingual): 125k steps, lr 0.0018, warm-up 2.5%, length 512, batch 4096, a
     # 120k SentencePiece vocabulary (Unigram, SentencePiece's default model type; the paper does not say which)
     # on Wikipedia in 100 languages; --languages samples them with XLM's alpha 0.5 (dietpe.data.multilingual).
-    # Table 7 gives both columns the same optimizer settings and names no optimizer: LAMB and the tables as the
+    # Table 7 gives both columns the same learning rate and warm-up and names no optimizer: LAMB and the tables as the
     # equations write them, as `paper` (lr 1.8e-3 at batch 4096 is LAMB's BERT recipe; docs/recipes.md).
     "paper-multilingual": PretrainRecipe(1.8e-3, 0.025, 512, 4096, 125_000, 20_000, vocab_size=120_000,
                                          tokenizer_type="unigram", optimizer="lamb", logit_scale=1.0),
@@ -203,6 +203,9 @@ class TranslationRecipe:
     length_penalty: float
     length_penalty_form: str   # hf: log P / |Y|^α; gnmt: log P / ((5 + |Y|) / 6)^α (dietpe.models.beam)
     max_grad_norm: float = 1.0  # gradient clipping; 0: off
+    # DietConfig.logit_scale: None keeps the config's (10, docs/parametrization.md); the paper's recipe stores the
+    # logit-unit tables as used (1), as the pre-training paper recipes do
+    logit_scale: float | None = None
 
 
 TRANSLATION_RECIPES = {
@@ -217,7 +220,7 @@ TRANSLATION_RECIPES = {
     # vocabulary (tensor2tensor's translate_ende_wmt32k), no gradient clipping (transformer_base's
     # clip_grad_norm = 0).
     "paper": TranslationRecipe("transformer-base", 32000, 256, None, 4096, 8, 7e-4, 4000, 0.1, 1, 250_000, 10, 0.6,
-                               "gnmt", max_grad_norm=0.0),
+                               "gnmt", max_grad_norm=0.0, logit_scale=1.0),
 }
 
 

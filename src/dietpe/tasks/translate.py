@@ -97,6 +97,10 @@ def run_record(args) -> dict:
         record["batch_tokens"] = args.batch_tokens
     if args.recipe != "cpu":
         record["recipe"] = args.recipe
+    from dietpe.tasks.recipes import TRANSLATION_RECIPES
+
+    if TRANSLATION_RECIPES[args.recipe].logit_scale is not None:  # the stored tables' scale: weights follow it
+        record["logit_scale"] = TRANSLATION_RECIPES[args.recipe].logit_scale
     if getattr(args, "compile", None):  # a compiled run's bits may differ from an eager one's
         record["compile"] = args.compile
     return record
@@ -241,7 +245,12 @@ def _train_files(args) -> tuple[Path, Path, Path, Path]:
 def build_config(args, method: Method, vocab_size: int, tokenizer) -> DietSeq2SeqConfig:
     """The model's config: the preset's sizes, the method's fields (parsed once, by `train_main`), the
     tokenizer's ids."""
+    from dietpe.tasks.recipes import TRANSLATION_RECIPES
+
     overrides = method.config_fields()
+    scale = TRANSLATION_RECIPES[args.recipe].logit_scale
+    if scale is not None:  # the recipe's parametrization; a spec's own logit_scale= still wins
+        overrides.setdefault("logit_scale", scale)
     if args.dropout is not None:
         overrides.setdefault("hidden_dropout_prob", args.dropout)
         overrides.setdefault("attention_probs_dropout_prob", args.dropout)
