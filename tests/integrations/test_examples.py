@@ -70,3 +70,30 @@ def test_standalone_positions_refuse_what_they_were_not_built_for():
         pos.attend(q, q[:1], q[:1], ctx)
     with pytest.raises(ConfigError, match="attention is a field of the model"):
         Positions("diet-abs:attention=linformer", num_layers=1, num_heads=4, head_size=8)
+
+
+def test_standalone_positions_take_a_tokenizers_integer_mask_as_a_keep_mask():
+    """A 0/1 integer mask (what a tokenizer returns) keeps where 1, as a boolean one; it was added as logits."""
+    torch.manual_seed(0)
+    pos = Positions("t5", num_layers=1, num_heads=2, head_size=4)
+    q, k, v = (torch.randn(2, 2, 6, 4) for _ in range(3))
+    ctx = pos.context(torch.arange(6))
+    keep = torch.tensor([[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1]])
+    want = pos.attend(q, k, v, ctx, mask=keep.bool())
+    for mask in (keep, keep.int()):
+        torch.testing.assert_close(pos.attend(q, k, v, ctx, mask=mask), want)
+
+
+def test_standalone_positions_name_a_context_mask_or_segments_that_do_not_fit():
+    pos = Positions("diet-rel:segment=per-head", num_layers=1, num_heads=2, head_size=4)
+    q = torch.randn(2, 2, 6, 4)
+    segments = torch.tensor([[0, 0, 0, 1, 1, 1]] * 2)
+    ctx = pos.context(torch.arange(6), segments=segments)
+    with pytest.raises(InputError, match="the context holds 6 query and 6 key positions for q of length 5"):
+        pos.attend(q[:, :, :5], q[:, :, :5], q[:, :, :5], ctx)
+    with pytest.raises(InputError, match=r"mask has shape \(2, 1, 1, 5\); give \(B, 6\)"):
+        pos.attend(q, q, q, ctx, mask=torch.ones(2, 5, dtype=torch.bool))
+    with pytest.raises(InputError, match="per-head segments need segment ids"):
+        pos.context(torch.arange(6))
+    with pytest.raises(InputError, match=r"token_type_ids must lie in \[0, 1\]"):
+        pos.context(torch.arange(6), segments=segments + 1)

@@ -112,3 +112,13 @@ def test_refusals(tmp_path):
     BertModel(bert_config(position_embedding_type="relative_key")).save_pretrained(tmp_path / "rel")
     with pytest.raises(ConfigError, match="relative_key"):
         from_bert(str(tmp_path / "rel"))
+
+
+def test_a_checkpoint_of_another_family_is_refused_even_with_cls(tmp_path):
+    """BertConfig reads any config.json: a GPT-2 folder became a random bert-base with cls= given."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    GPT2LMHeadModel(GPT2Config(n_embd=32, n_layer=2, n_head=2, vocab_size=50)).save_pretrained(tmp_path / "gpt2")
+    for cls in (None, DietForMaskedLM):
+        with pytest.raises(ConfigError, match="model_type 'gpt2' is not BERT's"):
+            from_bert(str(tmp_path / "gpt2"), cls)

@@ -63,8 +63,15 @@ class Positions(nn.Module):
                 segments: Tensor | None = None) -> Context:
         """The forward's positions: queries' (L,) or (B, L), keys' (default the same), segment ids (B, L)."""
         k = positions if key_positions is None else key_positions
-        if self.encoding.max_length is not None:
-            self.encoding.check(positions.shape[-1], segments, k)
+        if self.encoding.head_segments is not None:
+            if segments is None or segments.dim() != 2 or segments.shape[-1] != positions.shape[-1]:
+                got = "none" if segments is None else f"shape {tuple(segments.shape)}"
+                raise InputError(f"per-head segments need segment ids (B, {positions.shape[-1]}), one per query; "
+                                 f"got {got}")
+            if k.shape[-1] != positions.shape[-1]:
+                raise InputError(f"per-head segments read one segment id per key as per query: keys of length "
+                                 f"{k.shape[-1]} and queries of {positions.shape[-1]} would need their own")
+        self.encoding.check(positions.shape[-1], segments, k if self.encoding.max_length is not None else None)
         return self.encoding.context(positions, k, segments)
 
     def _check(self, q: Tensor, k: Tensor, v: Tensor, layer: int) -> None:
@@ -87,16 +94,24 @@ class Positions(nn.Module):
     def attend(self, q: Tensor, k: Tensor, v: Tensor, ctx: Context, layer: int = 0, mask: Tensor | None = None,
                dropout_p: float = 0.0) -> Tensor:
         """Attention of layer `layer` with the method's terms: q (B, H, Lq, Dh), k and v (B, H, Lk, Dh) ->
-        (B, H, Lq, Dh). mask: (B, Lk) or (B|1, 1, Lq, Lk), boolean (True = attend) or additive; the causal
-        mask is added when built with causal=True."""
+        (B, H, Lq, Dh). mask: (B, Lk) or (B|1, 1, Lq, Lk), boolean or integer (True or 1 = attend, as a
+        tokenizer's attention_mask) or floating-point additive; the causal mask is added when built with
+        causal=True. dropout_p applies whenever given (as torch's scaled_dot_product_attention)."""
         self._check(q, k, v, layer)
         lq, lk = q.shape[2], k.shape[2]
+        if ctx.q_pos.shape[-1] != lq or ctx.k_pos.shape[-1] != lk:
+            raise InputError(f"the context holds {ctx.q_pos.shape[-1]} query and {ctx.k_pos.shape[-1]} key positions "
+                             f"for q of length {lq} and k of {lk}: build it with context() for this call's lengths")
         add = None
         if mask is not None:
             if mask.dim() == 2:
                 mask = mask[:, None, None, :]
-            if mask.dim() != 4:
-                raise InputError(f"mask has shape {tuple(mask.shape)}; give (B, Lk) or (B, 1, Lq, Lk)")
+            if mask.dim() != 4 or mask.shape[-1] != lk or mask.shape[-2] not in (1, lq) \
+                    or mask.shape[0] not in (1, q.shape[0]) or mask.shape[1] not in (1, q.shape[1]):
+                raise InputError(f"mask has shape {tuple(mask.shape)}; give (B, {lk}) or (B|1, 1|H, {lq}, {lk}) for "
+                                 f"q {tuple(q.shape)} and k {tuple(k.shape)}")
+            if not mask.dtype.is_floating_point:  # 0/1 integers, as a tokenizer's attention_mask: keep where 1
+                mask = mask != 0
             add = (torch.zeros(mask.shape, dtype=q.dtype, device=q.device)
                    .masked_fill_(~mask, torch.finfo(q.dtype).min) if mask.dtype == torch.bool else mask.to(q.dtype))
         if self.causal:

@@ -3,10 +3,12 @@ s_i, post-LN blocks, tanh pooler, MLM head tied to the word embeddings), so a Hu
 onto it tensor by tensor, and back.
 
     from_bert(path_or_name, cls)                        -> the same model in diet (outputs equal to BERT's)
-    from_bert(path_or_name, cls, position="diet-rel")   -> BERT's content weights (tokens, segments, every
-                                                           projection, LayerNorm and FFN, heads), the new
-                                                           method's parameters fresh; BERT's learned input
-                                                           positions dropped (keep_input_positions=False)
+    from_bert(path_or_name, cls, position="diet-rel")   -> BERT's content weights (tokens, every projection,
+                                                           LayerNorm and FFN, heads; segments with
+                                                           segment="input": DIET's per-head ones have no place
+                                                           for BERT's table), the new method's parameters
+                                                           fresh; BERT's learned input positions dropped
+                                                           (keep_input_positions=False)
     to_bert(model, path)                                -> a plain BERT folder transformers loads without diet
 
 Every import returns a `LoadReport` (loaded, initialised, dropped tensors) and logs its summary, so a run
@@ -145,9 +147,14 @@ def _bert_config(path_or_name: str):
     from transformers import BertConfig
 
     try:
-        return BertConfig.from_pretrained(path_or_name)
+        found = BertConfig.get_config_dict(path_or_name)[0].get("model_type")
+        config = BertConfig.from_pretrained(path_or_name)
     except OSError as e:
         raise DataError(f"{path_or_name}: no BERT config.json found ({e})") from e
+    if found != "bert":  # BertConfig reads any config.json, a GPT-2's into BERT's default sizes
+        raise ConfigError(f"{path_or_name}: model_type {found!r} is not BERT's ('bert'); from_bert continues BERT "
+                          f"checkpoints; use dietpe.attach(model, spec) for other families (docs/integrate.md)")
+    return config
 
 
 def _state_dict(path_or_name: str) -> dict[str, torch.Tensor]:
