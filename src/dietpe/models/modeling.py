@@ -430,6 +430,8 @@ class DietForMaskedLM(DietPreTrainedModel):
         super().__init__(config)
         self.diet = DietModel(config, add_pooling_layer=False)
         self.lm_head = DietLMHead(config)
+        if config.tie_word_embeddings:  # saved once, as the word embeddings: Trainer's resume then re-ties it
+            self._keys_to_ignore_on_save = ["lm_head.decoder.weight"]  # instead of warning it missing
         self.post_init()
 
     def get_output_embeddings(self):
