@@ -186,3 +186,18 @@ def test_lengths_refuses_scoring_far_beyond_memory_before_any_work(data, tmp_pat
     err = capsys.readouterr().err
     assert "alibi scored at 16,000,000 tokens needs about" in err and "lower --lengths" in err, err
     assert not (tmp_path / "far").exists()
+
+
+def test_each_methods_model_compiles_from_nothing(monkeypatch):
+    """One process trains every method: without emptying dynamo's caches, the forward met its recompile limit
+    (8) at the 9th method and ran uncompiled without a word. A limit of 1 shows it with two methods."""
+    import torch._dynamo.utils as dynamo_utils
+
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)
+    torch._dynamo.reset()
+    dynamo_utils.counters.clear()
+    stream = torch.randint(5, 60, (400,)).tolist()
+    for spec in ("alibi", "t5"):
+        lm.train_lm(lm.causal_config(spec, "toy", 60, 8, 0), stream, steps=2, batch_size=2, length=8, lr=1e-3,
+                    seed=0, log=lambda *a: None, compile="eager")
+    assert dynamo_utils.counters["frames"]["ok"] == 2  # one compiled forward per method

@@ -191,8 +191,11 @@ def relative_scatter(probs: Tensor, index: Tensor, num_offsets: int, onehot: One
 
 def _toeplitz_forward(diagonals: Tensor, lk: int) -> Tensor:
     # window s of the flipped diagonals is row lq-1-s of the result: e[s + j] = d[lq-1-s - j + lk-1]
-    windows = diagonals.flip(-1).unfold(-1, lk, 1)  # (..., Lq, Lk) view, rows in reverse order
-    return windows.flip(-2)
+    flipped = diagonals.flip(-1)  # a contiguous copy
+    lq = flipped.shape[-1] - lk + 1
+    # the windows as a strided view (unfold's, which takes no symbolic size: compiled, it fixed the length)
+    windows = flipped.as_strided((*flipped.shape[:-1], lq, lk), (*flipped.stride()[:-1], 1, 1))
+    return windows.flip(-2)  # (..., Lq, Lk), rows back in order
 
 
 class _Toeplitz(torch.autograd.Function):
@@ -210,8 +213,11 @@ class _Toeplitz(torch.autograd.Function):
         n = lq + lk - 1
         g = grad.reshape(-1, lq, lk).flip(-1)  # g'[i, j'] = grad[i, lk-1-j'] lies on diagonal c = i + j'
         out = grad.new_zeros(g.shape[0], n)
-        for a in range(0, lq, _SKEW_ROWS):  # blocks of rows keep the skewed buffer in cache
-            rows = min(_SKEW_ROWS, lq - a)
+        # blocks of rows keep the skewed buffer in cache; compiled, one block (a loop over the rows would fix the
+        # length, compiling again for each), the same sums in another order beyond _SKEW_ROWS rows
+        compiling = torch.compiler.is_compiling()
+        for a in (0,) if compiling else range(0, lq, _SKEW_ROWS):
+            rows = lq if compiling else min(_SKEW_ROWS, lq - a)
             width = rows + lk - 1
             skew = grad.new_zeros(g.shape[0], rows, width)
             skew.as_strided((g.shape[0], rows, lk), (rows * width, width + 1, 1)).copy_(g[:, a:a + rows])

@@ -108,6 +108,8 @@ def train_lm(config, stream: list[int], steps: int, batch_size: int, length: int
     warm = max(1, int(warmup * steps))
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: (s + 1) / warm if s < warm else max(0.0, (steps - s) / max(1, steps - warm)))
+    if compile:  # each method's model compiles from nothing: the 9th of one process met dynamo's recompile
+        torch._dynamo.reset()  # limit (one forward code, a new method class each) and ran uncompiled unsaid
     forward, losses, start = compile_model(model, compile), [], time.time()
     for step in range(steps):
         starts = torch.randint(0, len(stream) - length, (batch_size,), generator=g)
