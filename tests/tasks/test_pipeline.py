@@ -265,8 +265,13 @@ def test_cli_errors_are_one_line_before_training(tmp_path, capsys):
     bad.mkdir()
     (bad / "train.tsv").write_text("sentence\tlabel\nfine\t1\nodd\t3\n")
     (bad / "dev.tsv").write_text("sentence\tlabel\nfine\t1\n")
-    assert cli(["finetune", str(tmp_path / "nomodel"), str(bad)]) == 2
-    assert f"{bad / 'train.tsv'}:3: label '3'" in capsys.readouterr().err
+    assert cli(["finetune", str(tmp_path / "nomodel"), str(bad)]) == 2  # the model is checked before the data
+    assert f"{tmp_path / 'nomodel'}: no such pre-trained model folder" in capsys.readouterr().err
+    from dietpe.data.tasks import load_task
+    from dietpe.errors import DataError
+
+    with pytest.raises(DataError, match="train.tsv:3: label '3'"):  # the catalogue runs it with a model
+        load_task(str(bad))
     assert cli(["compare", "--methods", "diet-rel:sharing=sideways"]) == 2
     assert "sharing='sideways'" in capsys.readouterr().err
 
