@@ -90,6 +90,7 @@ CASES = [(p, m.segment, "none", {}) for p, m in REGISTRY.items()] + [
     ("none", "per-head", "layer", {}), ("tupe-a", "none", "none", {"tupe_reset": False}),
     ("sinusoidal", "input", "none", {"position_scale": 0.03}),
     ("diet-rel", "per-head", "none", {"diet_rel_max_distance": 3}),
+    ("shaw", "none", "none", {"shaw_max_distance": 40}),  # k beyond the length: the terms read a window
     ("rotary", "input", "none", {"rotary_base": 100.0}),
 ]
 

@@ -4,6 +4,11 @@
 
 with a^K, a^V ∈ R^{2k+1, d_h} learned per layer and shared by the heads, distances clipped to ±k.
 Entry points: logit bias (a query-dependent key term) and values.
+
+With consecutive positions the terms read only the rows some offset reaches: at L tokens, ±min(k, L - 1)
+around the centre. Clipping to that window gives every pair the row clipping to ±k gives it, and the rows
+beyond get no gradient either way; k = 1024 at 128 tokens would otherwise multiply each query by 2,049 rows
+where 255 are reached.
 """
 
 from __future__ import annotations
@@ -67,32 +72,33 @@ class Shaw(PositionMethod):
         self.value = normal_parameter(num_layers, 2 * max_distance + 1, head_size)  # a^V per layer
         self.scale = 1.0 / math.sqrt(head_size)
 
-    def bucket(self, offsets):
-        return clipped_offset_index(offsets, self.max_distance)
-
     def band(self, ctx: Context) -> Band | None:
-        """The offsets as a band (consecutive positions: pos_i - pos_j = i + delta - j), else None."""
+        """The offsets as a band (consecutive positions: pos_i - pos_j = i + delta - j, in
+        [delta - Lk + 1, delta + Lq - 1]) clipped to the reached window, else None."""
         diagonals = ctx.diagonal_offsets()  # (Lq + Lk - 1,) from pos_0 - pos'_(Lk-1), or None
         if diagonals is None:
             return None
+        lq, lk = ctx.q_pos.shape[-1], ctx.k_pos.shape[-1]
         if ctx.q_start is not None and ctx.k_start is not None:
             delta = ctx.q_start - ctx.k_start
         else:
-            delta = int(diagonals[0]) + ctx.k_pos.shape[-1] - 1
-        return Band(delta, self.max_distance)
+            delta = int(diagonals[0]) + lk - 1
+        return Band(delta, min(self.max_distance, max(delta + lq - 1, lk - 1 - delta)))
 
     def layer_terms(self, ctx: Context, layer: int) -> LayerTerms:
-        bucket = self.bucket
-        m, dtype = self.key.shape[1], self.key.dtype
+        band = ctx.cached(BandOf(self.max_distance), lambda: self.band(ctx))
+        w = self.max_distance if band is None else band.max_distance  # the window: rows k - w .. k + w
+        rows = slice(self.max_distance - w, self.max_distance + w + 1)
+        m, dtype = 2 * w + 1, self.key.dtype
 
         # built when first read, once per forward: the banded inference path reads neither
         def index() -> Tensor:  # (1|B, Lq, Lk)
-            return clipped_index(ctx, self.max_distance)
+            return clipped_index(ctx, w)
 
         def onehot() -> OneHot | None:
-            return ctx.cached(OneHotOf(ClippedIndex(self.max_distance), m, dtype), lambda: OneHot.of(index(), m, dtype))
+            return ctx.cached(OneHotOf(ClippedIndex(w), m, dtype), lambda: OneHot.of(index(), m, dtype))
 
-        band = ctx.cached(BandOf(self.max_distance), lambda: self.band(ctx))
-        key = QueryRelativeBias(self.key[layer][:, None, :], ctx.q_pos, ctx.k_pos, bucket, self.scale,
-                                index=index, band=band, onehot=onehot, first=-self.max_distance)  # r: (M, 1, Dh)
-        return LayerTerms(logits=[key], values=[ValueTerm(self.value[layer], index, band, onehot)])
+        key = QueryRelativeBias(self.key[layer, rows][:, None, :], ctx.q_pos, ctx.k_pos,
+                                lambda offsets: clipped_offset_index(offsets, w), self.scale,
+                                index=index, band=band, onehot=onehot, first=-w)  # r: (M, 1, Dh)
+        return LayerTerms(logits=[key], values=[ValueTerm(self.value[layer, rows], index, band, onehot)])
