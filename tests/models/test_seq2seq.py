@@ -123,6 +123,17 @@ def test_encoder_and_decoder_position_parameters_are_separate():
     assert shaw.decoder.positions.method.key.shape[0] == 3
 
 
+def test_the_decoder_takes_the_encoders_method_fields():
+    """Not a causal LM's defaults: DIET-REL unclipped as in the paper's translation runs (lengths stay within
+    the table), TUPE's reset on the decoder's start token, which stands where [CLS] does."""
+    rel = DietForConditionalGeneration(tiny_s2s("diet-rel"))
+    assert rel.decoder.positions.method.span == rel.encoder.positions.method.span == 23
+    tupe = DietForConditionalGeneration(tiny_s2s("tupe-a"))
+    assert tupe.config.decoder_view().tupe_reset is True and tupe.decoder.positions.method.reset
+    off = DietForConditionalGeneration(tiny_s2s("tupe-a", tupe_reset=False))
+    assert not off.decoder.positions.method.reset
+
+
 def test_learned_table_refuses_long_decodes():
     model = DietForConditionalGeneration(tiny_s2s("absolute", max_position_embeddings=8)).eval()
     assert model.max_decode_length == 8

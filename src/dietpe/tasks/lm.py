@@ -184,20 +184,21 @@ def main_lm(args) -> int:
     configs = {spec: causal_config(spec, args.size, 100, args.max_length, 0) for spec in specs}
     check_windows(args.max_length, args.lengths, True, tokens=args.eval_tokens)
     if not args.ignore_memory_check:
-        check_lm_memory(args, configs)
+        check_lm_memory(args, specs)
     if args.precision == "fp16":  # fp16's gradients underflow without a loss scaler, which this loop lacks
         raise ConfigError("--precision fp16: dietpe lm's training loop scales no loss; use bf16 or fp32")
     with V.created_only_on_success(out):
         return _main_lm(args, out, specs, configs)
 
 
-def check_lm_memory(args, configs: dict) -> None:
+def check_lm_memory(args, specs: list[str]) -> None:
     """Training at --batch-size x --max-length and scoring the longest length (windows of SCORING_BATCH), each
-    refused before any work where its estimated memory exceeds what is available (the largest method's)."""
+    refused before any work where its estimated memory exceeds what is available; at --vocab-size, the
+    largest the tokenizer may give."""
     from dietpe.tasks.perplexity import SCORING_BATCH
     from dietpe.tasks.runtime import check_memory
 
-    for spec, config in configs.items():
+    for spec in specs:
         config = causal_config(spec, args.size, args.vocab_size, args.max_length, 0)
         what = f"{spec} at size {args.size} (vocabulary {args.vocab_size})"
         check_memory(config, args.batch_size, args.max_length, args.device, what,
