@@ -28,6 +28,13 @@ def test_pearson_and_spearman_with_ties():
     assert M.spearman([1, 2, 3], [10, 20, 1000]) == pytest.approx(100.0)
 
 
+def test_nan_predictions_give_nan_for_both_correlations():
+    """A diverged run's predictions are no score: not 0 (all NaN) or a rank of NaN among numbers."""
+    gold = [1.0, 2.0, 3.0, 4.0]
+    for pred in ([math.nan] * 4, [1.0, math.nan, 3.0, 2.0]):
+        assert math.isnan(M.pearson(pred, gold)) and math.isnan(M.spearman(pred, gold))
+
+
 def test_squad_normalisation_and_scores():
     assert M.normalize_answer("The  Eiffel-Tower!") == "eiffeltower"
     assert M.squad_em("the Eiffel Tower", "Eiffel Tower.") == 1.0

@@ -1,6 +1,7 @@
 """Task readers: GLUE TSV layouts, XNLI per-language files, SQuAD JSON; errors name file and line."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -153,6 +154,52 @@ def test_squad_errors_name_the_place(tmp_path):
     f.write_text('{"data": [\n  {"paragraphs": ]}')
     with pytest.raises(DataError, match=rf"{f}:2: not valid JSON"):
         T.read_squad(f)
+
+
+def test_blank_answers_and_repeated_ids_are_refused(tmp_path):
+    with pytest.raises(DataError, match=r"qas\[0\]\.answers\[0\]: an answer needs non-blank 'text'"):
+        T.read_squad(_squad(tmp_path / "empty.json", answer="", start=0))
+    with pytest.raises(DataError, match="non-blank"):
+        T.read_squad(_squad(tmp_path / "space.json", context="Paris is", answer=" ", start=5))
+    doc = json.loads(_squad(tmp_path / "one.json").read_text())
+    doc["data"].append(doc["data"][0])
+    with pytest.raises(DataError, match=r"data\[1\]\.paragraphs\[0\]\.qas\[0\]: question id 'q1' is also "
+                                        r".*data\[0\]\.paragraphs\[0\]\.qas\[0\]'s; ids must be unique"):
+        T.read_squad(_write(tmp_path / "twice.json", json.dumps(doc)))
+
+
+def test_mlqa_folder_evaluates_the_asked_split_of_every_language(tmp_path):
+    d = tmp_path / "mlqa"
+    for split in ("dev", "test"):
+        for lang in ("ar", "de", "en"):
+            _squad(d / f"{split}-context-{lang}-question-{lang}.json")
+    train = _squad(tmp_path / "train-v1.1.json")
+    for split in ("dev", "test"):
+        data = T.load_task(str(d), "qa", train_file=str(train), eval_split=split)
+        assert {lang: Path(f).name.split("-")[0] for lang, f in _files(data).items()} == \
+            {"ar": split, "de": split, "en": split}
+
+
+def _files(data):
+    """{language: the file its examples came from}."""
+    return {lang: examples[0].where.split(":")[0] for lang, examples in data.evals.items()}
+
+
+def test_hugging_face_tasks_evaluate_on_their_labelled_validation_splits(monkeypatch):
+    """MNLI has validation_matched and validation_mismatched, no `validation`; a task with none is refused."""
+    import datasets
+
+    from dietpe.data import corpus
+
+    rows = datasets.Dataset.from_dict(dict(premise=["p"], hypothesis=["h"], label=[0]))
+    splits = dict(train=rows, validation_matched=rows, validation_mismatched=rows, test_matched=rows)
+    monkeypatch.setattr(corpus, "load_hf_splits", lambda name: datasets.DatasetDict(splits))
+    monkeypatch.setattr(T, "load_hf_splits", lambda name: datasets.DatasetDict(splits))
+    data = T.load_task("nyu-mll/glue:mnli")
+    assert sorted(data.evals) == ["validation_matched", "validation_mismatched"] and len(data.train) == 1
+    del splits["validation_matched"], splits["validation_mismatched"]
+    with pytest.raises(DataError, match="no validation split to evaluate on \\(has train, test_matched\\)"):
+        T.load_task("nyu-mll/glue:mnli")
 
 
 def test_unknown_directory_asks_for_the_task(tmp_path):

@@ -126,6 +126,33 @@ def test_tasks_by_hugging_face_name_map_labels_and_tydiqa_languages(monkeypatch,
         XD.TaskItem.parse("wmt=data")
 
 
+def test_local_evaluation_sets_with_a_training_set_by_hugging_face_name(monkeypatch, tmp_path):
+    """TASK=FOLDER@NAME (docs/xtreme.md): the folder's languages are evaluated, the Hub's rows train; the folder
+    needs no training file of its own."""
+    import datasets
+
+    def fake(name, split):
+        if "xnli" in name or "mnli" in name:
+            return datasets.Dataset.from_dict(dict(premise=["p1", "p2"], hypothesis=["h1", "h2"], label=[0, 2]))
+        return datasets.Dataset.from_dict(dict(id=["a", "b", "c"], question=["q?"] * 3,
+                                               context=["the answer is x"] * 3,
+                                               answers=[dict(text=["x"], answer_start=[14])] * 3))
+
+    monkeypatch.setattr(XD, "load_hf_dataset", fake)
+    folder = tmp_path / "xquad"
+    folder.mkdir()
+    for lang in ("de", "fr"):
+        (folder / f"xquad.{lang}.json").write_text(json.dumps(squad(1, lang)))
+    qa = XD.load_item(XD.TaskItem.parse(f"xquad={folder}@rajpurkar/squad"), "train", "dev", "en", None)
+    assert len(qa.train) == 3 and sorted(qa.evals) == ["de", "fr"] and len(qa.evals["de"]) == 4
+    nli = tmp_path / "xnli"
+    nli.mkdir()
+    for lang in ("en", "fr"):
+        (nli / f"dev-{lang}.tsv").write_text("p\th\tneutral\n")
+    data = XD.load_item(XD.TaskItem.parse(f"xnli={nli}@facebook/xnli:en"), "train", "dev", "en", None)
+    assert [e.label for e in data.train] == [1, 0] and sorted(data.evals) == ["en", "fr"]
+
+
 def unit(seed, scores: dict[str, dict[str, dict[str, float]]]):
     tasks = {}
     for task, per in scores.items():

@@ -155,12 +155,24 @@ def read_hf_corpus(name: str, split: str) -> list[Document]:
 
 
 def load_hf_dataset(name: str, split: str):
-    """Load `owner/name[:config]`'s split, with a clear message when there is no network or no such split."""
+    """Load `owner/name[:config]`'s split, with a clear message when there is no network or no such split; a
+    missing split other than train is empty (a corpus then holds out part of train)."""
+    loaded = load_hf_splits(name)
+    names = [split] + [s for s in SPLIT_NAMES.get(split, ()) if s != split]
+    for candidate in names:
+        if candidate in loaded:
+            return loaded[candidate]
+    if split == "train":
+        raise DataError(f"huggingface:{name}: no {split} split (has {', '.join(loaded)})")
+    return loaded[list(loaded)[0]].select([])
+
+
+def load_hf_splits(name: str):
+    """`owner/name[:config]` as a `DatasetDict`, with a clear message when there is no network."""
     from dietpe.extras import need
 
     datasets = need("datasets")
     dataset, _, config = name.partition(":")
-    names = [split] + [s for s in SPLIT_NAMES.get(split, ()) if s != split]
     try:
         loaded = datasets.load_dataset(dataset, config or None)
     except Exception as e:  # datasets raises many kinds; all mean "cannot get it here"
@@ -172,12 +184,7 @@ def load_hf_dataset(name: str, split: str):
             raise DataError(f"{name}: cannot load this Hugging Face dataset: no network here ({text}). Download "
                             f"it where a network exists, or pass a local file or directory instead") from None
         raise DataError(f"{name}: cannot load this Hugging Face dataset ({text})") from None
-    for candidate in names:
-        if candidate in loaded:
-            return loaded[candidate]
-    if split == "train":
-        raise DataError(f"huggingface:{name}: no {split} split (has {', '.join(loaded)})")
-    return loaded[list(loaded)[0]].select([])
+    return loaded
 
 
 # -- streaming: the same documents, read a chunk at a time -----------------------------------------------------

@@ -63,7 +63,10 @@ def _ranks(x: np.ndarray) -> np.ndarray:
 
 
 def spearman(x: Sequence[float], y: Sequence[float]) -> float:
-    return pearson(_ranks(np.asarray(x, dtype=np.float64)), _ranks(np.asarray(y, dtype=np.float64)))
+    x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    if np.isnan(x).any() or np.isnan(y).any():
+        return float("nan")  # as pearson gives: a diverged run's predictions rank nothing
+    return pearson(_ranks(x), _ranks(y))
 
 
 CLASSIFICATION = {"accuracy": accuracy, "f1": f1_binary, "mcc": matthews}

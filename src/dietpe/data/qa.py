@@ -6,6 +6,7 @@ logits, and the answer is the best-scoring valid span of the context (start <= e
 
 from __future__ import annotations
 
+import unicodedata
 from collections import defaultdict
 
 import numpy as np
@@ -96,6 +97,14 @@ def best_answers(examples: list[QAExample], meta, start_logits, end_logits, n_be
                         continue
                     score = s_log[s] + e_log[e]
                     if score > best_score:
-                        best_score, best_text = score, ex.context[offsets[s][0]:offsets[e][1]]
+                        best_score, best_text = score, ex.context[offsets[s][0]:_span_end(ex.context, offsets[e][1])]
         predictions[ex.id] = best_text
     return predictions
+
+
+def _span_end(context: str, end: int) -> int:
+    """`end` moved past the combining marks right after it: a normaliser that strips accents (BERT's uncased
+    WordPiece) ends a token's offsets before the Devanagari vowel sign or Thai tone mark it dropped."""
+    while end < len(context) and unicodedata.category(context[end]).startswith("M"):
+        end += 1
+    return end

@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dietpe.data.corpus import folder_listing, is_hf_name, load_hf_dataset
+from dietpe.data.corpus import folder_listing, is_hf_name, load_hf_splits
 from dietpe.data.synthetic import TASKS as BUILTIN
 from dietpe.data.taskspec import TaskSpec
 from dietpe.data.text import read_text
@@ -181,7 +181,7 @@ def read_squad(path: str | Path, require_answers: bool = True) -> list[QAExample
     if not isinstance(root, dict) or not isinstance(root.get("data"), list):
         raise DataError(f"{path}: expected SQuAD JSON, an object with a 'data' list, found {_kind(root)}"
                         + (f" with keys {sorted(root)[:6]}" if isinstance(root, dict) else ""))
-    out = []
+    out, seen = [], {}
     for a, article in enumerate(root["data"]):
         _expect(article, dict, f"{path}: data[{a}]", "an object (an article with 'paragraphs')")
         paragraphs = _expect(article.get("paragraphs", []), list, f"{path}: data[{a}].paragraphs", "a list")
@@ -205,10 +205,17 @@ def read_squad(path: str | Path, require_answers: bool = True) -> list[QAExample
                         raise DataError(f"{where}.answers[{k}]: an answer needs 'text' and an integer "
                                         f"'answer_start', found {json.dumps(ans)[:80]}")
                     start = ans["answer_start"]
+                    if not ans["text"].strip() or start < 0:  # no token span to train on or to score
+                        raise DataError(f"{where}.answers[{k}]: an answer needs non-blank 'text' and a "
+                                        f"non-negative 'answer_start', found {json.dumps(ans)[:80]}")
                     if context[start:start + len(ans["text"])] != ans["text"]:
                         raise DataError(f"{where}: answer {ans['text']!r} is not at answer_start={start} "
                                         f"of the context")
-                out.append(QAExample(str(qa["id"]), qa["question"], context, answers, where))
+                qid = str(qa["id"])
+                if qid in seen:  # predictions and scores are kept by id: a repeat would drop a question
+                    raise DataError(f"{where}: question id {qid!r} is also {seen[qid]}'s; ids must be unique")
+                seen[qid] = where
+                out.append(QAExample(qid, qa["question"], context, answers, where))
     if not out:
         raise DataError(f"{path}: no questions")
     return out
@@ -291,11 +298,12 @@ def generic_spec(train_file: Path, name: str) -> TaskSpec:
 
 def load_task(source: str, task: str | None = None, train_file: str | None = None,
               eval_files: list[str] | None = None, train_split: str = "train", eval_split: str = "dev",
-              train_language: str = "en", max_train: int | None = None) -> TaskData:
+              train_language: str = "en", max_train: int | None = None, eval_only: bool = False) -> TaskData:
     """A task from a directory in its official layout (or `--train-file/--eval-files`), or a HF name.
 
     XNLI and QA: fine-tune on `train_language` (`{train_split}-en.tsv`, a `train*.json`, or `train_file`),
-    evaluate on every language's `{eval_split}` file: the cross-lingual zero-shot protocol.
+    evaluate on every language's `{eval_split}` file: the cross-lingual zero-shot protocol. `eval_only`: the
+    evaluation files alone (no training set is looked for; the caller brings one from elsewhere).
     """
     path = Path(source)
     if not path.exists() and is_hf_name(source):
@@ -311,9 +319,10 @@ def load_task(source: str, task: str | None = None, train_file: str | None = Non
     else:
         spec = task_spec(name)
     if spec.kind == "qa":
-        data = _load_qa_dir(path, spec, train_file, eval_files, train_split, eval_split, train_language)
+        data = _load_qa_dir(path, spec, train_file, eval_files, train_split, eval_split, train_language, eval_only)
     elif spec is XNLI:
-        data = _load_xnli_dir(path, spec, train_file, eval_files, train_split, eval_split, train_language)
+        data = _load_xnli_dir(path, spec, train_file, eval_files, train_split, eval_split, train_language,
+                              eval_only)
     else:
         tfile = Path(train_file) if train_file else path / f"{train_split}.tsv"
         if not train_file and not tfile.is_file() and name in GLUE:
@@ -343,8 +352,11 @@ def _refuse_leaks(tfile: Path, efiles, parallel: bool) -> None:
                         f"by article")
 
 
-def _load_xnli_dir(path, spec, train_file, eval_files, train_split, eval_split, train_language) -> TaskData:
+def _load_xnli_dir(path, spec, train_file, eval_files, train_split, eval_split, train_language,
+                   eval_only: bool = False) -> TaskData:
     tfile = Path(train_file) if train_file else path / f"{train_split}-{train_language}.tsv"
+    if eval_only:
+        return TaskData(spec, [], _xnli_evals(path, spec, eval_files, eval_split), source=str(path))
     if not tfile.is_file():
         raise DataError(f"{tfile}: no such file. XNLI has no training set of its own (the papers fine-tune on "
                         f"MNLI's English train.tsv): pass --train-file, or --train-split dev --eval-split test "
@@ -354,19 +366,30 @@ def _load_xnli_dir(path, spec, train_file, eval_files, train_split, eval_split, 
         train = read_tsv(tfile, GLUE["mnli"])
     else:
         train = read_tsv(tfile, spec)
+    # one split's per-language files are translations of one another
+    _refuse_leaks(tfile, _xnli_eval_files(path, eval_files, eval_split),
+                  parallel=not train_file and train_split == eval_split)
+    return TaskData(spec, train, _xnli_evals(path, spec, eval_files, eval_split), source=str(path))
+
+
+def _xnli_eval_files(path: Path, eval_files, eval_split: str) -> list[Path]:
     efiles = [Path(f) for f in eval_files] if eval_files else sorted(path.glob(f"{eval_split}-*.tsv"))
     if not efiles:
         raise DataError(f"{path}: no {eval_split}-<lang>.tsv files to evaluate on")
-    # one split's per-language files are translations of one another
-    _refuse_leaks(tfile, efiles, parallel=not train_file and train_split == eval_split)
-    evals = {f.stem.split("-", 1)[-1]: read_tsv(f, spec) for f in efiles}
-    return TaskData(spec, train, evals, source=str(path))
+    return efiles
 
 
-def _load_qa_dir(path, spec, train_file, eval_files, train_split, eval_split, train_language) -> TaskData:
+def _xnli_evals(path: Path, spec, eval_files, eval_split: str) -> dict:
+    return {f.stem.split("-", 1)[-1]: read_tsv(f, spec) for f in _xnli_eval_files(path, eval_files, eval_split)}
+
+
+def _load_qa_dir(path, spec, train_file, eval_files, train_split, eval_split, train_language,
+                 eval_only: bool = False) -> TaskData:
     if path.is_file():
         path, train_file = path.parent, train_file or str(path)
-    if train_file:
+    if eval_only:
+        tfile = None
+    elif train_file:
         tfile = Path(train_file)
     else:
         candidates = sorted(path.glob(f"*{train_split}*.json"))
@@ -376,42 +399,51 @@ def _load_qa_dir(path, spec, train_file, eval_files, train_split, eval_split, tr
             raise DataError(f"{path}: no training file (looked for *{train_split}*.json); XQuAD, MLQA and "
                             f"TyDiQA are evaluation sets: pass --train-file SQuAD's train-v1.1.json")
         tfile = candidates[0]
-    train = read_squad(tfile)
-    if eval_files:
-        efiles = {qa_language(Path(f).name) or Path(f).stem: Path(f) for f in eval_files}
-    else:
-        efiles = {}
-        for p in sorted(path.glob("*.json")):
-            lang = qa_language(p.name)
-            if lang and p != tfile and (eval_split in p.name or "xquad" in p.name or lang != train_language):
-                efiles[lang] = p
-    if not efiles:
-        raise DataError(f"{path}: no evaluation files (named like xquad.<lang>.json, "
-                        f"dev-context-<lang>-question-<lang>.json or tydiqa.goldp.<lang>.dev.json)")
-    # XQuAD's and MLQA's languages are translations of the same questions (TyDiQA's are not)
-    parallel = bool(_LANG_PATTERNS[0].search(tfile.name) or _LANG_PATTERNS[1].search(tfile.name))
-    _refuse_leaks(tfile, efiles.values(), parallel and any(_LANG_PATTERNS[0].search(f.name)
-                                                           or _LANG_PATTERNS[1].search(f.name)
-                                                           for f in efiles.values()))
+    train = [] if tfile is None else read_squad(tfile)
+    efiles = _qa_eval_files(path, tfile, eval_files, eval_split, train_language)
+    if tfile is not None:
+        # XQuAD's and MLQA's languages are translations of the same questions (TyDiQA's are not)
+        parallel = bool(_LANG_PATTERNS[0].search(tfile.name) or _LANG_PATTERNS[1].search(tfile.name))
+        _refuse_leaks(tfile, efiles.values(), parallel and any(_LANG_PATTERNS[0].search(f.name)
+                                                               or _LANG_PATTERNS[1].search(f.name)
+                                                               for f in efiles.values()))
     if all(_LANG_PATTERNS[1].search(f.name) for f in efiles.values()):
         spec = MLQA  # MLQA's layout: its script's per-language normalisation scores it
     return TaskData(spec, train, {lang: read_squad(f) for lang, f in efiles.items()}, source=str(path))
+
+
+def _qa_eval_files(path: Path, tfile: Path | None, eval_files, eval_split: str, train_language: str) -> dict:
+    """{language: file}: the given files, else the folder's, a language's file of `eval_split` before any
+    other split's (MLQA's folder holds dev- and test- files of every language)."""
+    if eval_files:
+        return {qa_language(Path(f).name) or Path(f).stem: Path(f) for f in eval_files}
+    efiles = {}
+    for p in sorted(path.glob("*.json")):
+        lang = qa_language(p.name)
+        if lang and p != tfile and (eval_split in p.name or "xquad" in p.name or lang != train_language):
+            if lang in efiles and eval_split in efiles[lang].name and eval_split not in p.name:
+                continue
+            efiles[lang] = p
+    if not efiles:
+        raise DataError(f"{path}: no evaluation files (named like xquad.<lang>.json, "
+                        f"dev-context-<lang>-question-<lang>.json or tydiqa.goldp.<lang>.dev.json)")
+    return efiles
 
 
 def load_hf_task(name: str, task: str | None, max_train: int | None) -> TaskData:
     """A GLUE-style task by Hugging Face name, e.g. `nyu-mll/glue:cola` (needs a network)."""
     dataset, _, config = name.partition(":")
     spec = task_spec(task or config or dataset.split("/")[-1])
+    loaded = load_hf_splits(name)
+    splits = _hf_eval_splits(name, loaded)
     if spec.kind == "qa":
-        train_rows = load_hf_dataset(name, "train")
-        evals = {"validation": load_hf_dataset(name, "validation")}
-        return TaskData(spec, _qa_rows(train_rows, name), {k: _qa_rows(v, name) for k, v in evals.items()},
+        return TaskData(spec, _qa_rows(loaded["train"], name), {k: _qa_rows(loaded[k], name) for k in splits},
                         source=f"huggingface:{name}")
     columns = {"sentence", "sentence1", "sentence2", "question", "question1", "question2", "premise",
                "hypothesis"}
 
     def rows(split):
-        ds = load_hf_dataset(name, split)
+        ds = loaded[split]
         text_cols = [c for c in ds.column_names if c in columns]
         if not text_cols or "label" not in ds.column_names:
             raise DataError(f"huggingface:{name}: expected text columns and a 'label', found {ds.column_names}")
@@ -425,8 +457,20 @@ def load_hf_task(name: str, task: str | None, max_train: int | None) -> TaskData
         return out
 
     train = rows("train")
-    return TaskData(spec, train[:max_train] if max_train else train, {"validation": rows("validation")},
+    return TaskData(spec, train[:max_train] if max_train else train, {k: rows(k) for k in splits},
                     source=f"huggingface:{name}")
+
+
+def _hf_eval_splits(name: str, loaded) -> list[str]:
+    """Checks there is a train split; returns the labelled evaluation splits: `validation`, else every
+    `validation_*` (MNLI's matched and mismatched); GLUE's test splits carry no labels."""
+    if "train" not in loaded:
+        raise DataError(f"huggingface:{name}: no train split (has {', '.join(loaded)})")
+    splits = [s for s in loaded if s == "validation"] or sorted(s for s in loaded if s.startswith("validation"))
+    if not splits:
+        raise DataError(f"huggingface:{name}: no validation split to evaluate on (has {', '.join(loaded)}); pass "
+                        f"a local folder with its dev file instead")
+    return splits
 
 
 def _qa_rows(rows, name) -> list[QAExample]:

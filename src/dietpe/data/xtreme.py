@@ -185,9 +185,11 @@ def load_item(item: TaskItem, train_split: str, eval_split: str, train_language:
     t = item.task
     if item.eval and Path(item.eval).exists():
         train_file = item.train if item.train and Path(item.train).exists() else None
+        hub_train = bool(item.train) and train_file is None  # EVAL=folder@TRAIN=a Hugging Face name
         data = load_task(item.eval, "qa" if t.kind == "qa" else "xnli", train_file=train_file,
-                         train_split=train_split, eval_split=eval_split, train_language=train_language)
-        if item.train and train_file is None:
+                         train_split=train_split, eval_split=eval_split, train_language=train_language,
+                         eval_only=hub_train)
+        if hub_train:
             data.train = _hf_train(t, item.train)
     else:
         template = item.eval or t.hf_eval
