@@ -259,8 +259,9 @@ def add_finetune_options(p: argparse.ArgumentParser, recipe_default: str = "cpu"
     g.add_argument("--max-train", type=V.positive_int, help="use only the first N training examples")
     g.add_argument("--max-eval", type=V.positive_int, help="use only the first N examples of each evaluation set")
     g.add_argument("--doc-stride", type=V.non_negative_int,
-                   help=f"QA only: overlap of context windows, in tokens; less than the room the question leaves "
-                        f"(default: the recipe's, else {DOC_STRIDE})")
+                   help=f"QA only: overlap of context windows, in tokens (Hugging Face's `stride`, not BERT's "
+                        f"run_squad distance between window starts); less than the room the question leaves "
+                        f"(default: the recipe's windows, else an overlap of {DOC_STRIDE})")
 
 
 def register_finetune(subparsers) -> None:

@@ -24,3 +24,38 @@ def test_the_gold_span_gives_the_gold_text(context, answer, question):
     start, end = np.full(n, -10.0), np.full(n, -10.0)
     start[train[0]["start_positions"]], end[train[0]["end_positions"]] = 10.0, 10.0
     assert best_answers(ex, meta, [start], [end]) == {"q1": answer}
+
+
+def run_squad_starts(n: int, room: int, step: int) -> list[int]:
+    """BERT's run_squad.py: the context's windows of at most `room` tokens, their starts `step` apart, the last
+    one where a window reaches the end."""
+    starts, start = [], 0
+    while start < n:
+        starts.append(start)
+        if start + min(n - start, room) == n:
+            break
+        start += min(n - start, step)
+    return starts
+
+
+@pytest.mark.parametrize("words", [5, 40, 77])
+def test_windows_a_step_apart_are_run_squads(words):
+    context = " ".join(f"w{k % 13}" for k in range(words))
+    questions = ["q?", "a much longer question about w1 w2 w3 ?"]  # two lengths: two rooms, one step
+    examples = [QAExample(f"q{i}", q, context, [{"text": "w0", "answer_start": 0}], "x")
+                for i, q in enumerate(questions)]
+    tokenizer = train_tokenizer([context] + questions, TokenizerSpec("wordpiece", 200, min_frequency=1))
+    n = len(tokenizer(context, add_special_tokens=False)["input_ids"])
+    max_length, step = 24, 5
+    features, meta = encode_eval(examples, tokenizer, max_length, doc_stride=0, doc_step=step)
+    assert [index for index, _ in meta] == sorted(index for index, _ in meta)  # the questions' order
+    for index, question in enumerate(questions):
+        room = max_length - 3 - len(tokenizer(question, add_special_tokens=False)["input_ids"])
+        token_starts = [offsets for i, offsets in meta if i == index]
+        firsts = [next(k for k, o in enumerate(offsets) if o is not None) for offsets in token_starts]
+        # the window's first context token is token `start` of the context: its offsets say which
+        all_offsets = tokenizer(context, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+        starts = [all_offsets.index(tuple(offsets[f])) for offsets, f in zip(token_starts, firsts)]
+        assert starts == run_squad_starts(n, room, step)
+    train = encode_train(examples, tokenizer, max_length, doc_stride=0, doc_step=step)
+    assert [f["input_ids"] for f in train] == [f["input_ids"] for f in features]

@@ -59,6 +59,10 @@ def test_diet_multilingual_recipes_are_table_7s_other_column():
     assert (f.lrs, f.warmup, f.batch_size, f.max_length, f.eval_steps, f.seeds) == \
         ((1e-5, 2e-5, 3e-5, 4e-5), 0.1, 32, 512, 3500, 5)
     assert f.epochs_for("XNLI") == 3 and f.adam_epsilon == ft("paper").adam_epsilon == 1e-6
+    # QA windows as BERT's run_squad and XTREME cut them: starts 128 tokens apart (their `doc_stride`), which
+    # --doc-stride (an overlap) replaces
+    assert f.doc_step == 128 and ft("paper-multilingual", doc_stride=64).doc_step is None
+    assert "doc_step" not in ft("paper").record()  # as runs before the field recorded
 
 
 def test_the_translation_paper_recipe_clips_no_gradient_as_tensor2tensor():

@@ -1,7 +1,8 @@
 """Span question answering (SQuAD v1.1 style, as BERT fine-tunes it): question and context go in as two
-segments, long contexts are cut into overlapping windows (`doc_stride`), the model predicts start and end
-logits, and the answer is the best-scoring valid span of the context (start <= end, at most
-`max_answer_length` tokens), mapped back to the original text through the tokenizer's offsets.
+segments, long contexts are cut into overlapping windows (`doc_stride` tokens of overlap, or starts `doc_step`
+apart as BERT's run_squad and XTREME cut them), the model predicts start and end logits, and the answer is the
+best-scoring valid span of the context (start <= end, at most `max_answer_length` tokens), mapped back to the
+original text through the tokenizer's offsets.
 """
 
 from __future__ import annotations
@@ -17,11 +18,14 @@ from dietpe.errors import ConfigError
 SPECIAL = 3  # [CLS] question [SEP] context [SEP]
 
 
-def check_windows(examples: list[QAExample], tokenizer, max_length: int, doc_stride: int) -> None:
+def check_windows(examples: list[QAExample], tokenizer, max_length: int, doc_stride: int,
+                  doc_step: int | None = None) -> list[int]:
     """Every question must leave room for context in a window, and the stride (the overlap of windows) must be
-    smaller than that room; otherwise the tokenizer stops with an error or a Rust panic. Names the question."""
+    smaller than that room; otherwise the tokenizer stops with an error or a Rust panic. Names the question.
+    With `doc_step` (the windows' starts that far apart) the overlap is each question's room less the step.
+    Returns the questions' lengths in tokens."""
     if not examples:
-        return
+        return []
     lengths = [len(ids) for ids in tokenizer([e.question for e in examples], add_special_tokens=False)["input_ids"]]
     i = max(range(len(examples)), key=lengths.__getitem__)
     room = max_length - SPECIAL - lengths[i]
@@ -29,22 +33,38 @@ def check_windows(examples: list[QAExample], tokenizer, max_length: int, doc_str
         raise ConfigError(f"{examples[i].where}: the question is {lengths[i]} tokens, leaving no room for the "
                           f"context within --ft-max-length {max_length} ({SPECIAL} special tokens); raise "
                           f"--ft-max-length")
-    if doc_stride >= room:
+    if doc_step is None and doc_stride >= room:
         raise ConfigError(f"--doc-stride {doc_stride} must be less than {room}, the room for context that "
                           f"--ft-max-length {max_length} leaves after {SPECIAL} special tokens and the longest "
                           f"question ({lengths[i]} tokens, {examples[i].where}); lower --doc-stride or raise "
                           f"--ft-max-length")
+    return lengths
 
 
-def encode_train(examples: list[QAExample], tokenizer, max_length: int, doc_stride: int) -> list[dict]:
+def windows(examples: list[QAExample], tokenizer, max_length: int, doc_stride: int, doc_step: int | None = None):
+    """The context windows of every question, in the questions' order: (example index, encoding, window) per
+    window, `encoding` the tokenizer's output holding it (its `sequence_ids(window)`, offsets, ids). Windows
+    overlap by `doc_stride` tokens; with `doc_step`, by each question's room less the step (at least 0), so
+    their starts lie `doc_step` apart as in BERT's run_squad, whose `doc_stride` means that distance."""
+    lengths = check_windows(examples, tokenizer, max_length, doc_stride, doc_step)
+    groups = defaultdict(list)  # overlap -> example indices (one tokenizer call per overlap)
+    for i, n in enumerate(lengths):
+        groups[doc_stride if doc_step is None else max(0, max_length - SPECIAL - n - doc_step)].append(i)
+    out = []
+    for overlap, indices in groups.items():
+        enc = tokenizer([examples[i].question for i in indices], [examples[i].context for i in indices],
+                        truncation="only_second", max_length=max_length, stride=overlap,
+                        return_overflowing_tokens=True, return_offsets_mapping=True)
+        out += [(indices[k], enc, w) for w, k in enumerate(enc["overflow_to_sample_mapping"])]
+    return sorted(out, key=lambda window: window[0])  # stable: an example's windows stay in order
+
+
+def encode_train(examples: list[QAExample], tokenizer, max_length: int, doc_stride: int,
+                 doc_step: int | None = None) -> list[dict]:
     """Training features: windows with the first answer's token span (or [CLS] when the window lacks it)."""
-    check_windows(examples, tokenizer, max_length, doc_stride)
-    enc = tokenizer([e.question for e in examples], [e.context for e in examples], truncation="only_second",
-                    max_length=max_length, stride=doc_stride, return_overflowing_tokens=True,
-                    return_offsets_mapping=True)
     features = []
-    for i, offsets in enumerate(enc["offset_mapping"]):
-        ex = examples[enc["overflow_to_sample_mapping"][i]]
+    for index, enc, i in windows(examples, tokenizer, max_length, doc_stride, doc_step):
+        ex, offsets = examples[index], enc["offset_mapping"][i]
         answer = ex.answers[0]
         start_char, end_char = answer["answer_start"], answer["answer_start"] + len(answer["text"])
         types = enc.sequence_ids(i)
@@ -59,17 +79,13 @@ def encode_train(examples: list[QAExample], tokenizer, max_length: int, doc_stri
     return features
 
 
-def encode_eval(examples: list[QAExample], tokenizer, max_length: int, doc_stride: int):
+def encode_eval(examples: list[QAExample], tokenizer, max_length: int, doc_stride: int,
+                doc_step: int | None = None):
     """Evaluation features and, per feature, (example index, offsets with None outside the context)."""
-    check_windows(examples, tokenizer, max_length, doc_stride)
-    enc = tokenizer([e.question for e in examples], [e.context for e in examples], truncation="only_second",
-                    max_length=max_length, stride=doc_stride, return_overflowing_tokens=True,
-                    return_offsets_mapping=True)
     features, meta = [], []
-    for i, offsets in enumerate(enc["offset_mapping"]):
+    for index, enc, i in windows(examples, tokenizer, max_length, doc_stride, doc_step):
         types = enc.sequence_ids(i)
-        meta.append((enc["overflow_to_sample_mapping"][i],
-                     [o if t == 1 else None for o, t in zip(offsets, types)]))
+        meta.append((index, [o if t == 1 else None for o, t in zip(enc["offset_mapping"][i], types)]))
         features.append({"input_ids": enc["input_ids"][i], "token_type_ids": enc["token_type_ids"][i],
                          "attention_mask": enc["attention_mask"][i]})
     return features, meta

@@ -90,7 +90,7 @@ def check_tasks(tasks: dict[str, TaskData], s: FinetuneSettings) -> None:
             raise DataError(f"{data.source}: {len(data.train)} training examples of {name}, fewer than one "
                             f"fine-tuning batch of {s.batch_size} (--ft-batch-size)")
         room = s.max_length - QA_SPECIAL - 1
-        if data.spec.kind == "qa" and s.doc_stride >= room:
+        if data.spec.kind == "qa" and s.doc_step is None and s.doc_stride >= room:
             raise ConfigError(f"--doc-stride {s.doc_stride} must be less than {room}, the most room for context "
                               f"that --ft-max-length {s.max_length} leaves after {QA_SPECIAL} special tokens and a "
                               f"question ({name}); lower --doc-stride or raise --ft-max-length")
@@ -120,7 +120,7 @@ class Scorer:
         self.sets: dict[str, tuple[ListDataset, object]] = {}
         for name, examples in data.scored(s.max_eval).items():
             if self.spec.kind == "qa":
-                feats, meta = encode_eval(examples, tokenizer, s.max_length, s.doc_stride)
+                feats, meta = encode_eval(examples, tokenizer, s.max_length, s.doc_stride, s.doc_step)
                 self.sets[name] = (ListDataset(feats), (examples, meta))
             else:
                 feats = encode_pairs(examples, tokenizer, s.max_length, self.spec.kind == "regression")
@@ -128,6 +128,11 @@ class Scorer:
         self.metrics = s.metric_order(self.spec)  # the recipe's selecting metric first (QQP by accuracy)
         self.primary = self.metrics[0]
         self.select_on = select_on if select_on in self.sets else None
+
+    def examples(self, name: str) -> int:
+        """How many examples of the set `name` are scored (a QA example may span several windows)."""
+        features, gold = self.sets[name]
+        return len(gold[0]) if self.spec.kind == "qa" else len(features)
 
     def score(self, name: str, predictions) -> dict[str, float]:
         _, gold = self.sets[name]
@@ -330,15 +335,16 @@ def run_finetune(model_dir: str | Path, data: TaskData, output_dir: str | Path, 
         run["compile"] = compiled
     check_run_settings(output_dir, run, "another -o (or delete the folder)", products=(SUMMARY, "lr*-seed*"))
     if spec.kind == "qa":
-        train_set = ListDataset(encode_train(data.train, tokenizer, s.max_length, s.doc_stride))
+        train_set = ListDataset(encode_train(data.train, tokenizer, s.max_length, s.doc_stride, s.doc_step))
     else:
         train_set = ListDataset(encode_pairs(data.train, tokenizer, s.max_length, spec.kind == "regression"))
     if len(train_set) < s.batch_size:
         raise DataError(f"{data.source}: {len(train_set)} training examples, fewer than one batch of "
                         f"{s.batch_size}")
     scorer = Scorer(data, tokenizer, s, train_language)
-    log(f"{spec.name}: {len(data.train):,} training examples; evaluating on "
-        + ", ".join(f"{n} ({len(d):,})" for n, (d, _) in scorer.sets.items())
+    windows = "" if spec.kind != "qa" else f" in {len(train_set):,} windows"
+    log(f"{spec.name}: {len(data.train):,} training examples{windows}; evaluating on "
+        + ", ".join(f"{n} ({scorer.examples(n):,})" for n in scorer.sets)
         + f"; {len(s.lrs)} learning rate(s) x {s.seeds} seed(s)")
     runs = []
     for lr in s.lrs:

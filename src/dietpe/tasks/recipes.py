@@ -100,6 +100,9 @@ class FinetuneRecipe:
     metrics: tuple[tuple[str, str], ...] = ()
     adam_epsilon: float = 1e-8
     doc_stride: int | None = None  # QA windows' overlap (None: dietpe.commands.DOC_STRIDE)
+    # QA windows' starts this many tokens apart, as BERT's run_squad and XTREME's `doc_stride`: each question's
+    # windows then overlap by the room its length leaves less this (None: they overlap by `doc_stride`)
+    doc_step: int | None = None
 
 
 # The papers' "5 or 10 epochs": TUPE's Table 2 footnote says which (DIET's Table 7 has the same words):
@@ -174,9 +177,9 @@ FINETUNE_RECIPES = {
     "study-full": FinetuneRecipe((1e-3, 3e-3), 3, 8, 32, 32),
     # DIET appendix A, Table 7 (multilingual) and §4.2: lr {1,2,3,4}e-5, warm-up 10%, batch 32, 3 epochs,
     # length 512, a checkpoint every 3.5k steps, 5 trials (median); Adam's epsilon as `paper`'s. The paper does
-    # not give QA's window overlap: BERT's and XTREME's 128.
+    # not give QA's windows: BERT's and XTREME's, which start 128 tokens apart.
     "paper-multilingual": FinetuneRecipe((1e-5, 2e-5, 3e-5, 4e-5), 5, 3, 32, 512, eval_steps=3500,
-                                         adam_epsilon=1e-6, doc_stride=128),
+                                         adam_epsilon=1e-6, doc_step=128),
     # The built-in cross-lingual suite (docs/xtreme.md): 2 epochs (the paper's 3 cost half as much again), the
     # study's learning rate; QA windows overlap by 32 tokens, which XQuAD's longest question (88 tokens in Greek)
     # leaves room for.

@@ -118,7 +118,7 @@ class PretrainSettings:
 # fields recorded only when they differ from these defaults (runs made before them resume)
 OPTIONAL_PRETRAIN = {"logit_lr_scale": 1.0, "optimizer": "adamw", "logit_scale": None, "max_positions": None,
                      "keep_steps": ()}
-OPTIONAL_FINETUNE = {"task_epochs": (), "metrics": (), "adam_epsilon": 1e-8}
+OPTIONAL_FINETUNE = {"task_epochs": (), "metrics": (), "adam_epsilon": 1e-8, "doc_step": None}
 
 
 @dataclass(frozen=True)
@@ -136,6 +136,7 @@ class FinetuneSettings:
     eval_steps: int | None = None  # evaluate every N steps; None: every epoch
     max_eval: int | None = None    # examples per evaluation set; None: all
     doc_stride: int = 64           # QA context windows' overlap
+    doc_step: int | None = None    # else the distance of their starts (the recipe's; --doc-stride clears it)
     task_epochs: tuple[tuple[str, float], ...] = ()  # epochs by task name where they differ from `epochs`
     metrics: tuple[tuple[str, str], ...] = ()        # the selecting metric by task name, where not the first
     adam_epsilon: float = 1e-8
@@ -154,6 +155,9 @@ class FinetuneSettings:
             raise ConfigError(f"--epochs={self.epochs} must be positive")
         if self.doc_stride < 0:
             raise ConfigError(f"--doc-stride={self.doc_stride} must be >= 0")
+        if self.doc_step is not None and (isinstance(self.doc_step, bool) or not isinstance(self.doc_step, int)
+                                          or self.doc_step < 1):
+            raise ConfigError(f"doc_step={self.doc_step!r} must be a positive integer")
 
     @classmethod
     def from_args(cls, args) -> FinetuneSettings:
@@ -166,6 +170,7 @@ class FinetuneSettings:
                    weight_decay=r.weight_decay, max_grad_norm=r.max_grad_norm,
                    eval_steps=_given(args.eval_steps, r.eval_steps), max_eval=args.max_eval,
                    doc_stride=_given(args.doc_stride, r.doc_stride or DOC_STRIDE),
+                   doc_step=r.doc_step if args.doc_stride is None else None,
                    task_epochs=r.task_epochs if args.epochs is None else (),  # --epochs: every task
                    metrics=r.metrics, adam_epsilon=r.adam_epsilon)
 
