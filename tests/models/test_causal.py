@@ -188,6 +188,20 @@ def test_generate_takes_an_explicit_cache_and_a_prompt_of_embeddings():
     assert torch.equal(embedded, plain[:, 5:])  # generate() returns the new tokens only for an embedded prompt
 
 
+def test_bad_labels_and_a_cache_of_another_batch_are_refused():
+    model = DietForCausalLM(tiny_lm("alibi")).eval()
+    ids = torch.randint(3, V, (2, 5))
+    for labels, message in ((torch.full((2, 5), V), f"label {V} is outside the vocabulary \\[0, {V - 1}\\]"),
+                            (torch.full((2, 5), -5), "label -5 is outside"),
+                            (ids.float(), "labels have dtype torch.float32; they are token ids")):
+        with pytest.raises(InputError, match=message):
+            model(ids, labels=labels)
+    assert torch.isfinite(model(ids, labels=ids.masked_fill(ids > 20, -100)).loss)
+    cache = model(ids, use_cache=True).past_key_values
+    with pytest.raises(InputError, match="past_key_values holds 2 sequences, but the input has 3"):
+        model(torch.randint(3, V, (3, 1)), past_key_values=cache)
+
+
 def test_a_cache_of_fixed_size_is_refused():
     """A static cache's empty slots would be attended as if they held tokens: refused, naming the fix."""
     model = DietForCausalLM(tiny_lm("none")).eval()

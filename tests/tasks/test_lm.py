@@ -8,6 +8,7 @@ import pytest
 import torch
 from transformers import BertConfig, BertForMaskedLM
 
+from dietpe import DietForCausalLM
 from dietpe.cli import main as cli
 from dietpe.data import synthetic
 from dietpe.data.corpus import read_corpus
@@ -117,6 +118,15 @@ def test_masked_lm_perplexity_at_lengths_uses_fixed_masks(data):
     table = DietForMaskedLM(DietConfig(vocab_size=len(tok), hidden_size=16, num_hidden_layers=1,
                                        num_attention_heads=2, intermediate_size=32, max_position_embeddings=8))
     assert lm.length_perplexities(table.eval(), tok, stream, 8, (1, 2), tokens=256)[2] is None
+    # BERT's input table kept beside a per-head method (`dietpe pretrain --init`'s default) ends there too
+    kept = DietForMaskedLM(DietConfig(vocab_size=len(tok), hidden_size=16, num_hidden_layers=1, position="diet-rel",
+                                      input_positions=True, num_attention_heads=2, intermediate_size=32,
+                                      max_position_embeddings=8))
+    scores = lm.length_perplexities(kept.eval(), tok, stream, 8, (1, 2), tokens=256)
+    assert scores[1] is not None and scores[2] is None
+    causal = DietForCausalLM(lm.causal_config("diet-rel:input_positions=true", "toy", len(tok), 8, 0)).eval()
+    scores = lm.length_perplexities(causal, tok, stream, 8, (1, 2), tokens=256)
+    assert scores[1] is not None and scores[2] is None
 
 
 def test_lm_methods_default_to_every_method_a_causal_lm_takes():
@@ -188,16 +198,18 @@ def test_lengths_refuses_scoring_far_beyond_memory_before_any_work(data, tmp_pat
     assert not (tmp_path / "far").exists()
 
 
-def test_each_methods_model_compiles_from_nothing(monkeypatch):
+def test_each_methods_model_compiles_from_nothing():
     """One process trains every method: without emptying dynamo's caches, the forward met its recompile limit
     (8) at the 9th method and ran uncompiled without a word. A limit of 1 shows it with two methods."""
     import torch._dynamo.utils as dynamo_utils
 
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)
     torch._dynamo.reset()
     dynamo_utils.counters.clear()
     stream = torch.randint(5, 60, (400,)).tolist()
-    for spec in ("alibi", "t5"):
-        lm.train_lm(lm.causal_config(spec, "toy", 60, 8, 0), stream, steps=2, batch_size=2, length=8, lr=1e-3,
-                    seed=0, log=lambda *a: None, compile="eager")
+    # config.patch, not monkeypatch: undoing a setattr on dynamo's config module leaves the name unreadable
+    # (then FlexAttention, which reads it, fails in any later test of the process)
+    with torch._dynamo.config.patch(recompile_limit=1):
+        for spec in ("alibi", "t5"):
+            lm.train_lm(lm.causal_config(spec, "toy", 60, 8, 0), stream, steps=2, batch_size=2, length=8, lr=1e-3,
+                        seed=0, log=lambda *a: None, compile="eager")
     assert dynamo_utils.counters["frames"]["ok"] == 2  # one compiled forward per method

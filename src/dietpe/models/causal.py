@@ -47,6 +47,7 @@ from dietpe.models.modeling import (
     DietPreTrainedModel,
     cache_argument,
     cache_of,
+    check_labels,
     check_kwargs,
     run_layers,
     with_cache,
@@ -57,6 +58,17 @@ from dietpe.positions.registry import REGISTRY, names
 
 #: the methods a causal LM accepts (TUPE only with tupe_reset=False)
 CAUSAL_POSITIONS = names(causal_ok=True)
+
+
+def check_cache_batch(cache: Cache, batch: int) -> None:
+    """A cache filled for one batch size cannot take another's tokens."""
+    for layer in cache.layers:
+        keys = getattr(layer, "keys", None)
+        if isinstance(keys, Tensor) and keys.dim() == 4 and keys.shape[-2] > 0:
+            if keys.shape[0] != batch:
+                raise InputError(f"past_key_values holds {keys.shape[0]} sequences, but the input has {batch}; "
+                                 f"pass the cache its own batch returned, or none")
+            return
 
 
 class DietCausalConfig(DietConfig):
@@ -155,6 +167,7 @@ class DietCausalModel(DietPreTrainedModel):
         if cache is not None:
             check_dynamic(cache)
             ensure_layers(cache, self.config.num_hidden_layers)
+            check_cache_batch(cache, b)
         past = cache.get_seq_length() if cache is not None else 0
         ctx, q_ids = step_positions(self.positions, position_ids, b, past, length, device)
         hidden = self.embeddings(input_ids, self.positions.embed(q_ids, None), inputs_embeds)
@@ -218,6 +231,7 @@ class DietForCausalLM(DietPreTrainedModel, GenerationMixin):
         if labels is not None:
             if labels.shape != hidden.shape[:2]:
                 raise InputError(f"labels have shape {tuple(labels.shape)}, but the input is {tuple(hidden.shape[:2])}")
+            check_labels(labels, self.config.vocab_size)
             shifted = logits[:, :-1] if not logits_to_keep else self.lm_head(hidden)[:, :-1]
             loss = nn.functional.cross_entropy(shifted.reshape(-1, shifted.shape[-1]).float(),
                                                labels[:, 1:].reshape(-1), ignore_index=-100)

@@ -418,6 +418,18 @@ class DietLMHead(nn.Module):
             self.bias = nn.Parameter(new, requires_grad=old.requires_grad)
 
 
+def check_labels(labels: Tensor, vocab_size: int) -> None:
+    """Token ids or -100 (no loss there); read where `may_read` allows (a GPU training step's labels come from
+    the commands' collators)."""
+    if labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
+        raise InputError(f"labels have dtype {labels.dtype}; they are token ids (an integer tensor, -100 where none)")
+    if labels.numel() and may_read(labels):
+        lo, hi = value_range(labels.masked_fill(labels == -100, 0))
+        if lo < 0 or hi >= vocab_size:
+            raise InputError(f"label {lo if lo < 0 else hi} is outside the vocabulary [0, {vocab_size - 1}] "
+                             f"(-100 marks a token without a label)")
+
+
 class DietForMaskedLM(DietPreTrainedModel):
     """BERT's masked LM. Its loss is the mean over the batch's labelled tokens; under Trainer, over the whole
     step's (`num_items_in_batch`: every accumulated micro-batch of every process), so that how a batch is split
@@ -450,11 +462,8 @@ class DietForMaskedLM(DietPreTrainedModel):
         if labels is not None and labels.numel() != hidden.shape[:-1].numel():  # BERT's head takes them flat too
             raise InputError(f"labels of shape {tuple(labels.shape)} for inputs of shape {tuple(hidden.shape[:-1])}: "
                              f"one label per token (-100 where none)")
-        if labels is not None and labels.numel() and may_read(labels):
-            lo, hi = value_range(labels.masked_fill(labels == -100, 0))
-            if lo < 0 or hi >= self.config.vocab_size:
-                raise InputError(f"label {lo if lo < 0 else hi} is outside the vocabulary [0, "
-                                 f"{self.config.vocab_size - 1}] (-100 marks a token without a label)")
+        if labels is not None:
+            check_labels(labels, self.config.vocab_size)
         if labels is not None and self.config.sparse_prediction:
             # the head and the loss on the labelled tokens alone (about 15% of them): no (B, L, V) logits
             labels = labels.reshape(hidden.shape[:-1])

@@ -87,8 +87,10 @@ def check_windows(train_length: int, multiples, causal: bool, tokens: int | None
 
 
 def beyond_table(config, length: int) -> bool:
-    """A learned position table (the registry's `learned_table`) cannot serve `length` positions."""
-    return REGISTRY[config.position].learned_table and length > config.max_position_embeddings
+    """A learned position table (the method's, the registry's `learned_table`, or BERT's input table kept
+    beside a per-head method, `input_positions`) cannot serve `length` positions."""
+    learned = REGISTRY[config.position].learned_table or bool(getattr(config, "input_positions", False))
+    return learned and length > config.max_position_embeddings
 
 
 #: windows scored in one forward
