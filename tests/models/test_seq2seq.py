@@ -134,6 +134,22 @@ def test_the_decoder_takes_the_encoders_method_fields():
     assert not off.decoder.positions.method.reset
 
 
+def test_mismatched_batches_labels_and_flags_are_refused():
+    model = DietForConditionalGeneration(tiny_s2s("t5")).eval()
+    src, mask = source()  # 3 sources
+    target = torch.randint(3, 40, (3, 4))
+    for kwargs, message in ((dict(decoder_input_ids=target[:1]), "hold 1 sequences, the source 3"),
+                            (dict(decoder_input_ids=target, labels=target[:, :3]), "labels have shape \\(3, 3\\)"),
+                            (dict(decoder_input_ids=target, labels=target.float()), "dtype torch.float32"),
+                            (dict(labels=torch.full((3, 4), 40)), "label 40 is outside the vocabulary")):
+        with pytest.raises(InputError, match=message):
+            model(src, mask, **kwargs)
+    assert torch.isfinite(model(src, mask, labels=target).loss)
+    for name in ("scale_embedding", "use_cache"):
+        with pytest.raises(ConfigError, match=f"{name}='no' must be true or false"):
+            tiny_s2s("t5", **{name: "no"})
+
+
 def test_learned_table_refuses_long_decodes():
     model = DietForConditionalGeneration(tiny_s2s("absolute", max_position_embeddings=8)).eval()
     assert model.max_decode_length == 8

@@ -203,3 +203,58 @@ def test_a_translation_does_not_depend_on_the_batch_it_is_decoded_in():
     assert [len(h.split()) for h in alone] == [int(1.5 * len(s)) + 10 for s in ids]
     assert cap_batches([4, 0, 2, 3], [14, 14, 16, 17], 8) == [[4, 0], [2], [3]]
     assert cap_batches([4, 0, 2], [14, 14, 14], 2) == [[4, 0], [2]]
+
+
+def test_accumulated_micro_batches_give_the_loss_of_one_batch(data, tmp_path):
+    """--grad-accum 2 × 8 sentences is one batch of 16: the step's loss (and so its gradient) is the mean over
+    its target tokens, not the mean of two micro-batches' means."""
+    args = ["--max-steps", "1", "--logging-steps", "1", "--max-train-pairs", "64", "--eval-steps", "1000"]
+
+    def first_loss(out, *extra):
+        assert main(["translate", "train", "--data", str(data), "--source", "xx", "--target", "yy",
+                     "--output-dir", str(out), "--vocab-size", "80", "--lr", "3e-3", "--warmup-steps", "5",
+                     "--dropout", "0", "--threads", "1", "--method", "sinusoidal" + TINY, *args, *extra]) == 0
+        summary = json.loads((out / "final" / "train_summary.json").read_text())
+        return next(row["loss"] for row in summary["curves"] if "loss" in row)
+
+    whole = first_loss(tmp_path / "whole", "--batch-size", "16")
+    parts = first_loss(tmp_path / "parts", "--batch-size", "8", "--grad-accum", "2")
+    assert parts == pytest.approx(whole, rel=1e-5)
+
+
+def test_speed_counts_the_sentences_that_differ_not_their_batch():
+    """One sentence decoded longer without the cache: the others of its batch, padded differently by generate(),
+    are still the same sentences."""
+    from types import SimpleNamespace
+
+    from transformers import LogitsProcessorList
+
+    from dietpe.tasks.translate import translate
+
+    torch.manual_seed(0)
+    model = DietForConditionalGeneration(DietSeq2SeqConfig.from_preset(
+        "transformer-tiny", vocab_size=24, pad_token_id=0, bos_token_id=1, eos_token_id=2)).eval()
+    with torch.no_grad():  # </s> likely, so sentences end early
+        model.encoder.embeddings.word_embeddings.weight[2] *= 4
+    generate = model.generate
+
+    def no_end_for_the_second(input_ids, scores):  # its two beams may not end
+        scores[2:4, 2] = -float("inf")
+        return scores
+
+    def patched(*args, use_cache=True, **kwargs):
+        if not use_cache:
+            kwargs["logits_processor"] = LogitsProcessorList([no_end_for_the_second])
+        return generate(*args, use_cache=use_cache, **kwargs)
+
+    model.generate = patched
+    tokenizer = SimpleNamespace(pad_token_id=0, batch_decode=lambda rows, skip_special_tokens: [
+        " ".join(str(t) for t in r.tolist() if t > 2) for r in rows])
+    ids = [[5, 6, 7, 2], [8, 9, 10, 2], [11, 12, 13, 2]]
+    a = generate(torch.tensor(ids), num_beams=2, max_new_tokens=12, use_cache=True).tolist()
+    b = patched(torch.tensor(ids), num_beams=2, max_new_tokens=12, use_cache=False).tolist()
+    words = [[t for t in row if t not in (0, 2)] for row in a], [[t for t in row if t not in (0, 2)] for row in b]
+    differ = sum(x != y for x, y in zip(*words))
+    assert differ == 1 and len(a[0]) != len(b[0])  # one sentence, and the batch padded to another length
+    _, timing = translate(model, tokenizer, ids, 3, 2, 0.6, max_new_tokens=12, speed=True, progress=False)
+    assert timing["mismatched_sentences"] == differ

@@ -45,9 +45,11 @@ from dietpe.config import PRESETS, DietConfig, _check
 from dietpe.errors import ConfigError, InputError, may_read, value_range
 from dietpe.models.beam import GnmtBeamSearch
 from dietpe.models.modeling import (
-    DietModel, DietPreTrainedModel, cache_argument, check_kwargs, padding_mask, run_layers, with_cache,
+    DietModel, DietPreTrainedModel, cache_argument, check_kwargs, check_labels, padding_mask, run_layers,
+    with_cache,
 )
 from dietpe.positions.context import Context
+from dietpe.positions.fields import boolean
 from dietpe.positions.encoding import PositionEncoding
 from dietpe.positions.terms import EMPTY
 
@@ -107,6 +109,8 @@ class DietSeq2SeqConfig(DietConfig):
             value = getattr(self, name)
             if not isinstance(value, int) or not 0 <= value < self.vocab_size:
                 raise ConfigError(f"{name}={value!r} must be a token id in [0, {self.vocab_size - 1}]")
+        for name in ("scale_embedding", "use_cache", "tie_word_embeddings"):  # "no" would read as true
+            boolean(name, getattr(self, name))
 
     @classmethod
     def from_preset(cls, name: str, **overrides) -> "DietSeq2SeqConfig":
@@ -385,6 +389,14 @@ class DietForConditionalGeneration(GnmtBeamSearch, DietPreTrainedModel, Generati
         if decoder_input_ids.dim() != 2 or 0 in decoder_input_ids.shape:
             raise InputError(f"decoder_input_ids must be (batch, length) with both > 0, got shape "
                              f"{tuple(decoder_input_ids.shape)}")
+        if decoder_input_ids.shape[0] != memory.shape[0]:
+            raise InputError(f"decoder_input_ids hold {decoder_input_ids.shape[0]} sequences, the source "
+                             f"{memory.shape[0]}: one target per source")
+        if labels is not None:
+            if labels.shape != decoder_input_ids.shape:
+                raise InputError(f"labels have shape {tuple(labels.shape)}, decoder_input_ids "
+                                 f"{tuple(decoder_input_ids.shape)}: one label per target token (-100 where none)")
+            check_labels(labels, self.config.vocab_size)
         ids = decoder_input_ids
         lo, hi = value_range(ids) if may_read(ids) else (0, 0)  # no host sync in a GPU step
         if lo < 0 or hi >= self.config.vocab_size:

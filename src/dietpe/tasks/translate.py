@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 from transformers import TrainerCallback, TrainingArguments
 
 from dietpe import validate as V
@@ -57,7 +57,7 @@ from dietpe.tasks.checkpoints import (
     write_json_atomic,
 )
 from dietpe.tasks.runtime import (ListDataset, ProgressBar, replace_progress, resolve_device, set_threads,
-                                  start_afresh, trainer_device_args)
+                                  start_afresh, trainer_device_args, world_size)
 from dietpe.tasks.seeding import SeededTrainer
 
 # what changes the trained model: recorded in the run directory, and a rerun with other values is refused
@@ -103,7 +103,15 @@ def run_record(args) -> dict:
         record["logit_scale"] = TRANSLATION_RECIPES[args.recipe].logit_scale
     if getattr(args, "compile", None):  # a compiled run's bits may differ from an eager one's
         record["compile"] = args.compile
+    if args.grad_accum > 1 or world_size() > 1:  # the step's token mean, not a mean of its parts' means
+        record["loss"] = "tokens of the step"
     return record
+
+
+def _until(row: Tensor, eos: int) -> list[int]:
+    """The generated ids up to the first `eos` (kept), without the padding after it."""
+    ids = row.tolist()
+    return ids[:ids.index(eos, 1) + 1] if eos in ids[1:] else ids
 
 
 def eval_batch_size(args) -> int:
@@ -198,11 +206,14 @@ class TokenBatches(torch.utils.data.Dataset):
 
 class TranslationTrainer(SeededTrainer):
     """Label-smoothed cross-entropy per target token while training; plain cross-entropy when evaluating, so
-    the validation loss is a log-perplexity."""
+    the validation loss is a log-perplexity. A training step's loss is the mean over its target tokens, across
+    accumulated micro-batches and processes (tensor2tensor's sum over shards divided by their token count):
+    Trainer counts them (`num_items_in_batch`) for a model that takes loss keywords."""
 
     def __init__(self, *args, label_smoothing: float = 0.0, **kwargs):
         super().__init__(*args, **kwargs)
         self.label_smoothing = label_smoothing
+        self.model_accepts_loss_kwargs = True  # the loss below reads num_items_in_batch; the model never sees it
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         labels = inputs.pop("labels")
@@ -213,6 +224,8 @@ class TranslationTrainer(SeededTrainer):
                                             ignore_index=-100, label_smoothing=eps, reduction="sum")
         count = num_items_in_batch if num_items_in_batch is not None else labels.ne(-100).sum()
         loss = total / count
+        if num_items_in_batch is not None and self.args.average_tokens_across_devices:
+            loss = loss * self.accelerator.num_processes  # DDP averages gradients; the count is every process's
         return (loss, outputs) if return_outputs else loss
 
 
@@ -510,12 +523,10 @@ def translate(model, tokenizer, ids: list[list[int]], batch_size: int, beams: in
             timing["cached_s" if cached else "uncached_s"] += time.perf_counter() - start
         if speed:
             a, b = outputs[True], outputs[False]
-            same = a.shape == b.shape and torch.equal(a, b)
-            if not same:
-                w = max(a.shape[1], b.shape[1])
-                a = nn.functional.pad(a, (0, w - a.shape[1]), value=tokenizer.pad_token_id)
-                b = nn.functional.pad(b, (0, w - b.shape[1]), value=tokenizer.pad_token_id)
-                timing["mismatched_sentences"] += int((a != b).any(dim=1).sum())
+            if not (a.shape == b.shape and torch.equal(a, b)):
+                # a batch's rows are padded to its longest (beam search fills with </s>): each compared to its end
+                eos = model.config.eos_token_id
+                timing["mismatched_sentences"] += sum(_until(x, eos) != _until(y, eos) for x, y in zip(a, b))
         texts = tokenizer.batch_decode(outputs[modes[0]], skip_special_tokens=True)
         for i, text in zip(batch, texts):
             hyps[i] = text.strip()
