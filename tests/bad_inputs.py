@@ -221,6 +221,10 @@ def make_fixtures(root: str | Path) -> dict[str, str]:
     f["qa_badjson"] = squad("qa_badjson", '{"version": "1.1",\n "data": [\n')
     f["qa_longq"] = squad("qa_longq", _squad(question=" ".join(["where"] * 40) + " ?"))
     f["qa_noq"] = squad("qa_noq", {"data": [{"paragraphs": [{"context": "c", "qas": []}]}]})
+    f["qa_blank"] = squad("qa_blank", _squad(answer="", start=0))
+    twice = _squad()
+    twice["data"][0]["paragraphs"][0]["qas"][5]["id"] = "q2"
+    f["qa_dupid"] = squad("qa_dupid", twice)
 
     # broken parallel files
     def pair(name: str, de: bytes | str, en: bytes | str) -> Path:
@@ -478,6 +482,8 @@ for name, task, needles in [
     ("SQuAD invalid UTF-8", "{qa_utf8}", ("train.json:3", "UTF-8")),
     ("SQuAD invalid JSON", "{qa_badjson}", ("train.json:3", "JSON")),
     ("SQuAD without questions", "{qa_noq}", ("train.json", "no questions")),
+    ("SQuAD blank answer", "{qa_blank}", ("train.json", "qas[0].answers[0]", "non-blank")),
+    ("SQuAD question id twice", "{qa_dupid}", ("train.json", "qas[5]", "'q2'", "unique")),
 ]:
     case(f"finetune {name}", FT.replace("{order}", task, 1), *needles)
 case("finetune --train-file missing", f"{FT} --train-file {{root}}/nope.tsv", "nope.tsv", "no such")
