@@ -139,3 +139,24 @@ def test_a_one_document_corpus_names_options_lm_has(tmp_path, capsys):
     two.write_text("first document .\n\nsecond document .\n")
     assert cli(["lm", str(two), "--methods", "alibi", *SMALL, "--max-documents", "1", "-o", str(tmp_path / "p")]) == 2
     assert "--max-documents 1 leaves one document only" in _error(capsys)
+
+
+def test_rows_of_a_learned_table_beyond_the_training_length_are_named(tmp_path, capsys):
+    """`dietpe lengths` on a table longer than the run's training: its figures beyond 1L read untrained rows."""
+    from dietpe import DietConfig
+    from dietpe.tasks.checkpoints import RUN_SETTINGS
+    from dietpe.tasks.lengths import untrained_rows
+    from dietpe.tasks.perplexity import write_report
+
+    table = DietConfig(position="absolute", max_position_embeddings=512)
+    note = untrained_rows(tmp_path, "absolute", table, 32)
+    assert "512 rows" in note and "reached the first 32" in note
+    kept = DietConfig(position="diet-rel", input_positions=True, max_position_embeddings=512)
+    assert "512 rows" in untrained_rows(tmp_path, "diet-rel", kept, 32)
+    assert untrained_rows(tmp_path, "diet-rel", DietConfig(position="diet-rel"), 32) is None  # no learned table
+    assert untrained_rows(tmp_path, "absolute", table, 512) is None  # trained at the table's length
+    (tmp_path / RUN_SETTINGS).write_text(json.dumps({"init": "bert-base-uncased"}))
+    assert untrained_rows(tmp_path, "absolute", table, 32) is None  # BERT's training reached them
+    row = dict(method="absolute", kind="masked", train_length=32, ppl={1: 10.0, 2: 20.0})
+    md = write_report([row], (1, 2), tmp_path / "out", "t", "lengths", [note])
+    assert md.endswith(f"\n- {note}\n") and note in (tmp_path / "out" / "lengths.md").read_text()

@@ -44,6 +44,26 @@ def _run_info(path: Path, train_length: int | None) -> tuple[Path, str, int]:
     return model_dir, config.get("position", path.name), train_length
 
 
+def untrained_rows(path: Path, method: str, config, length: int) -> str | None:
+    """A note where the model's learned position table (the method's, or BERT's input table kept beside it)
+    has rows beyond the training length that no step of the run reached, so the perplexities beyond 1L read
+    rows as initialised; None where the table ends at that length, has no rows beyond, or the run started from
+    a checkpoint (`--init`) whose training reached them."""
+    from dietpe.positions.registry import REGISTRY
+    from dietpe.tasks.checkpoints import RUN_SETTINGS
+
+    position = getattr(config, "position", None)
+    learned = (position in REGISTRY and REGISTRY[position].learned_table) or getattr(config, "input_positions", False)
+    rows = getattr(config, "max_position_embeddings", 0)
+    if not learned or rows <= length:
+        return None
+    record = next((p / RUN_SETTINGS for p in (path, path.parent) if (p / RUN_SETTINGS).is_file()), None)
+    if record is not None and json.loads(record.read_text()).get("init"):
+        return None
+    return (f"{method} ({path}): its learned position table has {rows:,} rows, and training at L = {length} "
+            f"reached the first {length}: its figures beyond 1L read rows as initialised, not trained")
+
+
 def main(args) -> int:
     from transformers import AutoConfig
 
@@ -66,7 +86,7 @@ def main(args) -> int:
             longest = max(args.lengths) * length
             check_memory(config, SCORING_BATCH, longest, args.device, f"{config.position} scored at {longest:,} "
                          f"tokens", fix="lower --lengths", scoring=True)
-    rows, lengths = [], set()
+    rows, lengths, notes = [], set(), []
     for (run, model_dir, method, length), config in zip(infos, configs):
         if getattr(config, "dietpe", None):  # a Hugging Face model with a method attached (`--arch llama`)
             from transformers import AutoModelForCausalLM
@@ -84,8 +104,12 @@ def main(args) -> int:
         ppl = length_perplexities(model, tokenizer, stream, length, args.lengths, args.eval_tokens)
         rows.append(dict(method=method, kind="causal" if causal else "masked", train_length=length, ppl=ppl))
         lengths.add(length)
+        note = untrained_rows(Path(run), method, config, length)
+        if note:
+            notes.append(note)
+            log(note, "lengths")
         log(f"{run}: " + ", ".join(f"{m}L {'n/a' if v is None else f'{v:.2f}'}" for m, v in ppl.items()),
             "lengths")
     title = f"trained at L = {', '.join(map(str, sorted(lengths)))}"
-    print(write_report(rows, args.lengths, out, title, "lengths"))
+    print(write_report(rows, args.lengths, out, title, "lengths", notes))
     return 0

@@ -218,11 +218,13 @@ def plot(rows: list[dict], multiples, path: Path, title: str) -> None:
     plt.close(fig)
 
 
-def write_report(rows: list[dict], multiples, out: Path, title: str, command: str = "lm") -> str:
+def write_report(rows: list[dict], multiples, out: Path, title: str, command: str = "lm",
+                 notes: list[str] = ()) -> str:
     """lengths.md, .csv, .json and .png in `out`; without a single perplexity (every cell n/a) there is nothing
-    to plot on log scales: no .png (an old one removed, so none misleads), and a note says why."""
+    to plot on log scales: no .png (an old one removed, so none misleads), and a note says why. `notes`: lines
+    under the table."""
     out.mkdir(parents=True, exist_ok=True)
-    md = table_markdown(rows, multiples, title)
+    md = table_markdown(rows, multiples, title) + "".join(f"\n- {note}" for note in notes) + ("\n" if notes else "")
     drawn = any(r["ppl"][m] is not None for r in rows for m in multiples)
     (out / "lengths.md").write_text(md + ("\n![perplexity by length](lengths.png)\n" if drawn else ""),
                                     encoding="utf-8")
