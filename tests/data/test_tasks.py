@@ -156,6 +156,14 @@ def test_squad_errors_name_the_place(tmp_path):
         T.read_squad(f)
 
 
+def test_a_test_file_without_labels_is_named_as_such(tmp_path):
+    with pytest.raises(DataError, match=r"test-en.tsv:1: 2 tab-separated columns, XNLI needs at least 3 \(a test "
+                                        r"file without labels\? evaluate on the dev files: --eval-split dev\)"):
+        T.read_tsv(_write(tmp_path / "test-en.tsv", "a .\tb .\n"), T.XNLI)
+    with pytest.raises(DataError, match=r"1 tab-separated columns, XNLI needs at least 3$"):
+        T.read_tsv(_write(tmp_path / "one.tsv", "a .\n"), T.XNLI)
+
+
 def test_blank_answers_and_repeated_ids_are_refused(tmp_path):
     with pytest.raises(DataError, match=r"qas\[0\]\.answers\[0\]: an answer needs non-blank 'text'"):
         T.read_squad(_squad(tmp_path / "empty.json", answer="", start=0))
