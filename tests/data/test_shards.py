@@ -288,3 +288,70 @@ def test_pretraining_runs_with_documents_packing(tmp_path):
     prepared = next((tmp_path / "cache" / "shards").iterdir())
     assert json.loads((prepared / "manifest.json").read_text())["key"]["packing"] == "documents"
     assert json.loads((tmp_path / "run" / "run_settings.json").read_text())["packing"] == "documents"
+
+
+def test_a_dataset_of_one_document_a_row_is_read_a_document_a_row(tmp_path, monkeypatch):
+    """Wikipedia's and C4's rows are whole documents (lines inside): the same shards as a JSONL file of them,
+    read a chunk at a time; WikiText's one-line rows stay paragraphs (the test above)."""
+    datasets = pytest.importorskip("datasets")
+    src = write_corpus(tmp_path / "c")
+    documents = [d.strip() for d in (src / "train.txt").read_text(encoding="utf-8").split("\n\n") if d.strip()]
+    assert any("\n" in d for d in documents)
+    monkeypatch.setattr(datasets, "load_dataset", lambda name, config=None, streaming=False, **kw: {
+        "train": datasets.IterableDataset.from_generator(lambda: ({"text": d} for d in documents))})
+    (tmp_path / "j").mkdir()
+    (tmp_path / "j" / "train.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in documents))
+    by_name = prep("someone/wiki", tmp_path / "cache")
+    local = prep(tmp_path / "j" / "train.jsonl", tmp_path / "cache2")
+    assert list(by_name.train) == list(local.train) and list(by_name.validation) == list(local.validation)
+    assert len(by_name.validation) > 0
+
+
+def test_special_token_names_in_the_text_are_text(tmp_path):
+    src = write_corpus(tmp_path / "c")
+    with open(src / "train.txt", "a", encoding="utf-8") as f:
+        f.write("the cat [MASK] sat [SEP] on [PAD] the mat .\n\n")
+    p = prep(src, tmp_path / "cache")
+    specials = set(p.tokenizer.all_special_ids) - {p.tokenizer.cls_token_id, p.tokenizer.sep_token_id}
+    for block in p.train:
+        assert not specials & set(block)  # no [MASK] or [PAD] input from the text
+        assert sum(t == p.tokenizer.sep_token_id for t in block) <= 1 + sum(t == p.tokenizer.cls_token_id
+                                                                             for t in block)
+
+
+def test_validation_is_held_out_text(tmp_path):
+    src = write_corpus(tmp_path / "c", valid=True)
+    with pytest.raises(DataError, match="the same text as the training corpus"):
+        prep(src, tmp_path / "cache", validation=str(src / "train.txt"))
+    p = prep(src, tmp_path / "cache", validation=str(src))  # a folder: its validation file
+    assert p.manifest["key"]["data"]["validation"]["origin"].endswith("valid.txt")
+    (src / "valid.txt").unlink()
+    with pytest.raises(DataError, match="the folder has no validation file"):
+        prep(src, tmp_path / "cache", validation=str(src))
+
+
+def test_a_run_whose_corpus_changed_is_not_resumed(tmp_path, capsys):
+    from dietpe.cli import main
+
+    src = write_corpus(tmp_path / "c", valid=True)
+    base = ["pretrain", str(src), "--method", "alibi", "--recipe", "toy", "--steps", "2", "--threads", "1",
+            "--cache-dir", str(tmp_path / "cache"), "-o", str(tmp_path / "run")]
+    assert main(base) == 0
+    write_corpus(tmp_path / "c", seed=1)  # the same name, other text
+    capsys.readouterr()
+    assert main(base) == 2
+    err = capsys.readouterr().err
+    assert "holds a run with other settings (data.train." in err and "data.train.sha256: " in err
+
+
+def test_a_run_recorded_before_its_data_was_still_resumes(tmp_path):
+    from dietpe.errors import ConfigError
+    from dietpe.tasks.checkpoints import RUN_SETTINGS, check_run_settings
+
+    (tmp_path / "model").mkdir()
+    (tmp_path / RUN_SETTINGS).write_text(json.dumps({"seed": 0}))  # written before "data" was recorded
+    check_run_settings(tmp_path, {"seed": 0, "data": {"sha256": "a"}}, products=("model",), added=("data",))
+    with pytest.raises(ConfigError, match="seed: 0 -> 1"):
+        check_run_settings(tmp_path, {"seed": 1, "data": {"sha256": "a"}}, products=("model",), added=("data",))
+    with pytest.raises(ConfigError, match="data.sha256: None -> 'a'"):
+        check_run_settings(tmp_path, {"seed": 0, "data": {"sha256": "a"}}, products=("model",))

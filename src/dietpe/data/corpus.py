@@ -4,9 +4,11 @@ The papers pre-train BERT on documents split into sentences and packed into full
 FULL-SENTENCES, no next-sentence task). Here a corpus is `list[Document]`, a document is `list[str]` of
 sentences. Local layouts:
 
-* `*.txt`: one paragraph per line, a blank line ends a document (WikiText's layout);
+* `*.txt`: one paragraph per line, a blank line ends a document (in WikiText, whose headings stand between
+  blank lines, a document is a section or a heading, not an article);
 * `*.jsonl`: one JSON object per line, its `text` field one document;
-* `*.tsv`: a header row with a `text` (or `sentence`) column, each row one document;
+* `*.tsv`: a header row with a `text` (or `sentence`) column, each row one document (GLUE's plain TSV: no
+  quoting, so a quote is text and a field holds no tab or line break);
 * a directory: `train.*` and `valid.*` / `validation.*` / `dev.*`, or the same with a name in front
   (`ptb.train.txt`, WikiText's `wiki.train.tokens` / `wiki.valid.raw`, `name-train.txt`), or such a directory
   as its only sub-directory (an unpacked archive).
@@ -14,7 +16,8 @@ sentences. Local layouts:
 Files are UTF-8 (a leading byte-order mark is dropped); an invalid byte is reported with its file and line.
 
 Anything else that looks like `owner/name[:config]` is loaded with `datasets.load_dataset`; without a
-network that fails with a message saying so.
+network that fails with a message saying so. Its rows are documents where the first row with text holds
+several lines (Wikipedia, C4), else paragraphs, a blank row ending a document (WikiText); `rows_mode`.
 """
 
 from __future__ import annotations
@@ -145,13 +148,21 @@ def read_corpus(source: str, split: str = "train") -> tuple[list[Document], str]
     return docs, origin
 
 
+def rows_mode(text: str) -> str:
+    """How a dataset's rows are read, from its first row with text: a row of several lines is a document
+    (Wikipedia, C4), one line a paragraph, a blank row ending a document (WikiText)."""
+    return "documents" if "\n" in text.strip() else "paragraphs"
+
+
 def read_hf_corpus(name: str, split: str) -> list[Document]:
-    """`owner/name[:config]` through `datasets`; each row's `text` is a paragraph, blank rows end documents."""
+    """`owner/name[:config]` through `datasets`, its rows read as `rows_mode` says."""
     rows = load_hf_dataset(name, split)
     column = next((c for c in ("text", "sentence", "content") if c in rows.column_names), None)
     if column is None:
         raise DataError(f"huggingface:{name}: no text column (has {rows.column_names}); expected 'text'")
-    return group_documents(rows[column])
+    texts = rows[column]
+    first = next((t for t in texts if (t or "").strip()), "")
+    return chunk_documents(rows_mode(first), [t or "" for t in texts])
 
 
 def load_hf_dataset(name: str, split: str):
@@ -264,14 +275,20 @@ def _records(kind: str, where: str, split: str):
                 raise DataError(f"{path}:{lineno}: {len(cells)} columns, the header names {len(header)}{hint}")
             yield "documents", cells[index]
     else:
-        rows = stream_hf_dataset(where, split)
-        column = None
-        for row in rows:
+        column, mode, first = None, None, []  # the rows up to the first with text, which decides the mode
+        for row in stream_hf_dataset(where, split):
             if column is None:
                 column = next((c for c in ("text", "sentence", "content") if c in row), None)
                 if column is None:
                     raise DataError(f"huggingface:{where}: no text column (has {sorted(row)}); expected 'text'")
-            yield "paragraphs", row[column]
+            if mode is None:
+                first.append(row[column])
+                if (row[column] or "").strip():
+                    mode = rows_mode(row[column])
+                    yield from ((mode, text) for text in first)
+                continue
+            yield mode, row[column]
+        yield from (("paragraphs", text) for text in (first if mode is None else ()))
 
 
 def iter_chunks(kind: str, where: str, split: str = "train", chunk_chars: int | None = None):

@@ -45,7 +45,7 @@ from dietpe.data.sources import chunks as iter_chunks
 from dietpe.data.sources import resolve as resolve_source
 from dietpe.errors import DataError
 
-FORMAT = 1
+FORMAT = 2  # 2: special tokens' names in the text are encoded as text
 TYPE_NAMES = {"wordpiece": "WordPiece", "unigram": "Unigram (SentencePiece-style)", "bpe": "BPE"}
 HOLDOUT = 20  # without a validation split, the first 1/20 of the documents (at least one) are held out
 
@@ -108,6 +108,7 @@ def _init_worker(tokenizer_json: str | None) -> None:
     if tokenizer_json is not None:
         from tokenizers import Tokenizer
         _TOKENIZER = Tokenizer.from_str(tokenizer_json)
+        _TOKENIZER.encode_special_tokens = True  # "[SEP]" or "<mask>" in the text is text, not a special id
 
 
 def _select(task):
@@ -205,13 +206,35 @@ class Plan:
     key: dict     # what the documents are: fingerprints and ranges
 
 
+def content(fp: dict | None):
+    """A fingerprint without where it was read: what the text is."""
+    if isinstance(fp, dict):
+        return {k: content(v) for k, v in fp.items() if k != "origin"}
+    return [content(v) for v in fp] if isinstance(fp, list) else fp
+
+
+def sources(corpus: str, validation: str | None) -> tuple[dict, tuple[dict | None, str, str]]:
+    """(fingerprint of the training text, (fingerprint or None, source, split) of the validation text): the
+    corpus's validation split, or --validation (a file, a dataset's split, or a folder's validation file: its
+    train file is no held-out text). Validation that is the training text is refused."""
+    train_fp = fingerprint(corpus, "train")
+    val_source, val_split = (validation, "validation" if Path(validation).is_dir() else "train") if validation \
+        else (corpus, "validation")
+    val_fp = fingerprint(val_source, val_split)
+    if validation and val_fp is None:
+        raise DataError(f"--validation {validation}: the folder has no validation file (valid.txt, "
+                        f"<name>.valid.txt, wiki.valid.tokens, ...); name the file itself")
+    if val_fp is not None and content(val_fp) == content(train_fp):
+        raise DataError(f"--validation {val_fp['origin']}: the same text as the training corpus "
+                        f"{train_fp['origin']}; validation must be held-out text")
+    return train_fp, (val_fp, val_source, val_split)
+
+
 def plan(corpus: str, validation: str | None, max_documents: int | None, tokenizer_sample: int | None,
          processes: int) -> Plan:
     """Which documents go where, as `dietpe pretrain` always chose: the valid split (or `--validation`), else
     the first 1/20 of the (first `max_documents`) documents held out."""
-    train_fp = fingerprint(corpus, "train")
-    val_source, val_split = (validation, "train") if validation else (corpus, "validation")
-    val_fp = fingerprint(val_source, val_split)
+    train_fp, (val_fp, val_source, val_split) = sources(corpus, validation)
     if val_fp is not None and val_fp["kind"] not in ("hf", "mix"):  # small: refused before any work
         for _ in iter_chunks(val_fp["kind"], val_fp["origin"], val_split):
             pass
@@ -453,7 +476,12 @@ def _atomic_dir(final: Path, fill) -> None:
     tmp.mkdir()
     try:
         fill(tmp)
-        os.replace(tmp, final) if not final.exists() else shutil.rmtree(tmp)
+        try:
+            os.replace(tmp, final) if not final.exists() else shutil.rmtree(tmp)
+        except OSError:  # another process renamed its complete folder into place first
+            if not final.exists():
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -187,14 +187,15 @@ def local_path(text: str | None) -> str | None:
 
 
 def check_run_settings(output_dir: str | Path, settings: dict, fresh_hint: str = "--overwrite",
-                       products: tuple[str, ...] = ()) -> None:
+                       products: tuple[str, ...] = (), added: tuple[str, ...] = ()) -> None:
     """Record `settings` in `output_dir` (atomically) before a run writes anything else, or, if the folder holds
     results of an earlier run, refuse to go on with different settings: a ConfigError names each differing
     field, old -> new, and says how to start afresh.
 
     `products` are glob patterns of what a run leaves (checkpoints count too). Results without a settings file
     come from an unknown run and are refused; a settings file alone (a run that failed before producing
-    anything) is simply replaced."""
+    anything) is simply replaced. `added`: fields recorded since some release; a run recorded before then
+    (without the field) is not compared on it, so it still resumes."""
     output_dir = Path(output_dir)
     path = output_dir / RUN_SETTINGS
     new = _plain(settings)
@@ -208,6 +209,7 @@ def check_run_settings(output_dir: str | Path, settings: dict, fresh_hint: str =
         if not isinstance(old, dict):
             raise ConfigError(f"{path}: unreadable run settings; to start afresh use {fresh_hint} or another "
                               f"output folder")
+        new = {k: v for k, v in new.items() if k not in added or k in old}
         old, flat = _flatten(old), _flatten(new)
         diff = [k for k in sorted(set(old) | set(flat)) if old.get(k) != flat.get(k)]
         if diff:

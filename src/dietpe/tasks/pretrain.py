@@ -164,6 +164,10 @@ def run_record(job: PretrainJob, per_device: int, accumulation: int, prepared) -
                accumulation=accumulation, processes=world_size())
     if job.init:  # recorded only when given, so runs made before --init existed still resume
         run["init"] = local_path(job.init)
+    # what the corpus and validation text are (their SHA-256 and the documents taken), not only where: a
+    # changed file under the same name is another run
+    train, (validation, _, _) = shards.sources(job.corpus, job.validation)
+    run["data"] = shards.content(dict(train=train, validation=validation))
     if job.precision != "fp32":  # likewise
         run["precision"] = job.precision
     if job.compile:  # likewise: a compiled run's bits may differ from an eager one's
@@ -303,7 +307,7 @@ def run_pretrain(job: PretrainJob, prepared=None) -> dict:
         start_afresh(output_dir, trainer_device_args(job.device)["use_cpu"])
     per_device, accumulation = batch_layout(s.batch_size, job.device_batch_size)
     check_run_settings(output_dir, run_record(job, per_device, accumulation, prepared), "--overwrite",
-                       products=("model", "tokenizer", RESULTS, "steps"))
+                       products=("model", "tokenizer", RESULTS, "steps"), added=("data",))
     done = output_dir / RESULTS
     if done.is_file() and (output_dir / "model" / "config.json").is_file():
         log(f"{output_dir}: finished earlier, reusing it (--overwrite to redo)")
