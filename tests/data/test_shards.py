@@ -5,6 +5,7 @@ land in the same shards; the `documents` packing's collator keeps documents apar
 import json
 import random
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -355,3 +356,21 @@ def test_a_run_recorded_before_its_data_was_still_resumes(tmp_path):
         check_run_settings(tmp_path, {"seed": 1, "data": {"sha256": "a"}}, products=("model",), added=("data",))
     with pytest.raises(ConfigError, match="data.sha256: None -> 'a'"):
         check_run_settings(tmp_path, {"seed": 0, "data": {"sha256": "a"}}, products=("model",))
+
+
+def test_a_folder_another_process_renamed_into_place_first_is_kept(tmp_path, monkeypatch):
+    import errno
+    import os
+
+    final = tmp_path / "cache" / "shards" / "abc"
+    real = os.replace
+
+    def beaten(src, dst):  # the other process's rename lands between the check and ours
+        Path(dst).mkdir(parents=True)
+        (Path(dst) / "manifest.json").write_text("theirs")
+        raise OSError(errno.ENOTEMPTY, "Directory not empty")
+
+    monkeypatch.setattr(os, "replace", beaten)
+    S._atomic_dir(final, lambda tmp: (tmp / "manifest.json").write_text("ours"))
+    monkeypatch.setattr(os, "replace", real)
+    assert (final / "manifest.json").read_text() == "theirs" and [p.name for p in final.parent.iterdir()] == ["abc"]
