@@ -81,3 +81,11 @@ def test_hugging_face_rows_become_documents(monkeypatch):
     docs, origin = C.read_corpus("someone/corpus", "train")
     assert docs == [["= T =", "Some text .", "More ."], ["Next doc ."]]
     assert "huggingface:someone/corpus" in origin
+
+
+def test_a_mistyped_path_under_a_local_folder_is_no_dataset_name(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data").mkdir()
+    assert not C.is_hf_name("data/wikitext") and C.is_hf_name("wikimedia/wikipedia:20231101.en")
+    with pytest.raises(DataError, match="^data/wikitext: no such file or directory$"):
+        C.read_corpus("data/wikitext")

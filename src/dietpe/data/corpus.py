@@ -117,7 +117,11 @@ def folder_listing(directory: Path) -> str:
 
 
 def is_hf_name(source: str) -> bool:
-    return not os.path.exists(source) and bool(_HF_NAME.match(source)) and not Path(source).suffix in EXTENSIONS
+    """`owner/name[:config]` that is no local path: not a file's extension, and not under a local folder of
+    that name (`data/x` beside a folder `data` is a mistyped path, not a dataset)."""
+    owner = source.split("/", 1)[0]
+    return not os.path.exists(source) and bool(_HF_NAME.match(source)) and not Path(source).suffix in EXTENSIONS \
+        and not ("/" in source and os.path.isdir(owner))
 
 
 def read_corpus(source: str, split: str = "train") -> tuple[list[Document], str]:
