@@ -374,3 +374,11 @@ def test_a_folder_another_process_renamed_into_place_first_is_kept(tmp_path, mon
     S._atomic_dir(final, lambda tmp: (tmp / "manifest.json").write_text("ours"))
     monkeypatch.setattr(os, "replace", real)
     assert (final / "manifest.json").read_text() == "theirs" and [p.name for p in final.parent.iterdir()] == ["abc"]
+
+
+def test_an_empty_validation_file_is_refused_before_the_corpus_is_read(tmp_path, monkeypatch):
+    src = write_corpus(tmp_path / "c")
+    (src / "valid.txt").write_text("\n\n")
+    monkeypatch.setattr(S, "train_tokenizer", lambda *a: pytest.fail("the corpus was read first"))
+    with pytest.raises(DataError, match=r"valid.txt: the validation corpus is empty \(no non-blank lines\)"):
+        prep(src, tmp_path / "cache")

@@ -236,8 +236,11 @@ def plan(corpus: str, validation: str | None, max_documents: int | None, tokeniz
     the first 1/20 of the (first `max_documents`) documents held out."""
     train_fp, (val_fp, val_source, val_split) = sources(corpus, validation)
     if val_fp is not None and val_fp["kind"] not in ("hf", "mix"):  # small: refused before any work
-        for _ in iter_chunks(val_fp["kind"], val_fp["origin"], val_split):
-            pass
+        text = False
+        for _, strings in iter_chunks(val_fp["kind"], val_fp["origin"], val_split):
+            text = text or any(s.strip() for s in strings)
+        if not text:
+            raise DataError(f"{val_fp['origin']}: the validation corpus is empty (no non-blank lines)")
     counts = {}
     needs_counts = val_fp is None or max_documents or tokenizer_sample
     if needs_counts:
