@@ -160,3 +160,18 @@ def test_rows_of_a_learned_table_beyond_the_training_length_are_named(tmp_path, 
     row = dict(method="absolute", kind="masked", train_length=32, ppl={1: 10.0, 2: 20.0})
     md = write_report([row], (1, 2), tmp_path / "out", "t", "lengths", [note])
     assert md.endswith(f"\n- {note}\n") and note in (tmp_path / "out" / "lengths.md").read_text()
+
+
+def test_lm_rerun_of_a_corpus_changed_under_its_name_is_refused(data, tmp_path, capsys):
+    import shutil
+
+    corpus = tmp_path / "corpus"
+    shutil.copytree(data["corpus"], corpus)
+    base = ["lm", str(corpus), "--methods", "alibi", *SMALL, "-o", str(tmp_path / "lm")]
+    assert cli(base) == 0
+    with open(corpus / "train.txt", "a", encoding="utf-8") as f:
+        f.write("a new line of text .\n")
+    capsys.readouterr()
+    assert cli(base) == 2
+    err = _error(capsys)
+    assert "holds a run with other settings (data.train." in err and "reusing" not in err

@@ -160,9 +160,13 @@ def run_record(args) -> dict:
     """What every result in the output folder depends on, recorded there before any work (`check_run_settings`):
     a rerun with other settings is refused, one with the same reuses the methods it finished. --methods and
     --arch are not in it: each method (and arch) has its own folder, so a rerun may add methods."""
+    from dietpe.data import shards
     from dietpe.tasks.checkpoints import local_path
 
-    return dict(task="lm", corpus=local_path(args.corpus), max_documents=args.max_documents,
+    train, (validation, _, _) = shards.sources(args.corpus, None)  # what the text is, not only where
+    return dict(task="lm", corpus=local_path(args.corpus), data=shards.content(dict(train=train,
+                                                                                   validation=validation)),
+                max_documents=args.max_documents,
                 vocab_size=args.vocab_size, size=args.size, max_length=args.max_length, steps=args.steps,
                 batch_size=args.batch_size, lr=args.lr, seed=args.seed, lengths=list(args.lengths),
                 eval_tokens=args.eval_tokens, precision=args.precision, compile=args.compile)
@@ -214,7 +218,7 @@ def _main_lm(args, out: Path, specs: list[str], configs: dict) -> int:
     from dietpe.tasks.checkpoints import check_run_settings, read_result
 
     check_run_settings(out, run_record(args), "another -o (or delete the folder)",
-                       products=("tokenizer", "*/" + RESULT, "*/model", "lengths.*"))
+                       products=("tokenizer", "*/" + RESULT, "*/model", "lengths.*"), added=("data",))
     tok_dir = out / "tokenizer"
     # the token streams from the shared cache (`dietpe.data.shards`), memory-mapped
     tokenizer = load_tokenizer(tok_dir) if (tok_dir / "tokenizer.json").is_file() else None
