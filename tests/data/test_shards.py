@@ -382,3 +382,21 @@ def test_an_empty_validation_file_is_refused_before_the_corpus_is_read(tmp_path,
     monkeypatch.setattr(S, "train_tokenizer", lambda *a: pytest.fail("the corpus was read first"))
     with pytest.raises(DataError, match=r"valid.txt: the validation corpus is empty \(no non-blank lines\)"):
         prep(src, tmp_path / "cache")
+
+
+def test_a_file_is_hashed_once_until_it_changes(tmp_path, monkeypatch):
+    import builtins
+    import hashlib
+    import os
+
+    f = tmp_path / "train.txt"
+    f.write_text("one text .\n")
+    opened = []
+    real = builtins.open
+    monkeypatch.setattr(builtins, "open", lambda p, *a, **k: (opened.append(p), real(p, *a, **k))[1])
+    first = S.file_sha256(f)
+    assert S.file_sha256(f) == first == hashlib.sha256(b"one text .\n").hexdigest() and len(opened) == 1
+    stat = f.stat()
+    f.write_text("two text .\n")  # the same size, its modification time set back: still read again
+    os.utime(f, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert S.file_sha256(f) == hashlib.sha256(b"two text .\n").hexdigest() and len(opened) == 2

@@ -73,12 +73,21 @@ def _identity(obj):
     return obj
 
 
+_HASHED: dict[tuple, str] = {}  # (path, inode, size, mtime, ctime) -> SHA-256, this process's
+
+
 def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 22):
-            h.update(block)
-    return h.hexdigest()
+    """The file's SHA-256, read once a process for a file unchanged since (a run records its corpus's, then
+    prepares it: one pass over a large corpus, not two, nor one per method of a comparison)."""
+    st = os.stat(path)
+    key = (str(Path(path).resolve()), st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)  # ctime: any write
+    if key not in _HASHED:
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            while block := f.read(1 << 22):
+                h.update(block)
+        _HASHED[key] = h.hexdigest()
+    return _HASHED[key]
 
 
 def fingerprint(source: str, split: str = "train") -> dict | None:

@@ -360,7 +360,8 @@ def _load_xnli_dir(path, spec, train_file, eval_files, train_split, eval_split, 
                    eval_only: bool = False) -> TaskData:
     tfile = Path(train_file) if train_file else path / f"{train_split}-{train_language}.tsv"
     if eval_only:
-        return TaskData(spec, [], _xnli_evals(path, spec, eval_files, eval_split), source=str(path))
+        return TaskData(spec, [], _xnli_evals(spec, _xnli_eval_files(path, eval_files, eval_split)),
+                        source=str(path))
     if not tfile.is_file():
         raise DataError(f"{tfile}: no such file. XNLI has no training set of its own (the papers fine-tune on "
                         f"MNLI's English train.tsv): pass --train-file, or --train-split dev --eval-split test "
@@ -370,10 +371,10 @@ def _load_xnli_dir(path, spec, train_file, eval_files, train_split, eval_split, 
         train = read_tsv(tfile, GLUE["mnli"])
     else:
         train = read_tsv(tfile, spec)
+    efiles = _xnli_eval_files(path, eval_files, eval_split)
     # one split's per-language files are translations of one another
-    _refuse_leaks(tfile, _xnli_eval_files(path, eval_files, eval_split),
-                  parallel=not train_file and train_split == eval_split)
-    return TaskData(spec, train, _xnli_evals(path, spec, eval_files, eval_split), source=str(path))
+    _refuse_leaks(tfile, efiles, parallel=not train_file and train_split == eval_split)
+    return TaskData(spec, train, _xnli_evals(spec, efiles), source=str(path))
 
 
 def _xnli_eval_files(path: Path, eval_files, eval_split: str) -> list[Path]:
@@ -383,8 +384,8 @@ def _xnli_eval_files(path: Path, eval_files, eval_split: str) -> list[Path]:
     return efiles
 
 
-def _xnli_evals(path: Path, spec, eval_files, eval_split: str) -> dict:
-    return {f.stem.split("-", 1)[-1]: read_tsv(f, spec) for f in _xnli_eval_files(path, eval_files, eval_split)}
+def _xnli_evals(spec, efiles: list[Path]) -> dict:
+    return {f.stem.split("-", 1)[-1]: read_tsv(f, spec) for f in efiles}
 
 
 def _load_qa_dir(path, spec, train_file, eval_files, train_split, eval_split, train_language,

@@ -343,6 +343,30 @@ class DietForConditionalGeneration(GnmtBeamSearch, DietPreTrainedModel, Generati
         """Longest decoder sequence (start token included) the position method serves; None: any."""
         return self.decoder.positions.max_length
 
+    def _target(self, decoder_input_ids: Tensor | None, labels: Tensor | None, batch: int) -> Tensor:
+        """The decoder's input ids (`labels` shifted right where none are given), checked with the labels
+        against each other, the source's batch and the vocabulary."""
+        if decoder_input_ids is None:
+            if labels is None:
+                raise InputError("give decoder_input_ids or labels")
+            decoder_input_ids = shift_right(labels, self.config.decoder_start_token_id, self.config.pad_token_id)
+        if decoder_input_ids.dim() != 2 or 0 in decoder_input_ids.shape:
+            raise InputError(f"decoder_input_ids must be (batch, length) with both > 0, got shape "
+                             f"{tuple(decoder_input_ids.shape)}")
+        if decoder_input_ids.shape[0] != batch:
+            raise InputError(f"decoder_input_ids hold {decoder_input_ids.shape[0]} sequences, the source "
+                             f"{batch}: one target per source")
+        if labels is not None:
+            if labels.shape != decoder_input_ids.shape:
+                raise InputError(f"labels have shape {tuple(labels.shape)}, decoder_input_ids "
+                                 f"{tuple(decoder_input_ids.shape)}: one label per target token (-100 where none)")
+            check_labels(labels, self.config.vocab_size)
+        lo, hi = value_range(decoder_input_ids) if may_read(decoder_input_ids) else (0, 0)  # no GPU step sync
+        if lo < 0 or hi >= self.config.vocab_size:
+            raise InputError(f"decoder token id {lo if lo < 0 else hi} is outside the vocabulary "
+                             f"[0, {self.config.vocab_size - 1}]")
+        return decoder_input_ids
+
     def forward(
         self,
         input_ids: Tensor | None = None,
@@ -382,26 +406,7 @@ class DietForConditionalGeneration(GnmtBeamSearch, DietPreTrainedModel, Generati
         elif isinstance(encoder_outputs, (tuple, list)):
             encoder_outputs = BaseModelOutput(*encoder_outputs)
         memory = encoder_outputs.last_hidden_state  # (B, S, D)
-        if decoder_input_ids is None:
-            if labels is None:
-                raise InputError("give decoder_input_ids or labels")
-            decoder_input_ids = shift_right(labels, self.config.decoder_start_token_id, self.config.pad_token_id)
-        if decoder_input_ids.dim() != 2 or 0 in decoder_input_ids.shape:
-            raise InputError(f"decoder_input_ids must be (batch, length) with both > 0, got shape "
-                             f"{tuple(decoder_input_ids.shape)}")
-        if decoder_input_ids.shape[0] != memory.shape[0]:
-            raise InputError(f"decoder_input_ids hold {decoder_input_ids.shape[0]} sequences, the source "
-                             f"{memory.shape[0]}: one target per source")
-        if labels is not None:
-            if labels.shape != decoder_input_ids.shape:
-                raise InputError(f"labels have shape {tuple(labels.shape)}, decoder_input_ids "
-                                 f"{tuple(decoder_input_ids.shape)}: one label per target token (-100 where none)")
-            check_labels(labels, self.config.vocab_size)
-        ids = decoder_input_ids
-        lo, hi = value_range(ids) if may_read(ids) else (0, 0)  # no host sync in a GPU step
-        if lo < 0 or hi >= self.config.vocab_size:
-            raise InputError(f"decoder token id {lo if lo < 0 else hi} is outside the vocabulary "
-                             f"[0, {self.config.vocab_size - 1}]")
+        decoder_input_ids = self._target(decoder_input_ids, labels, memory.shape[0])
         if use_cache and past_key_values is None:
             past_key_values = EncoderDecoderCache(DynamicCache(), DynamicCache())
         cache = past_key_values if use_cache or past_key_values is not None else None
